@@ -1,0 +1,117 @@
+//! Every error reply redsem sends, built in one place. Each message starts with an error code
+//! (`ERR` or `WRONGTYPE`) so clients and `INFO errorstats` classify it correctly.
+
+use std::fmt;
+
+use redis_module::RedisError;
+
+use crate::args::{MAX_LEASE_MS, MAX_LIMIT};
+use crate::semaphore::Kind;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SemError {
+    /// An unknown option, a repeated option, or an option missing its value.
+    Syntax,
+    /// The wrong number of arguments for `command` (lower case, as Redis names it).
+    Arity(&'static str),
+    InvalidLimit,
+    InvalidLease,
+    EmptyName,
+    EmptyIdentifier,
+    /// One of the semaphore's keys holds another type.
+    WrongType,
+    /// `<name>:counter` exists but is not a non-negative integer.
+    CounterNotInteger,
+    /// The next ticket would not fit a sorted-set score exactly.
+    CounterExhausted,
+    /// The semaphore has live holders of `held`; the caller asked for the other kind.
+    KindMismatch {
+        held: Kind,
+    },
+    /// In Redis Cluster, a name without a hash tag would spread its keys over several slots.
+    NeedsHashTag,
+    /// A bug caught before it could reach redis-server.
+    Internal,
+}
+
+impl fmt::Display for SemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SemError::Syntax => f.write_str("ERR syntax error"),
+            SemError::Arity(command) => {
+                write!(f, "ERR wrong number of arguments for '{command}' command")
+            }
+            SemError::InvalidLimit => {
+                write!(f, "ERR limit must be an integer from 1 to {MAX_LIMIT}")
+            }
+            SemError::InvalidLease => write!(
+                f,
+                "ERR lease must be a number of seconds greater than 0 and at most {}, \
+                 with at most 3 decimals",
+                MAX_LEASE_MS / 1000
+            ),
+            SemError::EmptyName => f.write_str("ERR semaphore name must not be empty"),
+            SemError::EmptyIdentifier => f.write_str("ERR identifier must not be empty"),
+            SemError::WrongType => {
+                f.write_str("WRONGTYPE Operation against a key holding the wrong kind of value")
+            }
+            SemError::CounterNotInteger => {
+                f.write_str("ERR the semaphore's counter key does not hold a non-negative integer")
+            }
+            SemError::CounterExhausted => f.write_str(
+                "ERR the semaphore's counter reached 2^53: tickets would lose precision",
+            ),
+            SemError::KindMismatch { held: Kind::Fair } => f.write_str(
+                "ERR the semaphore has live fair holders: use SEM.ACQUIREFAIR until they are gone",
+            ),
+            SemError::KindMismatch { held: Kind::Plain } => f.write_str(
+                "ERR the semaphore has live plain holders: use SEM.ACQUIRE until they are gone",
+            ),
+            SemError::NeedsHashTag => f.write_str(
+                "ERR in Redis Cluster the semaphore name needs a hash tag, e.g. {name}, \
+                 so that name, name:owner and name:counter share one slot",
+            ),
+            SemError::Internal => {
+                f.write_str("ERR internal error in redsem (a bug: please report it)")
+            }
+        }
+    }
+}
+
+impl From<SemError> for RedisError {
+    fn from(err: SemError) -> Self {
+        RedisError::String(err.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_starts_with_an_error_code() {
+        let all = [
+            SemError::Syntax,
+            SemError::Arity("sem.get"),
+            SemError::InvalidLimit,
+            SemError::InvalidLease,
+            SemError::EmptyName,
+            SemError::EmptyIdentifier,
+            SemError::WrongType,
+            SemError::CounterNotInteger,
+            SemError::CounterExhausted,
+            SemError::KindMismatch { held: Kind::Fair },
+            SemError::KindMismatch { held: Kind::Plain },
+            SemError::NeedsHashTag,
+            SemError::Internal,
+        ];
+        for err in all {
+            let text = err.to_string();
+            assert!(
+                text.starts_with("ERR ") || text.starts_with("WRONGTYPE "),
+                "{text}"
+            );
+            assert!(!text.contains('\n') && !text.contains('\r'), "{text}");
+        }
+    }
+}
