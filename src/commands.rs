@@ -3,13 +3,60 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue, Status};
 
 use crate::args::{non_empty, parse_lease_ms, parse_limit};
 use crate::error::SemError;
 use crate::keys::has_hash_tag;
 use crate::semaphore::{self, AcquireRequest, Acquired, Kind};
 use crate::store::{Access, RedisStore};
+
+/// Refuses to load into a server that lacks a module API function the commands call, instead of
+/// failing later inside a command.
+pub fn check_server_api(ctx: &Context, _args: &[RedisString]) -> Status {
+    macro_rules! presence {
+        ($($function:ident),* $(,)?) => {
+            // SAFETY: copies (not references) of the pointers the module API filled in at load.
+            [$((stringify!($function), unsafe { raw::$function }.is_some())),*]
+        };
+    }
+    let required = presence!(
+        RedisModule_OpenKey,
+        RedisModule_CloseKey,
+        RedisModule_KeyType,
+        RedisModule_ValueLength,
+        RedisModule_ZsetAdd,
+        RedisModule_ZsetRem,
+        RedisModule_ZsetScore,
+        RedisModule_ZsetFirstInScoreRange,
+        RedisModule_ZsetLastInScoreRange,
+        RedisModule_ZsetRangeCurrentElement,
+        RedisModule_ZsetRangeNext,
+        RedisModule_ZsetRangeStop,
+        RedisModule_GetAbsExpire,
+        RedisModule_SetAbsExpire,
+        RedisModule_StringDMA,
+        RedisModule_StringSet,
+        RedisModule_CreateStringFromLongLong,
+        RedisModule_FreeString,
+        RedisModule_Replicate,
+        RedisModule_NotifyKeyspaceEvent,
+        RedisModule_Milliseconds,
+    );
+    let missing: Vec<&str> = required
+        .iter()
+        .filter(|(_, present)| !present)
+        .map(|(name, _)| *name)
+        .collect();
+    if missing.is_empty() {
+        return Status::Ok;
+    }
+    ctx.log_warning(&format!(
+        "redsem needs Redis 7.0 or later; this server lacks {}",
+        missing.join(", ")
+    ));
+    Status::Err
+}
 
 /// `SEM.ACQUIRE name limit lease [ID identifier]`
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {

@@ -13,6 +13,7 @@ use redis_module::alloc::RedisAlloc as Allocator;
 #[cfg(test)]
 use std::alloc::System as Allocator;
 
+use commands::check_server_api;
 use redis_module::redis_module;
 
 redis_module! {
@@ -20,6 +21,7 @@ redis_module! {
     version: 1,
     allocator: (Allocator, Allocator),
     data_types: [],
+    init: check_server_api,
     commands: [
         ["SEM.ACQUIRE", commands::acquire, "write deny-oom", 1, 1, 1, ""],
         ["SEM.ACQUIREFAIR", commands::acquire_fair, "write deny-oom", 1, 1, 1, ""],

@@ -161,6 +161,7 @@ impl Key {
             );
         }
         self.replicate_score_member(c"ZADD", score, member);
+        self.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zadd");
     }
 
     fn zrem(&self, member: &RedisString) {
@@ -174,6 +175,10 @@ impl Key {
         }
         if deleted != 0 {
             self.replicate_member(c"ZREM", member);
+            self.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zrem");
+            if self.is_empty() {
+                self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"del");
+            }
         }
     }
 
@@ -190,6 +195,20 @@ impl Key {
             raw::RedisModule_SetAbsExpire.unwrap()(self.handle, at);
         }
         self.replicate_number(c"PEXPIREAT", at);
+        self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"expire");
+    }
+
+    /// Fires the keyspace event Redis's own command would, for clients that subscribe to them.
+    fn notify(&self, class: c_int, event: &CStr) {
+        // SAFETY: valid context and key name for this command call.
+        unsafe {
+            raw::RedisModule_NotifyKeyspaceEvent.unwrap()(
+                self.ctx,
+                class,
+                event.as_ptr(),
+                self.name,
+            );
+        }
     }
 
     /// Propagates `command <key> score member` to replicas and the AOF.
@@ -423,6 +442,7 @@ impl Store for RedisStore<'_> {
             raw::RedisModule_FreeString.unwrap()(self.ctx.ctx, value);
         }
         key.replicate_number(c"SET", ticket as i64);
+        key.notify(raw::REDISMODULE_NOTIFY_STRING, c"set");
     }
 
     fn remove(&mut self, id: &RedisString) {

@@ -1,0 +1,176 @@
+//! A real redis-server with the module loaded, on a free loopback port, in a scratch directory.
+//! Dropping the guard kills and reaps the server even when the test panics.
+
+#![allow(dead_code)] // each test binary uses its own part of the harness
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+}
+
+/// The module the tests load: `REDSEM_MODULE`, or the debug build `scripts/test` makes first.
+pub fn module_path() -> PathBuf {
+    let path = std::env::var_os("REDSEM_MODULE").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/libredsem.so"),
+        PathBuf::from,
+    );
+    assert!(
+        path.exists(),
+        "{} is missing: build the module first (cargo build), or run scripts/test",
+        path.display()
+    );
+    path
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("no free loopback port")
+        .port()
+}
+
+fn scratch_dir(port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("redsem-test-{}-{port}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("cannot create a scratch directory");
+    dir
+}
+
+impl Server {
+    /// A server with the module loaded and no persistence.
+    pub fn start() -> Server {
+        Server::start_with(&["--save", "", "--appendonly", "no"])
+    }
+
+    /// A server with the module loaded and extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Server {
+        let port = free_port();
+        Server::start_in(scratch_dir(port), port, extra)
+    }
+
+    /// Starts again in the same directory (to reload an AOF or RDB), on a new port.
+    pub fn restart_in(dir: &Path, extra: &[&str]) -> Server {
+        Server::start_in(dir.to_path_buf(), free_port(), extra)
+    }
+
+    fn start_in(dir: PathBuf, port: u16, extra: &[&str]) -> Server {
+        let redis_server = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let log = std::fs::File::create(dir.join("redis.log")).expect("cannot create the log");
+        let child = Command::new(redis_server)
+            .arg("--port")
+            .arg(port.to_string())
+            .args(["--bind", "127.0.0.1", "--dir"])
+            .arg(&dir)
+            .arg("--loadmodule")
+            .arg(module_path())
+            .args(extra)
+            .stdout(Stdio::from(log.try_clone().expect("log handle")))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("cannot start redis-server: is it installed? (scripts/test installs it)");
+        let mut server = Server { child, port, dir };
+        server.wait_until_ready();
+        server
+    }
+
+    fn wait_until_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("redis-server exited with {status}:\n{}", self.log());
+            }
+            if let Ok(mut conn) = self.try_connection() {
+                // LOADING replies are errors: wait until the dataset is in memory.
+                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer on port {}:\n{}",
+                self.port,
+                self.log()
+            );
+            sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn try_connection(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?
+            .get_connection_with_timeout(Duration::from_secs(5))
+    }
+
+    pub fn connection(&self) -> redis::Connection {
+        self.try_connection()
+            .expect("cannot connect to redis-server")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+
+    /// Stops the server, keeping its directory for a restart.
+    pub fn stop(mut self) -> PathBuf {
+        self.kill();
+        std::mem::take(&mut self.dir)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+        if !self.dir.as_os_str().is_empty() && !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Runs one command built from `args`.
+pub fn run<T: redis::FromRedisValue>(conn: &mut redis::Connection, args: &[&str]) -> T {
+    try_run(conn, args).unwrap_or_else(|err| panic!("{args:?} failed: {err}"))
+}
+
+pub fn try_run<T: redis::FromRedisValue>(
+    conn: &mut redis::Connection,
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(conn)
+}
+
+/// The error reply of a command that must fail: its full text, code first.
+pub fn error_of(conn: &mut redis::Connection, args: &[&str]) -> String {
+    match try_run::<redis::Value>(conn, args) {
+        Ok(value) => panic!("{args:?} succeeded with {value:?}"),
+        Err(err) => error_text(&err),
+    }
+}
+
+/// `CODE message`, as the server sent it.
+pub fn error_text(err: &redis::RedisError) -> String {
+    match (err.code(), err.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        (Some(code), None) => code.to_string(),
+        _ => err.to_string(),
+    }
+}
+
+/// `<name>`'s members and scores, lowest score first.
+pub fn zset(conn: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
+    run(conn, &["ZRANGE", key, "0", "-1", "WITHSCORES"])
+}
