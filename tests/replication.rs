@@ -1,0 +1,572 @@
+//! Replicas and the AOF must end up with exactly the primary's keys: the module propagates the
+//! effects of each SEM.* command (ZADD/ZREM/SET/PEXPIREAT with absolute values), never the
+//! command itself, whose outcome depends on the clock and on random identifiers.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::thread::sleep;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+
+/// Short leases that expire during the workload, in seconds.
+const SHORT_LEASE: &str = "0.15";
+/// Leases that must outlive the whole test, restarts included.
+const LONG_LEASE: &str = "60";
+
+/// The semaphores [`mixed_workload`] uses.
+const SEMAPHORES: [&str; 4] = ["jobs", "mixed", "queue", "burst"];
+
+/// The module's write commands: none may ever appear in a replicated stream or an AOF.
+const SEM_COMMANDS: [&str; 5] = [
+    "SEM.ACQUIRE",
+    "SEM.ACQUIREFAIR",
+    "SEM.REFRESH",
+    "SEM.RELEASE",
+    "SEM.GET",
+];
+
+/// The primary side of a replication setup: no persistence, and a disk-based full sync, which
+/// starts at once (a diskless one waits `repl-diskless-sync-delay`, 5 s by default).
+const PRIMARY_ARGS: [&str; 6] = [
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--repl-diskless-sync",
+    "no",
+];
+
+/// A server whose every write reaches the AOF before it replies.
+const AOF_ARGS: [&str; 6] = [
+    "--save",
+    "",
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+];
+
+// ---------------------------------------------------------------------------------------------
+// The workload
+// ---------------------------------------------------------------------------------------------
+
+/// `SEM.ACQUIREFAIR ... WITHTICKET`: the identifier and ticket granted, or `None` when refused.
+fn acquire_fair_with_ticket(
+    conn: &mut redis::Connection,
+    name: &str,
+    limit: &str,
+    lease: &str,
+    id: Option<&str>,
+) -> Option<(String, u64)> {
+    let mut args = vec!["SEM.ACQUIREFAIR", name, limit, lease];
+    if let Some(id) = id {
+        args.extend(["ID", id]);
+    }
+    args.push("WITHTICKET");
+    run(conn, &args)
+}
+
+/// Polls `condition` every 10 ms until it holds; fails after `limit`.
+fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// Plain and fair semaphores through grants, refusals, renewals, refreshes, releases, short
+/// leases that expire and are pruned by later commands, and a fair semaphore that goes idle
+/// (its keys expire) while its counter lives on. Asserts the primary's replies on the way.
+/// Afterwards every holder left has a lease of [`LONG_LEASE`] or more.
+fn mixed_workload(conn: &mut redis::Connection) {
+    // Plain, limit 2: grants, a refusal, a renewal by identifier, refresh, release.
+    let a: String = run(conn, &["SEM.ACQUIRE", "jobs", "2", LONG_LEASE, "ID", "a"]);
+    assert_eq!(a, "a");
+    let b: String = run(conn, &["SEM.ACQUIRE", "jobs", "2", LONG_LEASE]);
+    let refused: Option<String> = run(conn, &["SEM.ACQUIRE", "jobs", "2", LONG_LEASE]);
+    assert_eq!(refused, None, "jobs is full");
+    let renewed: String = run(conn, &["SEM.ACQUIRE", "jobs", "2", LONG_LEASE, "ID", "a"]);
+    assert_eq!(renewed, "a", "re-acquiring with the same ID renews");
+    let refreshed: i64 = run(conn, &["SEM.REFRESH", "jobs", &b, "120"]);
+    assert_eq!(refreshed, 1);
+    let released: i64 = run(conn, &["SEM.RELEASE", "jobs", "a"]);
+    assert_eq!(released, 1);
+    let released_twice: i64 = run(conn, &["SEM.RELEASE", "jobs", "a"]);
+    assert_eq!(released_twice, 0);
+    // A refused command of the wrong kind changes nothing anywhere.
+    assert!(error_of(conn, &["SEM.ACQUIREFAIR", "jobs", "5", LONG_LEASE]).starts_with("ERR "));
+
+    // Plain with short holders beside a long one: their expiry is pruning by a later command
+    // (ZREM), not the key's own expiry, since the anchor keeps the key alive.
+    let _: String = run(
+        conn,
+        &["SEM.ACQUIRE", "mixed", "5", LONG_LEASE, "ID", "anchor"],
+    );
+    for id in ["s1", "s2", "s3"] {
+        let _: String = run(conn, &["SEM.ACQUIRE", "mixed", "5", SHORT_LEASE, "ID", id]);
+    }
+
+    // Fair: tickets, a refusal (takes no ticket), a renewal (keeps its ticket). The refusal
+    // comes before the short holder, so it cannot depend on how fast the commands run.
+    let f1 = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f1"));
+    assert_eq!(f1, Some(("f1".into(), 1)));
+    assert_eq!(
+        acquire_fair_with_ticket(conn, "queue", "1", LONG_LEASE, None),
+        None
+    );
+    let f2 = acquire_fair_with_ticket(conn, "queue", "2", SHORT_LEASE, Some("f2"));
+    assert_eq!(f2, Some(("f2".into(), 2)));
+    let f1_again = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f1"));
+    assert_eq!(f1_again, Some(("f1".into(), 1)));
+
+    // Fair with short holders only: the whole semaphore goes idle and its keys expire.
+    for (id, ticket) in [("b1", 1), ("b2", 2), ("b3", 3)] {
+        let got = acquire_fair_with_ticket(conn, "burst", "3", SHORT_LEASE, Some(id));
+        assert_eq!(got, Some((id.into(), ticket)));
+    }
+
+    // SEM.GET only reads, so it sees the expiry without pruning anything.
+    wait_until("the short leases expired", Duration::from_secs(5), || {
+        let mixed: i64 = run(conn, &["SEM.GET", "mixed"]);
+        let queue: i64 = run(conn, &["SEM.GET", "queue"]);
+        let burst: i64 = run(conn, &["SEM.GET", "burst"]);
+        (mixed, queue, burst) == (1, 1, 0)
+    });
+    assert_eq!(zset(conn, "mixed").len(), 4, "reads prune nothing");
+
+    // Later writes prune the expired holders.
+    let late: String = run(
+        conn,
+        &["SEM.ACQUIRE", "mixed", "2", LONG_LEASE, "ID", "late"],
+    );
+    assert_eq!(late, "late", "the expired holders no longer count");
+    let ids: Vec<String> = zset(conn, "mixed").into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, ["anchor", "late"]);
+    let lost: i64 = run(conn, &["SEM.REFRESH", "mixed", "s1", LONG_LEASE]);
+    assert_eq!(lost, 0, "an expired holder cannot refresh");
+    let released_expired: i64 = run(conn, &["SEM.RELEASE", "queue", "f2"]);
+    assert_eq!(released_expired, 0, "an expired holder's release says so");
+    let f3 = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f3"));
+    assert_eq!(f3, Some(("f3".into(), 3)));
+
+    // burst's keys expire at its latest deadline (PEXPIREAT); its counter has no expiry, so
+    // tickets keep growing after the idle period.
+    wait_until("burst's keys expired", Duration::from_secs(5), || {
+        run::<i64>(conn, &["EXISTS", "burst", "burst:owner"]) == 0
+    });
+    let after_idle = acquire_fair_with_ticket(conn, "burst", "3", LONG_LEASE, None);
+    assert_eq!(after_idle.map(|(_, ticket)| ticket), Some(4));
+}
+
+/// The keys [`mixed_workload`] leaves behind.
+fn keys_after_mixed_workload() -> BTreeSet<String> {
+    [
+        "jobs",
+        "mixed",
+        "queue",
+        "queue:owner",
+        "queue:counter",
+        "burst",
+        "burst:owner",
+        "burst:counter",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots of a server's state
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, PartialEq)]
+enum Contents {
+    /// Members and exact scores, lowest first. Parsing the scores as integers also checks
+    /// they are whole (deadlines in Unix ms, tickets).
+    SortedSet(Vec<(String, i64)>),
+    Text(String),
+}
+
+/// One key as the module leaves it: its value and its absolute expiry.
+#[derive(Debug, PartialEq)]
+struct KeyState {
+    contents: Contents,
+    /// PEXPIRETIME: Unix ms, or -1 when the key does not expire.
+    expire_at_ms: i64,
+}
+
+/// Every key of the database. Taken while no key is about to expire, so reading cannot
+/// race an expiry.
+fn snapshot_of_all_keys(conn: &mut redis::Connection) -> BTreeMap<String, KeyState> {
+    let names: Vec<String> = run(conn, &["KEYS", "*"]);
+    names
+        .into_iter()
+        .map(|name| {
+            let kind: String = run(conn, &["TYPE", &name]);
+            let contents = match kind.as_str() {
+                "zset" => Contents::SortedSet(zset(conn, &name)),
+                "string" => Contents::Text(run(conn, &["GET", &name])),
+                other => panic!("{name} has unexpected type {other}"),
+            };
+            let expire_at_ms = run(conn, &["PEXPIRETIME", &name]);
+            let state = KeyState {
+                contents,
+                expire_at_ms,
+            };
+            (name, state)
+        })
+        .collect()
+}
+
+/// What SEM.GET reports for each of `names`: the count, and the JSON document without the
+/// `ms_left` fields (which depend on when it is asked).
+fn sem_get_reports(conn: &mut redis::Connection, names: &[&str]) -> Vec<(i64, serde_json::Value)> {
+    names
+        .iter()
+        .map(|name| {
+            let count: i64 = run(conn, &["SEM.GET", name]);
+            let text: String = run(conn, &["SEM.GET", name, "JSON"]);
+            let mut doc: serde_json::Value = serde_json::from_str(&text).expect("SEM.GET JSON");
+            for holder in doc["holders"].as_array_mut().expect("holders") {
+                holder
+                    .as_object_mut()
+                    .expect("holder")
+                    .remove("ms_left")
+                    .expect("ms_left");
+            }
+            (count, doc)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Propagated commands: the replication stream and the AOF
+// ---------------------------------------------------------------------------------------------
+
+/// One propagated command: its arguments, name first.
+type Command = Vec<String>;
+
+fn read_line(reader: &mut impl BufRead) -> io::Result<String> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
+
+fn header_number(line: &str, prefix: char) -> usize {
+    line.strip_prefix(prefix)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("expected {prefix}<number>, got {line:?}"))
+}
+
+/// Reads one command in the form replicas and the AOF receive: a RESP array of bulk strings.
+/// `Ok(None)` at a clean end of input.
+fn read_command(reader: &mut impl BufRead) -> io::Result<Option<Command>> {
+    let header = match read_line(reader) {
+        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        other => other?,
+    };
+    let mut command = Vec::new();
+    for _ in 0..header_number(&header, '*') {
+        let len = header_number(&read_line(reader)?, '$');
+        let mut arg = vec![0; len + 2]; // with the CRLF
+        reader.read_exact(&mut arg)?;
+        arg.truncate(len);
+        command.push(String::from_utf8(arg).expect("UTF-8 argument"));
+    }
+    Ok(Some(command))
+}
+
+/// The primary's replication stream, read as a replica would with the SYNC command.
+struct ReplicationStream {
+    reader: BufReader<TcpStream>,
+}
+
+impl ReplicationStream {
+    /// Registers as a replica of `port` and skips the full-sync payload (the RDB), so the
+    /// stream starts with the commands that follow.
+    fn attach(port: u16) -> ReplicationStream {
+        let mut socket = TcpStream::connect(("127.0.0.1", port)).expect("connect for SYNC");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        socket.write_all(b"SYNC\r\n").expect("send SYNC");
+        let mut reader = BufReader::new(socket);
+        // The primary sends bare newlines as keep-alives while it prepares the RDB.
+        let header = loop {
+            let line = read_line(&mut reader).expect("RDB header");
+            if !line.is_empty() {
+                break line;
+            }
+        };
+        if let Some(mark) = header.strip_prefix("$EOF:") {
+            // Diskless sync: the payload ends with the 40-byte mark.
+            let mut tail = Vec::new();
+            let mut byte = [0];
+            while !tail.ends_with(mark.as_bytes()) {
+                reader.read_exact(&mut byte).expect("RDB payload");
+                tail.push(byte[0]);
+            }
+        } else {
+            let len = header_number(&header, '$');
+            io::copy(&mut (&mut reader).take(len as u64), &mut io::sink()).expect("RDB payload");
+        }
+        ReplicationStream { reader }
+    }
+
+    /// Commands received until (and without) `SET <marker> ...`.
+    fn commands_until_set(&mut self, marker: &str) -> Vec<Command> {
+        let mut commands = Vec::new();
+        loop {
+            let command = read_command(&mut self.reader)
+                .expect("reading the replication stream")
+                .expect("the primary closed the replication stream");
+            if command.len() >= 2 && command[0].eq_ignore_ascii_case("SET") && command[1] == marker
+            {
+                return commands;
+            }
+            commands.push(command);
+        }
+    }
+}
+
+/// Every command of the AOF's incremental files, in file-name order; asserts the base file
+/// is there too (an RDB preamble, which holds no command).
+fn aof_commands(dir: &Path) -> Vec<Command> {
+    let aof_dir = dir.join("appendonlydir");
+    let mut files: Vec<_> = std::fs::read_dir(&aof_dir)
+        .unwrap_or_else(|err| panic!("{}: {err}", aof_dir.display()))
+        .map(|entry| entry.expect("AOF directory entry").path())
+        .collect();
+    files.sort();
+    assert!(
+        files.iter().any(|f| f.to_string_lossy().contains(".base.")),
+        "no base AOF file in {files:?}"
+    );
+    let mut commands = Vec::new();
+    for file in files
+        .iter()
+        .filter(|f| f.extension() == Some("aof".as_ref()))
+    {
+        let mut reader = BufReader::new(std::fs::File::open(file).expect("open AOF"));
+        while let Some(command) = read_command(&mut reader).expect("read AOF") {
+            commands.push(command);
+        }
+    }
+    commands
+}
+
+/// The propagated commands carry effects only: no SEM.* command, the ZADD/ZREM/SET/PEXPIREAT
+/// the workload implies, and expiries as absolute Unix ms.
+fn assert_effects_only(commands: &[Command], started_at_ms: i64) {
+    let names: BTreeSet<String> = commands.iter().map(|c| c[0].to_uppercase()).collect();
+    for sem in SEM_COMMANDS {
+        assert!(!names.contains(sem), "{sem} was propagated: {commands:?}");
+    }
+    for effect in ["ZADD", "ZREM", "SET", "PEXPIREAT"] {
+        assert!(names.contains(effect), "no {effect} in {names:?}");
+    }
+    for command in commands.iter().filter(|c| c[0] == "PEXPIREAT") {
+        let at: i64 = command[2].parse().expect("PEXPIREAT time");
+        assert!(at >= started_at_ms, "not an absolute time: {command:?}");
+    }
+}
+
+fn unix_ms_now() -> i64 {
+    let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
+    since_epoch.as_millis() as i64
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+fn start_replica_of(primary: &Server) -> Server {
+    let port = primary.port.to_string();
+    let replica = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replicaof",
+        "127.0.0.1",
+        &port,
+    ]);
+    let mut conn = replica.connection();
+    wait_until("the replica is in sync", Duration::from_secs(20), || {
+        run::<String>(&mut conn, &["INFO", "replication"]).contains("master_link_status:up")
+    });
+    replica
+}
+
+/// Waits until the one replica has processed everything the primary did so far.
+fn wait_for_replica(primary: &mut redis::Connection) {
+    let acked: i64 = run(primary, &["WAIT", "1", "5000"]);
+    assert_eq!(acked, 1, "the replica did not acknowledge in time");
+}
+
+#[test]
+fn a_replica_holds_exactly_the_primarys_keys() {
+    let primary = Server::start_with(&PRIMARY_ARGS);
+    let replica = start_replica_of(&primary);
+    let mut on_primary = primary.connection();
+    let mut on_replica = replica.connection();
+
+    mixed_workload(&mut on_primary);
+    wait_for_replica(&mut on_primary);
+
+    let primary_keys = snapshot_of_all_keys(&mut on_primary);
+    let names: BTreeSet<String> = primary_keys.keys().cloned().collect();
+    assert_eq!(names, keys_after_mixed_workload());
+    assert_eq!(snapshot_of_all_keys(&mut on_replica), primary_keys);
+    assert_eq!(
+        sem_get_reports(&mut on_replica, &SEMAPHORES),
+        sem_get_reports(&mut on_primary, &SEMAPHORES)
+    );
+
+    // The SEM.* write commands are refused on the replica, before touching anything.
+    for write in [
+        &["SEM.ACQUIRE", "jobs", "5", "10"][..],
+        &["SEM.ACQUIREFAIR", "queue", "5", "10"],
+        &["SEM.REFRESH", "mixed", "anchor", "10"],
+        &["SEM.RELEASE", "mixed", "anchor"],
+    ] {
+        let err = error_of(&mut on_replica, write);
+        assert!(
+            err.starts_with("READONLY"),
+            "{write:?} on the replica: {err}"
+        );
+    }
+
+    // Releasing every holder deletes the sorted sets on both; the counters stay.
+    let holders: Vec<(&str, String)> = SEMAPHORES
+        .iter()
+        .flat_map(|&name| {
+            zset(&mut on_primary, name)
+                .into_iter()
+                .map(move |(id, _)| (name, id))
+        })
+        .collect();
+    for (name, id) in &holders {
+        let released: i64 = run(&mut on_primary, &["SEM.RELEASE", name, id]);
+        assert_eq!(released, 1, "release {id} of {name}");
+    }
+    wait_for_replica(&mut on_primary);
+    let primary_keys = snapshot_of_all_keys(&mut on_primary);
+    let names: Vec<&str> = primary_keys.keys().map(String::as_str).collect();
+    assert_eq!(names, ["burst:counter", "queue:counter"]);
+    assert_eq!(snapshot_of_all_keys(&mut on_replica), primary_keys);
+}
+
+#[test]
+fn the_replication_stream_carries_effects_never_sem_commands() {
+    let started_at_ms = unix_ms_now();
+    let primary = Server::start_with(&PRIMARY_ARGS);
+    let mut stream = ReplicationStream::attach(primary.port);
+    let mut conn = primary.connection();
+
+    mixed_workload(&mut conn);
+    // The stream is ordered: once the marker arrives, everything before it has too.
+    let _: () = run(&mut conn, &["SET", "end-of-workload", "1"]);
+    let commands = stream.commands_until_set("end-of-workload");
+
+    assert_effects_only(&commands, started_at_ms);
+}
+
+#[test]
+fn an_aof_reload_restores_exactly_the_same_state() {
+    let started_at_ms = unix_ms_now();
+    let server = Server::start_with(&AOF_ARGS);
+    let mut conn = server.connection();
+    mixed_workload(&mut conn);
+    let before = snapshot_of_all_keys(&mut conn);
+    let names: BTreeSet<String> = before.keys().cloned().collect();
+    assert_eq!(names, keys_after_mixed_workload());
+    let reports_before = sem_get_reports(&mut conn, &SEMAPHORES);
+    drop(conn);
+
+    let dir = server.stop();
+    assert_effects_only(&aof_commands(&dir), started_at_ms);
+
+    let restarted = Server::restart_in(&dir, &AOF_ARGS);
+    let mut conn = restarted.connection();
+    assert_eq!(snapshot_of_all_keys(&mut conn), before);
+    assert_eq!(sem_get_reports(&mut conn, &SEMAPHORES), reports_before);
+
+    // The reloaded counter goes on where it was.
+    let next = acquire_fair_with_ticket(&mut conn, "queue", "3", LONG_LEASE, None);
+    assert_eq!(next.map(|(_, ticket)| ticket), Some(4));
+}
+
+/// The server's clock (TIME), in Unix ms. Reading it touches no key, so it cannot trigger an
+/// expiry.
+fn server_ms(conn: &mut redis::Connection) -> i64 {
+    let (seconds, micros): (i64, i64) = run(conn, &["TIME"]);
+    seconds * 1000 + micros / 1000
+}
+
+#[test]
+fn a_write_that_finds_its_keys_expired_replicates_in_order() {
+    // With active expiry off, the expired keys are still there when the SEM.* write opens
+    // them: the write itself deletes them (propagating DEL) before adding the new holder, and
+    // the replica must apply both in that order.
+    let mut args = PRIMARY_ARGS.to_vec();
+    args.extend(["--enable-debug-command", "yes"]);
+    let primary = Server::start_with(&args);
+    let replica = start_replica_of(&primary);
+    let mut on_primary = primary.connection();
+    let mut on_replica = replica.connection();
+    let _: () = run(&mut on_primary, &["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
+
+    let first = acquire_fair_with_ticket(&mut on_primary, "fair", "2", "0.1", Some("x"));
+    assert_eq!(first, Some(("x".into(), 1)));
+    let _: String = run(
+        &mut on_primary,
+        &["SEM.ACQUIRE", "plain", "2", "0.1", "ID", "p"],
+    );
+    let _: String = run(
+        &mut on_primary,
+        &["SEM.ACQUIRE", "gone", "2", "0.1", "ID", "g"],
+    );
+    let expiry: i64 = ["fair", "plain", "gone"]
+        .iter()
+        .map(|key| run::<i64>(&mut on_primary, &["PEXPIRETIME", key]))
+        .max()
+        .expect("three keys");
+    wait_until("the keys expired", Duration::from_secs(5), || {
+        server_ms(&mut on_primary) > expiry
+    });
+    // DBSIZE counts keys without expiring any: all five are still there to be found expired.
+    let still_there: i64 = run(&mut on_primary, &["DBSIZE"]);
+    assert_eq!(
+        still_there, 5,
+        "fair, fair:owner, fair:counter, plain, gone"
+    );
+
+    let second = acquire_fair_with_ticket(&mut on_primary, "fair", "2", LONG_LEASE, Some("y"));
+    assert_eq!(second, Some(("y".into(), 2)));
+    let _: String = run(
+        &mut on_primary,
+        &["SEM.ACQUIRE", "plain", "1", LONG_LEASE, "ID", "q"],
+    );
+    let released: i64 = run(&mut on_primary, &["SEM.RELEASE", "gone", "g"]);
+    assert_eq!(released, 0);
+    wait_for_replica(&mut on_primary);
+
+    let primary_keys = snapshot_of_all_keys(&mut on_primary);
+    let names: Vec<&str> = primary_keys.keys().map(String::as_str).collect();
+    assert_eq!(names, ["fair", "fair:counter", "fair:owner", "plain"]);
+    assert_eq!(snapshot_of_all_keys(&mut on_replica), primary_keys);
+    let names = ["fair", "plain", "gone"];
+    assert_eq!(
+        sem_get_reports(&mut on_replica, &names),
+        sem_get_reports(&mut on_primary, &names)
+    );
+}
