@@ -148,7 +148,7 @@ fn acquire_kind(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> Result<Red
     }
 
     let mut store = RedisStore::open(ctx, &name, Access::Write, kind == Kind::Fair)?;
-    let id = given_id.unwrap_or_else(|| store.id(new_identifier().as_bytes()));
+    let id = given_id.unwrap_or_else(|| store.id(new_identifier(&mut [0; 36])));
     let request = AcquireRequest {
         kind,
         limit,
@@ -187,9 +187,12 @@ fn identifier(id: RedisString) -> Result<RedisString, SemError> {
     Ok(id)
 }
 
-/// A random UUID v4 in its 36-character hyphenated form.
-fn new_identifier() -> String {
-    uuid::Uuid::new_v4().hyphenated().to_string()
+/// A random UUID v4 in its 36-character hyphenated form, written into `buffer`.
+fn new_identifier(buffer: &mut [u8; 36]) -> &[u8] {
+    uuid::Uuid::new_v4()
+        .hyphenated()
+        .encode_lower(buffer)
+        .as_bytes()
 }
 
 /// The server's clock in Unix milliseconds: the one clock every deadline is measured by. Where

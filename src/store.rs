@@ -164,9 +164,10 @@ impl Key {
         self.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zadd");
     }
 
-    fn zrem(&self, member: &RedisString) {
+    /// Removes `member`; whether it was there.
+    fn zrem(&self, member: &RedisString) -> bool {
         if self.is_empty() {
-            return;
+            return false;
         }
         let mut deleted: c_int = 0;
         // SAFETY: as in `zadd`. Redis deletes the key when its last member goes.
@@ -180,6 +181,7 @@ impl Key {
                 self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"del");
             }
         }
+        deleted != 0
     }
 
     /// Sets the key's absolute expiry (Unix ms), unless it is already that.
@@ -268,6 +270,8 @@ pub struct RedisStore<'a> {
     holders: Key,
     owners: Key,
     counter: Option<Key>,
+    /// Whether a deadline was set or a holder removed: only then can the latest deadline move.
+    deadlines_changed: bool,
     // Keep the derived key names alive while their keys are open.
     _owner_name: RedisString,
     _counter_name: Option<RedisString>,
@@ -308,6 +312,7 @@ impl<'a> RedisStore<'a> {
             holders,
             owners,
             counter,
+            deadlines_changed: false,
             _owner_name: owner_name,
             _counter_name: counter_name,
         })
@@ -322,6 +327,9 @@ impl<'a> RedisStore<'a> {
     /// disappears by itself. (The owner set's scores are tickets, so the deadline comes from
     /// `<name>`.)
     pub fn settle_expiry(&self) {
+        if !self.deadlines_changed {
+            return;
+        }
         if let Some(latest) = self.holders.highest_score() {
             let latest = latest as i64;
             self.holders.expire_at(latest);
@@ -422,6 +430,7 @@ impl Store for RedisStore<'_> {
 
     fn put_holder(&mut self, id: &RedisString, deadline_ms: i64) {
         self.holders.zadd(deadline_ms, id);
+        self.deadlines_changed = true;
     }
 
     fn put_owner(&mut self, id: &RedisString, ticket: u64) {
@@ -446,7 +455,9 @@ impl Store for RedisStore<'_> {
     }
 
     fn remove(&mut self, id: &RedisString) {
-        self.holders.zrem(id);
+        if self.holders.zrem(id) {
+            self.deadlines_changed = true;
+        }
         self.owners.zrem(id);
     }
 }
