@@ -47,11 +47,30 @@ pub trait Store {
     /// Entries of `<name>:owner`, lowest ticket first.
     fn owners_by_ticket(&self) -> Vec<(Self::Id, u64)>;
 
-    fn put_holder(&mut self, id: &Self::Id, deadline_ms: i64);
+    /// Sets `id`'s deadline, adding `id` unless `Put::IfHeld`. One lookup answers both "is it
+    /// a holder?" and "write it".
+    fn put_holder(&mut self, id: &Self::Id, deadline_ms: i64, put: Put) -> PutOutcome;
     fn put_owner(&mut self, id: &Self::Id, ticket: u64);
     fn set_counter(&mut self, ticket: u64);
-    /// Removes `id` from `<name>` and from `<name>:owner`, wherever it is present.
-    fn remove(&mut self, id: &Self::Id);
+    /// Removes `id` from `<name>` and from `<name>:owner`, wherever it is present. Returns
+    /// whether it was in `<name>`.
+    fn remove(&mut self, id: &Self::Id) -> bool;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    /// Add `id`, or move its deadline if it is already a holder.
+    Upsert,
+    /// Only move the deadline of an existing holder.
+    IfHeld,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    Added,
+    Updated,
+    /// `Put::IfHeld` and `id` was not a holder: nothing changed.
+    NotHeld,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,27 +112,29 @@ pub fn acquire<S: Store>(
     };
 
     remove_all(store, &expired);
-    let deadline = now_ms + request.lease_ms;
-    if store.deadline(id).is_some() {
-        store.put_holder(id, deadline);
-        let ticket = store.ticket(id);
-        return Ok(Acquired::Granted {
-            ticket,
+    // A full semaphore still renews a holder that retries with its identifier.
+    let put = if live < request.limit {
+        Put::Upsert
+    } else {
+        Put::IfHeld
+    };
+    match store.put_holder(id, now_ms + request.lease_ms, put) {
+        PutOutcome::NotHeld => Ok(Acquired::Full),
+        PutOutcome::Updated => Ok(Acquired::Granted {
+            ticket: store.ticket(id),
             renewed: true,
-        });
+        }),
+        PutOutcome::Added => {
+            if let Some(ticket) = next_ticket {
+                store.set_counter(ticket);
+                store.put_owner(id, ticket);
+            }
+            Ok(Acquired::Granted {
+                ticket: next_ticket,
+                renewed: false,
+            })
+        }
     }
-    if live >= request.limit {
-        return Ok(Acquired::Full);
-    }
-    store.put_holder(id, deadline);
-    if let Some(ticket) = next_ticket {
-        store.set_counter(ticket);
-        store.put_owner(id, ticket);
-    }
-    Ok(Acquired::Granted {
-        ticket: next_ticket,
-        renewed: false,
-    })
 }
 
 /// SEM.REFRESH: moves a live holder's deadline to `now + lease`. A holder that had expired has
@@ -121,23 +142,22 @@ pub fn acquire<S: Store>(
 pub fn refresh<S: Store>(store: &mut S, now_ms: i64, id: &S::Id, lease_ms: i64) -> bool {
     let expired = store.expired(now_ms);
     remove_all(store, &expired);
-    if store.deadline(id).is_some() {
-        store.put_holder(id, now_ms + lease_ms);
-        true
-    } else {
-        store.remove(id);
-        false
+    match store.put_holder(id, now_ms + lease_ms, Put::IfHeld) {
+        PutOutcome::Updated => true,
+        PutOutcome::Added | PutOutcome::NotHeld => {
+            store.remove(id);
+            false
+        }
     }
 }
 
 /// SEM.RELEASE: gives a live permit back. An expired holder gets `false`: its critical section
 /// may have overlapped another holder's, which its caller should know.
 pub fn release<S: Store>(store: &mut S, now_ms: i64, id: &S::Id) -> bool {
-    let held = store.deadline(id).is_some_and(|deadline| deadline > now_ms);
+    // An expired `id` goes with the others, so what is left of it here was live.
     let expired = store.expired(now_ms);
     remove_all(store, &expired);
-    store.remove(id);
-    held
+    store.remove(id)
 }
 
 /// SEM.GET: live holders, without removing anything (it runs on read-only replicas too).
@@ -275,8 +295,18 @@ mod tests {
             owners.sort();
             owners.into_iter().map(|(t, id)| (id, t)).collect()
         }
-        fn put_holder(&mut self, id: &Vec<u8>, deadline_ms: i64) {
-            self.holders.insert(id.clone(), deadline_ms);
+        fn put_holder(&mut self, id: &Vec<u8>, deadline_ms: i64, put: Put) -> PutOutcome {
+            match (self.holders.get_mut(id), put) {
+                (Some(deadline), _) => {
+                    *deadline = deadline_ms;
+                    PutOutcome::Updated
+                }
+                (None, Put::IfHeld) => PutOutcome::NotHeld,
+                (None, Put::Upsert) => {
+                    self.holders.insert(id.clone(), deadline_ms);
+                    PutOutcome::Added
+                }
+            }
         }
         fn put_owner(&mut self, id: &Vec<u8>, ticket: u64) {
             self.owners.insert(id.clone(), ticket);
@@ -284,9 +314,9 @@ mod tests {
         fn set_counter(&mut self, ticket: u64) {
             self.counter = Some(ticket);
         }
-        fn remove(&mut self, id: &Vec<u8>) {
-            self.holders.remove(id);
+        fn remove(&mut self, id: &Vec<u8>) -> bool {
             self.owners.remove(id);
+            self.holders.remove(id).is_some()
         }
     }
 
@@ -437,7 +467,7 @@ mod tests {
     #[test]
     fn errors_are_found_before_any_change() {
         let mut store = MemoryStore::default();
-        store.put_holder(&id("old"), T0 - 1);
+        store.put_holder(&id("old"), T0 - 1, Put::Upsert);
         store.put_owner(&id("old"), 7);
         store.counter_is_garbage = true;
         let got = acquire(&mut store, T0, &id("a"), &fair(1, 100));

@@ -4,6 +4,7 @@
 //! replicas and the AOF reproduce the primary exactly without the module re-running anything.
 
 use std::ffi::CStr;
+use std::io::Write;
 use std::os::raw::{c_int, c_longlong};
 use std::ptr;
 
@@ -11,7 +12,7 @@ use redis_module::{raw, Context, RedisString};
 
 use crate::error::SemError;
 use crate::keys::{derived, COUNTER_SUFFIX, OWNER_SUFFIX};
-use crate::semaphore::{IdBytes, Store};
+use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
@@ -150,18 +151,30 @@ impl Key {
         }
     }
 
-    fn zadd(&self, score: i64, member: &RedisString) {
+    /// `ZADD` (with `XX` for `Put::IfHeld`), replicated and notified when something changed.
+    fn zadd(&self, score: i64, member: &RedisString, put: Put) -> PutOutcome {
+        let mut flags = match put {
+            Put::Upsert => 0,
+            Put::IfHeld => raw::REDISMODULE_ZADD_XX as c_int,
+        };
         // SAFETY: a key opened for writing whose type was checked; scores below 2^53 are exact.
         unsafe {
-            raw::RedisModule_ZsetAdd.unwrap()(
-                self.handle,
-                score as f64,
-                member.inner,
-                ptr::null_mut(),
-            );
+            raw::RedisModule_ZsetAdd.unwrap()(self.handle, score as f64, member.inner, &mut flags);
         }
-        self.replicate_score_member(c"ZADD", score, member);
-        self.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zadd");
+        let flag = |bit: u32| flags & bit as c_int != 0;
+        if flag(raw::REDISMODULE_ZADD_NOP) {
+            return PutOutcome::NotHeld;
+        }
+        // Neither bit: the member already had this score, so there is nothing to propagate.
+        if flag(raw::REDISMODULE_ZADD_ADDED) || flag(raw::REDISMODULE_ZADD_UPDATED) {
+            self.replicate_score_member(c"ZADD", score, member);
+            self.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zadd");
+        }
+        if flag(raw::REDISMODULE_ZADD_ADDED) {
+            PutOutcome::Added
+        } else {
+            PutOutcome::Updated
+        }
     }
 
     /// Removes `member`; whether it was there.
@@ -184,20 +197,44 @@ impl Key {
         deleted != 0
     }
 
-    /// Sets the key's absolute expiry (Unix ms), unless it is already that.
-    fn expire_at(&self, at: i64) {
+    /// The key's absolute expiry in Unix ms, or `REDISMODULE_NO_EXPIRE`.
+    fn expire_time(&self) -> i64 {
         if self.is_empty() {
+            return raw::REDISMODULE_NO_EXPIRE as i64;
+        }
+        // SAFETY: an open, non-empty key.
+        unsafe { raw::RedisModule_GetAbsExpire.unwrap()(self.handle) }
+    }
+
+    /// Sets the key's absolute expiry (Unix ms) when it differs from `current`.
+    fn expire_at(&self, at: i64, current: i64) {
+        if self.is_empty() || at == current {
             return;
         }
         // SAFETY: an open, non-empty key.
         unsafe {
-            if raw::RedisModule_GetAbsExpire.unwrap()(self.handle) == at {
-                return;
-            }
             raw::RedisModule_SetAbsExpire.unwrap()(self.handle, at);
         }
         self.replicate_number(c"PEXPIREAT", at);
         self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"expire");
+    }
+
+    /// Overwrites a string key's value in place: no new object, and the key keeps its TTL.
+    fn write_string(&self, value: &[u8]) {
+        let mut len = 0;
+        // SAFETY: a key opened for writing, missing or a string. Truncate creates or resizes it
+        // to exactly `value.len()` bytes, which DMA then exposes for the copy.
+        unsafe {
+            raw::RedisModule_StringTruncate.unwrap()(self.handle, value.len());
+            let data = raw::RedisModule_StringDMA.unwrap()(
+                self.handle,
+                &mut len,
+                raw::REDISMODULE_WRITE as c_int,
+            );
+            if !data.is_null() && len == value.len() {
+                ptr::copy_nonoverlapping(value.as_ptr(), data.cast::<u8>(), len);
+            }
+        }
     }
 
     /// Fires the keyspace event Redis's own command would, for clients that subscribe to them.
@@ -264,14 +301,46 @@ impl Drop for Key {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeadlineChange {
+    None,
+    /// Holders were only added; this is the latest deadline added.
+    Raised(i64),
+    /// A deadline was moved or removed: the latest one must be looked up.
+    Unknown,
+}
+
+impl DeadlineChange {
+    fn added(self, deadline: i64) -> Self {
+        match self {
+            DeadlineChange::None => DeadlineChange::Raised(deadline),
+            DeadlineChange::Raised(latest) => DeadlineChange::Raised(latest.max(deadline)),
+            DeadlineChange::Unknown => DeadlineChange::Unknown,
+        }
+    }
+}
+
+/// `<name><suffix>`, assembled on the stack for names of usual length.
+fn derived_key(name: &RedisString, suffix: &[u8]) -> RedisString {
+    let name = name.as_slice();
+    let mut stack = [0u8; 256];
+    let len = name.len() + suffix.len();
+    if len > stack.len() {
+        return RedisString::create_from_slice(ptr::null_mut(), &derived(name, suffix));
+    }
+    stack[..name.len()].copy_from_slice(name);
+    stack[name.len()..len].copy_from_slice(suffix);
+    RedisString::create_from_slice(ptr::null_mut(), &stack[..len])
+}
+
 /// One semaphore's three keys, opened for a command call.
 pub struct RedisStore<'a> {
     ctx: &'a Context,
     holders: Key,
     owners: Key,
     counter: Option<Key>,
-    /// Whether a deadline was set or a holder removed: only then can the latest deadline move.
-    deadlines_changed: bool,
+    /// How this call moved the deadlines in `<name>`, so the keys' expiry can be settled.
+    deadlines: DeadlineChange,
     // Keep the derived key names alive while their keys are open.
     _owner_name: RedisString,
     _counter_name: Option<RedisString>,
@@ -286,16 +355,8 @@ impl<'a> RedisStore<'a> {
         access: Access,
         with_counter: bool,
     ) -> Result<Self, SemError> {
-        let owner_name = RedisString::create_from_slice(
-            ptr::null_mut(),
-            &derived(name.as_slice(), OWNER_SUFFIX),
-        );
-        let counter_name = with_counter.then(|| {
-            RedisString::create_from_slice(
-                ptr::null_mut(),
-                &derived(name.as_slice(), COUNTER_SUFFIX),
-            )
-        });
+        let owner_name = derived_key(name, OWNER_SUFFIX);
+        let counter_name = with_counter.then(|| derived_key(name, COUNTER_SUFFIX));
         let holders = Key::open(ctx, name, access, raw::REDISMODULE_KEYTYPE_ZSET)?;
         let owners = Key::open(ctx, &owner_name, access, raw::REDISMODULE_KEYTYPE_ZSET)?;
         let counter = match &counter_name {
@@ -312,7 +373,7 @@ impl<'a> RedisStore<'a> {
             holders,
             owners,
             counter,
-            deadlines_changed: false,
+            deadlines: DeadlineChange::None,
             _owner_name: owner_name,
             _counter_name: counter_name,
         })
@@ -324,17 +385,24 @@ impl<'a> RedisStore<'a> {
     }
 
     /// Ends a write: both sorted sets expire at the latest deadline, so an abandoned semaphore
-    /// disappears by itself. (The owner set's scores are tickets, so the deadline comes from
-    /// `<name>`.)
+    /// disappears by itself. The owner set's scores are tickets, so the deadline comes from
+    /// `<name>`, whose expiry already is the latest deadline from before this call.
     pub fn settle_expiry(&self) {
-        if !self.deadlines_changed {
+        if self.deadlines == DeadlineChange::None {
             return;
         }
-        if let Some(latest) = self.holders.highest_score() {
-            let latest = latest as i64;
-            self.holders.expire_at(latest);
-            self.owners.expire_at(latest);
-        }
+        let current = self.holders.expire_time();
+        let latest = match self.deadlines {
+            DeadlineChange::Raised(added) if current != raw::REDISMODULE_NO_EXPIRE as i64 => {
+                current.max(added)
+            }
+            _ => match self.holders.highest_score() {
+                Some(score) => score as i64,
+                None => return,
+            },
+        };
+        self.holders.expire_at(latest, current);
+        self.owners.expire_at(latest, self.owners.expire_time());
     }
 }
 
@@ -428,36 +496,53 @@ impl Store for RedisStore<'_> {
         owners
     }
 
-    fn put_holder(&mut self, id: &RedisString, deadline_ms: i64) {
-        self.holders.zadd(deadline_ms, id);
-        self.deadlines_changed = true;
+    fn put_holder(&mut self, id: &RedisString, deadline_ms: i64, put: Put) -> PutOutcome {
+        let outcome = self.holders.zadd(deadline_ms, id, put);
+        self.deadlines = match outcome {
+            PutOutcome::Added => self.deadlines.added(deadline_ms),
+            PutOutcome::Updated => DeadlineChange::Unknown,
+            PutOutcome::NotHeld => self.deadlines,
+        };
+        outcome
     }
 
     fn put_owner(&mut self, id: &RedisString, ticket: u64) {
-        self.owners.zadd(ticket as i64, id);
+        self.owners.zadd(ticket as i64, id, Put::Upsert);
     }
 
     fn set_counter(&mut self, ticket: u64) {
         let Some(key) = &self.counter else {
             return;
         };
-        // SAFETY: an open string key (or an empty one, which StringSet creates).
+        let mut digits = [0u8; 20];
+        let len = {
+            let mut cursor = &mut digits[..];
+            // Cannot fail: a u64 has at most 20 digits.
+            let _ = write!(cursor, "{ticket}");
+            20 - cursor.len()
+        };
+        key.write_string(&digits[..len]);
+        // KEEPTTL: the in-place write keeps a TTL someone set on the counter; so must SET.
+        // SAFETY: the format letters match the arguments (string, long long, C string).
         unsafe {
-            let value = raw::RedisModule_CreateStringFromLongLong.unwrap()(
+            raw::RedisModule_Replicate.unwrap()(
                 self.ctx.ctx,
+                c"SET".as_ptr(),
+                c"slc".as_ptr(),
+                key.name,
                 ticket as c_longlong,
+                c"KEEPTTL".as_ptr(),
             );
-            raw::RedisModule_StringSet.unwrap()(key.handle, value);
-            raw::RedisModule_FreeString.unwrap()(self.ctx.ctx, value);
         }
-        key.replicate_number(c"SET", ticket as i64);
         key.notify(raw::REDISMODULE_NOTIFY_STRING, c"set");
     }
 
-    fn remove(&mut self, id: &RedisString) {
-        if self.holders.zrem(id) {
-            self.deadlines_changed = true;
-        }
+    fn remove(&mut self, id: &RedisString) -> bool {
+        let removed = self.holders.zrem(id);
         self.owners.zrem(id);
+        if removed {
+            self.deadlines = DeadlineChange::Unknown;
+        }
+        removed
     }
 }

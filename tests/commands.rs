@@ -625,3 +625,33 @@ fn changes_fire_the_keyspace_events_of_the_equivalent_commands() {
         ]
     );
 }
+
+#[test]
+fn the_counter_stays_an_ordinary_integer_key() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10"]);
+    let incremented: i64 = run(&mut c, &["INCRBY", "k:counter", "10"]);
+    assert_eq!(incremented, 11, "INCR works on the module's counter");
+    let _: i64 = run(&mut c, &["PEXPIRE", "k:counter", "100000"]);
+    let (_, ticket): (String, i64) =
+        run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
+    assert_eq!(
+        ticket, 12,
+        "tickets continue from whatever the counter holds"
+    );
+    let ttl: i64 = run(&mut c, &["PTTL", "k:counter"]);
+    assert!(
+        ttl > 90_000,
+        "a TTL set on the counter is kept, as SET KEEPTTL does: {ttl}"
+    );
+    let value: String = run(&mut c, &["GET", "k:counter"]);
+    assert_eq!(value, "12");
+    let (_, ticket): (String, i64) =
+        run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
+    assert_eq!(ticket, 13);
+    let _: String = run(&mut c, &["SET", "k:counter", "999"]);
+    let (_, ticket): (String, i64) =
+        run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
+    assert_eq!(ticket, 1000, "a longer number is written whole");
+}
