@@ -1,0 +1,120 @@
+//! The PNG chart: pairs/s against the number of live holders, both on log
+//! axes, one line per contender.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+
+use crate::contenders::Contender;
+use crate::report::group_thousands;
+use crate::scenarios::UNCONTENDED_LIMIT;
+use crate::stats::Summary;
+use crate::BoxError;
+
+/// One fixed colour per contender, in `Contender::ALL` order, so a contender
+/// keeps its colour whichever others a run includes.
+const COLOURS: [RGBColor; 6] = [
+    RGBColor(214, 39, 40),
+    RGBColor(255, 127, 14),
+    RGBColor(31, 119, 180),
+    RGBColor(23, 190, 207),
+    RGBColor(148, 103, 189),
+    RGBColor(90, 90, 90),
+];
+
+/// Loads the font at run time: the chart then needs neither a font compiled
+/// into the binary nor a system font library.
+pub fn load_font(path: &Path) -> Result<(), BoxError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| format!("cannot read the chart font {}: {e}", path.display()))?;
+    // The font table keeps `'static` references and the font is needed for
+    // the whole run, so leaking this one buffer is the simple right thing.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| format!("{} is not a usable TrueType font", path.display()))?;
+    Ok(())
+}
+
+/// Draws the multi-connection holder scenarios of `summaries` to `path`.
+pub fn pairs_vs_holders(
+    path: &Path,
+    summaries: &[Summary],
+    connections: usize,
+    contenders: &[Contender],
+) -> Result<(), BoxError> {
+    let lines: Vec<(Contender, Vec<(f64, f64)>)> = contenders
+        .iter()
+        .map(|&contender| {
+            let points = summaries
+                .iter()
+                .filter(|s| {
+                    s.contender == contender
+                        && s.scenario.connections == connections
+                        && s.scenario.limit == UNCONTENDED_LIMIT
+                        && s.scenario.holders > 0
+                })
+                .map(|s| (s.scenario.holders as f64, s.pairs_per_sec.median))
+                .collect();
+            (contender, points)
+        })
+        .collect();
+    let all = || lines.iter().flat_map(|(_, points)| points.iter());
+    let (Some(x_min), Some(x_max)) = (
+        all().map(|p| p.0).reduce(f64::min),
+        all().map(|p| p.0).reduce(f64::max),
+    ) else {
+        return Err("no holder scenario to chart".into());
+    };
+    let y_min = all().map(|p| p.1).fold(f64::INFINITY, f64::min).max(0.1);
+    let y_max = all().map(|p| p.1).fold(0.0, f64::max).max(1.0);
+    // Whole decades on the rate axis, and some room either side of N.
+    let y_range = 10f64.powf(y_min.log10().floor())..10f64.powf(y_max.log10().ceil());
+    let x_range = x_min / 2.0..x_max * 2.0;
+
+    let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Pairs/s against live holders ({connections} connections, limit {})",
+                group_thousands(UNCONTENDED_LIMIT)
+            ),
+            ("sans-serif", 24),
+        )
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x_range.log_scale(), y_range.log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("live holders N (log scale)")
+        .y_desc("pairs/s (log scale)")
+        .x_label_formatter(&|x| group_thousands(x.round() as u64))
+        .y_label_formatter(&|y| group_thousands(y.round() as u64))
+        // Faint minor lines: a log axis has many, and the data should stand out.
+        .light_line_style(BLACK.mix(0.04))
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .draw()?;
+    for (contender, points) in &lines {
+        let colour = COLOURS[*contender as usize];
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                colour.stroke_width(2),
+            ))?
+            .label(contender.label())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], colour.stroke_width(3)));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, colour.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .label_font(("sans-serif", 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
