@@ -1,5 +1,5 @@
-//! The semaphore [`Store`] over real Redis keys, through the low-level key API (no `ctx.call`):
-//! each sorted-set operation is one skiplist/dict step. Every change is replicated as it
+//! The semaphore [`Store`] over real Redis keys, through the low-level key API (no `ctx.call`,
+//! so no command parsing or fake client per step). Every change is replicated as it
 //! happens, as a plain Redis command with absolute values (deadlines, tickets, identifiers), so
 //! replicas and the AOF reproduce the primary exactly without the module re-running anything.
 
@@ -84,14 +84,14 @@ impl Key {
         (status == raw::REDISMODULE_OK as c_int).then_some(score)
     }
 
-    /// Visits members with `min <= score <= max` (or `< max` when `max_exclusive`), lowest
-    /// first, until `visit` returns false.
+    /// Visits the members with `min <= score <= max` (`min < score` when `min_exclusive`),
+    /// lowest score first.
     fn scan(
         &self,
         min: f64,
         max: f64,
         min_exclusive: bool,
-        mut visit: impl FnMut(RedisString, f64) -> bool,
+        mut visit: impl FnMut(RedisString, f64),
     ) {
         if self.is_empty() {
             return;
@@ -114,8 +114,11 @@ impl Key {
                 if element.is_null() {
                     break;
                 }
-                let member = RedisString::from_redis_module_string(ptr::null_mut(), element);
-                if !visit(member, score) || zset_next(self.handle) == 0 {
+                visit(
+                    RedisString::from_redis_module_string(ptr::null_mut(), element),
+                    score,
+                );
+                if zset_next(self.handle) == 0 {
                     break;
                 }
             }
@@ -435,8 +438,7 @@ impl Store for RedisStore<'_> {
         let mut expired = Vec::new();
         self.holders
             .scan(f64::NEG_INFINITY, now_ms as f64, false, |member, _| {
-                expired.push(member);
-                true
+                expired.push(member)
             });
         expired
     }
@@ -444,10 +446,7 @@ impl Store for RedisStore<'_> {
     fn count_expired(&self, now_ms: i64) -> u64 {
         let mut count = 0;
         self.holders
-            .scan(f64::NEG_INFINITY, now_ms as f64, false, |_, _| {
-                count += 1;
-                true
-            });
+            .scan(f64::NEG_INFINITY, now_ms as f64, false, |_, _| count += 1);
         count
     }
 
@@ -480,8 +479,7 @@ impl Store for RedisStore<'_> {
         let mut live = Vec::new();
         self.holders
             .scan(now_ms as f64, f64::INFINITY, true, |member, score| {
-                live.push((member, score as i64));
-                true
+                live.push((member, score as i64))
             });
         live
     }
@@ -490,8 +488,7 @@ impl Store for RedisStore<'_> {
         let mut owners = Vec::new();
         self.owners
             .scan(f64::NEG_INFINITY, f64::INFINITY, false, |member, score| {
-                owners.push((member, score as u64));
-                true
+                owners.push((member, score as u64))
             });
         owners
     }
