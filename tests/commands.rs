@@ -159,7 +159,7 @@ fn fair_grants_take_tickets_in_order_and_refusals_take_none() {
 fn fair_and_plain_do_not_mix_while_holders_are_live() {
     let server = Server::start();
     let mut c = server.connection();
-    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "m", "5", "0.2"]);
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "m", "5", "0.5"]);
     let before = state(&mut c, "m");
     let err = error_of(&mut c, &["SEM.ACQUIRE", "m", "5", "10"]);
     assert!(err.starts_with("ERR ") && err.contains("fair"), "{err}");
@@ -169,7 +169,7 @@ fn fair_and_plain_do_not_mix_while_holders_are_live() {
         "the refused call changed nothing"
     );
 
-    sleep(Duration::from_millis(250));
+    sleep(Duration::from_millis(550));
     let plain: Option<String> = run(&mut c, &["SEM.ACQUIRE", "m", "5", "10"]);
     assert!(
         plain.is_some(),
@@ -185,10 +185,10 @@ fn fair_and_plain_do_not_mix_while_holders_are_live() {
 fn leases_expire_on_the_server_clock() {
     let server = Server::start();
     let mut c = server.connection();
-    let short: String = run(&mut c, &["SEM.ACQUIRE", "e", "1", "0.15"]);
+    let short: String = run(&mut c, &["SEM.ACQUIRE", "e", "1", "0.5"]);
     let refused: Option<String> = run(&mut c, &["SEM.ACQUIRE", "e", "1", "10"]);
     assert_eq!(refused, None);
-    sleep(Duration::from_millis(200));
+    sleep(Duration::from_millis(550));
 
     let count: i64 = run(&mut c, &["SEM.GET", "e"]);
     assert_eq!(count, 0, "an expired holder counts for nothing");
@@ -208,9 +208,9 @@ fn leases_expire_on_the_server_clock() {
 fn expired_holders_are_pruned_by_the_next_writer() {
     let server = Server::start();
     let mut c = server.connection();
-    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "3", "0.1", "ID", "old"]);
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "3", "0.5", "ID", "old"]);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "3", "30", "ID", "keeper"]);
-    sleep(Duration::from_millis(150));
+    sleep(Duration::from_millis(550));
     assert_eq!(
         zset(&mut c, "p").len(),
         2,
