@@ -5,6 +5,8 @@
 //! holders it finds (that is the recipe's ZREMRANGEBYSCORE), so the cost of a call is
 //! O((1 + expired) log holders), never a walk over all holders.
 
+use std::slice;
+
 use serde_json::{json, Value};
 
 use crate::error::SemError;
@@ -52,9 +54,9 @@ pub trait Store {
     fn put_holder(&mut self, id: &Self::Id, deadline_ms: i64, put: Put) -> PutOutcome;
     fn put_owner(&mut self, id: &Self::Id, ticket: u64);
     fn set_counter(&mut self, ticket: u64);
-    /// Removes `id` from `<name>` and from `<name>:owner`, wherever it is present. Returns
-    /// whether it was in `<name>`.
-    fn remove(&mut self, id: &Self::Id) -> bool;
+    /// Removes `ids` from `<name>` and from `<name>:owner`, wherever they are present, as one
+    /// step per key. Returns how many were in `<name>`.
+    fn remove(&mut self, ids: &[Self::Id]) -> usize;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +113,7 @@ pub fn acquire<S: Store>(
         Kind::Fair => Some(next_ticket(store.counter()?.unwrap_or(0))?),
     };
 
-    remove_all(store, &expired);
+    store.remove(&expired);
     // A full semaphore still renews a holder that retries with its identifier.
     let put = if live < request.limit {
         Put::Upsert
@@ -141,11 +143,11 @@ pub fn acquire<S: Store>(
 /// lost its permit (another may have been granted it) and gets `false`.
 pub fn refresh<S: Store>(store: &mut S, now_ms: i64, id: &S::Id, lease_ms: i64) -> bool {
     let expired = store.expired(now_ms);
-    remove_all(store, &expired);
+    store.remove(&expired);
     match store.put_holder(id, now_ms + lease_ms, Put::IfHeld) {
         PutOutcome::Updated => true,
         PutOutcome::Added | PutOutcome::NotHeld => {
-            store.remove(id);
+            store.remove(slice::from_ref(id));
             false
         }
     }
@@ -156,8 +158,8 @@ pub fn refresh<S: Store>(store: &mut S, now_ms: i64, id: &S::Id, lease_ms: i64) 
 pub fn release<S: Store>(store: &mut S, now_ms: i64, id: &S::Id) -> bool {
     // An expired `id` goes with the others, so what is left of it here was live.
     let expired = store.expired(now_ms);
-    remove_all(store, &expired);
-    store.remove(id)
+    store.remove(&expired);
+    store.remove(slice::from_ref(id)) == 1
 }
 
 /// SEM.GET: live holders, without removing anything (it runs on read-only replicas too).
@@ -216,12 +218,6 @@ fn next_ticket(counter: u64) -> Result<u64, SemError> {
         return Err(SemError::CounterExhausted);
     }
     Ok(counter + 1)
-}
-
-fn remove_all<S: Store>(store: &mut S, ids: &[S::Id]) {
-    for id in ids {
-        store.remove(id);
-    }
 }
 
 #[cfg(test)]
@@ -314,9 +310,13 @@ mod tests {
         fn set_counter(&mut self, ticket: u64) {
             self.counter = Some(ticket);
         }
-        fn remove(&mut self, id: &Vec<u8>) -> bool {
-            self.owners.remove(id);
-            self.holders.remove(id).is_some()
+        fn remove(&mut self, ids: &[Vec<u8>]) -> usize {
+            ids.iter()
+                .filter(|id| {
+                    self.owners.remove(*id);
+                    self.holders.remove(*id).is_some()
+                })
+                .count()
         }
     }
 

@@ -180,24 +180,54 @@ impl Key {
         }
     }
 
-    /// Removes `member`; whether it was there.
-    fn zrem(&self, member: &RedisString) -> bool {
+    /// Removes `members`, propagated as one `ZREM` with those that were there; returns how
+    /// many were.
+    fn zrem(&self, members: &[RedisString]) -> usize {
         if self.is_empty() {
-            return false;
+            return 0;
         }
-        let mut deleted: c_int = 0;
-        // SAFETY: as in `zadd`. Redis deletes the key when its last member goes.
-        unsafe {
-            raw::RedisModule_ZsetRem.unwrap()(self.handle, member.inner, &mut deleted);
-        }
-        if deleted != 0 {
-            self.replicate_member(c"ZREM", member);
+        let delete = |member: &RedisString| {
+            let mut deleted: c_int = 0;
+            // SAFETY: as in `zadd`. Redis deletes the key when its last member goes.
+            unsafe { raw::RedisModule_ZsetRem.unwrap()(self.handle, member.inner, &mut deleted) };
+            deleted != 0
+        };
+        // The common single removal (a release) needs no heap buffer.
+        let mut one = [ptr::null_mut(); 1];
+        let many: Vec<*mut raw::RedisModuleString>;
+        let removed: &[*mut raw::RedisModuleString] = match members {
+            [member] if delete(member) => {
+                one[0] = member.inner;
+                &one
+            }
+            [_] => &[],
+            _ => {
+                many = members
+                    .iter()
+                    .filter(|member| delete(member))
+                    .map(|member| member.inner)
+                    .collect();
+                &many
+            }
+        };
+        if !removed.is_empty() {
+            // SAFETY: `v` takes an array of strings and its length; the strings outlive the call.
+            unsafe {
+                raw::RedisModule_Replicate.unwrap()(
+                    self.ctx,
+                    c"ZREM".as_ptr(),
+                    c"sv".as_ptr(),
+                    self.name,
+                    removed.as_ptr(),
+                    removed.len(),
+                );
+            }
             self.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zrem");
             if self.is_empty() {
                 self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"del");
             }
         }
-        deleted != 0
+        removed.len()
     }
 
     /// The key's absolute expiry in Unix ms, or `REDISMODULE_NO_EXPIRE`.
@@ -263,20 +293,6 @@ impl Key {
                 c"sls".as_ptr(),
                 self.name,
                 score as c_longlong,
-                member.inner,
-            );
-        }
-    }
-
-    /// Propagates `command <key> member`.
-    fn replicate_member(&self, command: &CStr, member: &RedisString) {
-        // SAFETY: as above.
-        unsafe {
-            raw::RedisModule_Replicate.unwrap()(
-                self.ctx,
-                command.as_ptr(),
-                c"ss".as_ptr(),
-                self.name,
                 member.inner,
             );
         }
@@ -534,10 +550,10 @@ impl Store for RedisStore<'_> {
         key.notify(raw::REDISMODULE_NOTIFY_STRING, c"set");
     }
 
-    fn remove(&mut self, id: &RedisString) -> bool {
-        let removed = self.holders.zrem(id);
-        self.owners.zrem(id);
-        if removed {
+    fn remove(&mut self, ids: &[RedisString]) -> usize {
+        let removed = self.holders.zrem(ids);
+        self.owners.zrem(ids);
+        if removed > 0 {
             self.deadlines = DeadlineChange::Unknown;
         }
         removed

@@ -481,6 +481,40 @@ fn the_replication_stream_carries_effects_never_sem_commands() {
 }
 
 #[test]
+fn pruning_propagates_one_zrem_per_key() {
+    let primary = Server::start_with(&PRIMARY_ARGS);
+    let mut conn = primary.connection();
+    let _: String = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "crowd", "10", "60", "ID", "stays"],
+    );
+    for id in ["a", "b", "c"] {
+        let _: String = run(
+            &mut conn,
+            &["SEM.ACQUIREFAIR", "crowd", "10", "0.2", "ID", id],
+        );
+    }
+    wait_until("the short holders expired", Duration::from_secs(5), || {
+        run::<i64>(&mut conn, &["SEM.GET", "crowd"]) == 1
+    });
+    let mut stream = ReplicationStream::attach(primary.port);
+
+    let _: String = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "crowd", "10", "60", "ID", "d"],
+    );
+    let _: () = run(&mut conn, &["SET", "end-of-prune", "1"]);
+    let zrems: Vec<Command> = stream
+        .commands_until_set("end-of-prune")
+        .into_iter()
+        .filter(|command| command[0].eq_ignore_ascii_case("ZREM"))
+        .collect();
+    let expected =
+        |key: &str| -> Command { ["ZREM", key, "a", "b", "c"].map(String::from).to_vec() };
+    assert_eq!(zrems, [expected("crowd"), expected("crowd:owner")]);
+}
+
+#[test]
 fn an_aof_reload_restores_exactly_the_same_state() {
     let started_at_ms = unix_ms_now();
     let server = Server::start_with(&AOF_ARGS);
