@@ -655,3 +655,17 @@ fn the_counter_stays_an_ordinary_integer_key() {
         run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
     assert_eq!(ticket, 1000, "a longer number is written whole");
 }
+
+#[test]
+fn names_longer_than_the_stack_buffer_work() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let name = "n".repeat(300);
+    let (_, ticket): (String, i64) =
+        run(&mut c, &["SEM.ACQUIREFAIR", &name, "1", "10", "WITHTICKET"]);
+    assert_eq!(ticket, 1);
+    let owner = format!("{name}:owner");
+    let counter = format!("{name}:counter");
+    let exists: i64 = run(&mut c, &["EXISTS", &name, &owner, &counter]);
+    assert_eq!(exists, 3);
+}
