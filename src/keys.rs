@@ -5,12 +5,21 @@ pub const OWNER_SUFFIX: &[u8] = b":owner";
 /// Suffix of the fair semaphore's last handed-out ticket.
 pub const COUNTER_SUFFIX: &[u8] = b":counter";
 
-/// `<name>` + `suffix`.
-pub fn derived(name: &[u8], suffix: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(name.len() + suffix.len());
-    key.extend_from_slice(name);
-    key.extend_from_slice(suffix);
-    key
+/// Calls `use_key` with `<name><suffix>`, assembled on the stack for names of usual length so
+/// the hot path opens the derived keys without a heap allocation.
+pub fn with_derived<T>(name: &[u8], suffix: &[u8], use_key: impl FnOnce(&[u8]) -> T) -> T {
+    let len = name.len() + suffix.len();
+    let mut stack = [0u8; 256];
+    let mut heap = Vec::new();
+    let key = if len <= stack.len() {
+        &mut stack[..len]
+    } else {
+        heap.resize(len, 0);
+        &mut heap[..]
+    };
+    key[..name.len()].copy_from_slice(name);
+    key[name.len()..].copy_from_slice(suffix);
+    use_key(key)
 }
 
 /// Whether Redis Cluster hashes `name` by a hash tag: the bytes between the first `{` and the
@@ -32,8 +41,14 @@ mod tests {
 
     #[test]
     fn derived_keys_append_the_suffix() {
+        let derived = |name: &[u8], suffix| with_derived(name, suffix, <[u8]>::to_vec);
         assert_eq!(derived(b"jobs", OWNER_SUFFIX), b"jobs:owner");
         assert_eq!(derived(b"{jobs}", COUNTER_SUFFIX), b"{jobs}:counter");
+        let long = vec![b'n'; 300];
+        assert_eq!(
+            derived(&long, OWNER_SUFFIX),
+            [&long[..], OWNER_SUFFIX].concat()
+        );
     }
 
     #[test]

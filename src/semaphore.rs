@@ -41,7 +41,6 @@ pub trait Store {
     fn ticket(&self, id: &Self::Id) -> Option<u64>;
     /// Holders whose deadline is at or before `now_ms`, soonest first.
     fn expired(&self, now_ms: i64) -> Vec<Self::Id>;
-    fn count_expired(&self, now_ms: i64) -> u64;
     /// The last ticket handed out; `None` when `<name>:counter` does not exist.
     fn counter(&self) -> Result<Option<u64>, SemError>;
     /// Live holders, soonest deadline first.
@@ -166,7 +165,7 @@ pub fn release<S: Store>(store: &mut S, now_ms: i64, id: &S::Id) -> bool {
 pub fn live_count<S: Store>(store: &S, now_ms: i64) -> u64 {
     store
         .holder_count()
-        .saturating_sub(store.count_expired(now_ms))
+        .saturating_sub(store.expired(now_ms).len() as u64)
 }
 
 /// SEM.GET JSON: the semaphore's state, holders in grant order. Fair holders are listed by
@@ -265,9 +264,6 @@ mod tests {
                 .collect();
             expired.sort();
             expired.into_iter().map(|(_, id)| id).collect()
-        }
-        fn count_expired(&self, now_ms: i64) -> u64 {
-            self.expired(now_ms).len() as u64
         }
         fn counter(&self) -> Result<Option<u64>, SemError> {
             if self.counter_is_garbage {

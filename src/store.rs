@@ -11,7 +11,7 @@ use std::ptr;
 use redis_module::{raw, Context, RedisString};
 
 use crate::error::SemError;
-use crate::keys::{derived, COUNTER_SUFFIX, OWNER_SUFFIX};
+use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX};
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +170,17 @@ impl Key {
         }
         // Neither bit: the member already had this score, so there is nothing to propagate.
         if flag(raw::REDISMODULE_ZADD_ADDED) || flag(raw::REDISMODULE_ZADD_UPDATED) {
-            self.replicate_score_member(c"ZADD", score, member);
+            // SAFETY: each format letter matches its argument's C type (s: string, l: long long).
+            unsafe {
+                raw::RedisModule_Replicate.unwrap()(
+                    self.ctx,
+                    c"ZADD".as_ptr(),
+                    c"sls".as_ptr(),
+                    self.name,
+                    score as c_longlong,
+                    member.inner,
+                );
+            }
             self.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zadd");
         }
         if flag(raw::REDISMODULE_ZADD_ADDED) {
@@ -244,11 +254,17 @@ impl Key {
         if self.is_empty() || at == current {
             return;
         }
-        // SAFETY: an open, non-empty key.
+        // SAFETY: an open, non-empty key; the format letters match the arguments.
         unsafe {
             raw::RedisModule_SetAbsExpire.unwrap()(self.handle, at);
+            raw::RedisModule_Replicate.unwrap()(
+                self.ctx,
+                c"PEXPIREAT".as_ptr(),
+                c"sl".as_ptr(),
+                self.name,
+                at as c_longlong,
+            );
         }
-        self.replicate_number(c"PEXPIREAT", at);
         self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"expire");
     }
 
@@ -282,35 +298,6 @@ impl Key {
             );
         }
     }
-
-    /// Propagates `command <key> score member` to replicas and the AOF.
-    fn replicate_score_member(&self, command: &CStr, score: i64, member: &RedisString) {
-        // SAFETY: each format letter matches the C type of its argument (s: string, l: long long).
-        unsafe {
-            raw::RedisModule_Replicate.unwrap()(
-                self.ctx,
-                command.as_ptr(),
-                c"sls".as_ptr(),
-                self.name,
-                score as c_longlong,
-                member.inner,
-            );
-        }
-    }
-
-    /// Propagates `command <key> number`.
-    fn replicate_number(&self, command: &CStr, number: i64) {
-        // SAFETY: as above.
-        unsafe {
-            raw::RedisModule_Replicate.unwrap()(
-                self.ctx,
-                command.as_ptr(),
-                c"sl".as_ptr(),
-                self.name,
-                number as c_longlong,
-            );
-        }
-    }
 }
 
 impl Drop for Key {
@@ -339,17 +326,11 @@ impl DeadlineChange {
     }
 }
 
-/// `<name><suffix>`, assembled on the stack for names of usual length.
+/// `<name><suffix>` as a Redis string.
 fn derived_key(name: &RedisString, suffix: &[u8]) -> RedisString {
-    let name = name.as_slice();
-    let mut stack = [0u8; 256];
-    let len = name.len() + suffix.len();
-    if len > stack.len() {
-        return RedisString::create_from_slice(ptr::null_mut(), &derived(name, suffix));
-    }
-    stack[..name.len()].copy_from_slice(name);
-    stack[name.len()..len].copy_from_slice(suffix);
-    RedisString::create_from_slice(ptr::null_mut(), &stack[..len])
+    with_derived(name.as_slice(), suffix, |key| {
+        RedisString::create_from_slice(ptr::null_mut(), key)
+    })
 }
 
 /// One semaphore's three keys, opened for a command call.
@@ -457,13 +438,6 @@ impl Store for RedisStore<'_> {
                 expired.push(member)
             });
         expired
-    }
-
-    fn count_expired(&self, now_ms: i64) -> u64 {
-        let mut count = 0;
-        self.holders
-            .scan(f64::NEG_INFINITY, now_ms as f64, false, |_, _| count += 1);
-        count
     }
 
     fn counter(&self) -> Result<Option<u64>, SemError> {
