@@ -1,58 +1,64 @@
-//! Parsing of the values the SEM.* commands take. Strict on purpose: what a user typed either
-//! means exactly one thing or is refused, so no client's typo silently becomes a different lease.
+//! Parsing of the values the SEM.* commands take, and of the counter they keep. Strict on
+//! purpose: what a user typed either means exactly one thing or is refused, so no client's typo
+//! silently becomes a different lease. One rule each:
+//! - `limit`: decimal digits only, leading zeros allowed, value from 1 to [`MAX_LIMIT`];
+//! - `lease`: decimal digits, optionally `.` and one to three more (milliseconds), leading zeros
+//!   allowed, value greater than 0 and at most [`MAX_LEASE_MS`];
+//! - `<name>:counter`: an integer in Redis's own syntax (what INCR reads and writes: no sign, no
+//!   leading zero, no spaces) from 0 to [`MAX_TICKET`].
 
 use crate::error::SemError;
+use crate::types::{MAX_LEASE_MS, MAX_LIMIT, MAX_TICKET};
 
-/// yrmcds's bound: a 4-byte unsigned count of permits.
-pub const MAX_LIMIT: u64 = u32::MAX as u64;
-/// One year (365 days): longer leases are almost certainly a unit mistake.
-pub const MAX_LEASE_MS: i64 = 365 * 24 * 3600 * 1000;
-
-/// `limit`: a decimal integer from 1 to [`MAX_LIMIT`], digits only.
-pub fn parse_limit(arg: &[u8]) -> Result<u64, SemError> {
-    if arg.is_empty() || arg.len() > 10 || !arg.iter().all(u8::is_ascii_digit) {
-        return Err(SemError::InvalidLimit);
+/// The value of a run of ASCII digits, saturating (any value past `u64::MAX` is out of every
+/// range here); `None` unless `digits` is non-empty and digits only.
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
     }
-    let value = arg
-        .iter()
-        .fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0'));
-    if (1..=MAX_LIMIT).contains(&value) {
-        Ok(value)
-    } else {
-        Err(SemError::InvalidLimit)
-    }
+    Some(digits.iter().fold(0u64, |acc, d| {
+        acc.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    }))
 }
 
-/// `lease`: seconds as `digits[.d[d[d]]]`, returned in milliseconds; greater than 0 and at most
-/// [`MAX_LEASE_MS`]. No exponent, sign, or sub-millisecond digits: they would be rounded away.
+/// `limit`: see the module documentation.
+pub fn parse_limit(arg: &[u8]) -> Result<u64, SemError> {
+    decimal(arg)
+        .filter(|value| (1..=MAX_LIMIT).contains(value))
+        .ok_or(SemError::InvalidLimit)
+}
+
+/// `lease`, in milliseconds: see the module documentation.
 pub fn parse_lease_ms(arg: &[u8]) -> Result<i64, SemError> {
+    seconds_ms(arg)
+        .filter(|&ms| (1..=MAX_LEASE_MS as u64).contains(&ms))
+        .map(|ms| ms as i64)
+        .ok_or(SemError::InvalidLease)
+}
+
+/// `digits[.d[d[d]]]` seconds in milliseconds, saturating; `None` if malformed.
+fn seconds_ms(arg: &[u8]) -> Option<u64> {
     let (whole, fraction) = match arg.iter().position(|&b| b == b'.') {
-        Some(dot) => (&arg[..dot], &arg[dot + 1..]),
-        None => (arg, &[][..]),
+        Some(dot) => (&arg[..dot], Some(&arg[dot + 1..])),
+        None => (arg, None),
     };
-    let digits_only = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
-    let has_dot = whole.len() < arg.len();
-    if whole.is_empty()
-        || whole.len() > 9
-        || !digits_only(whole)
-        || !digits_only(fraction)
-        || fraction.len() > 3
-        || (has_dot && fraction.is_empty())
-    {
-        return Err(SemError::InvalidLease);
-    }
-    let seconds = whole
-        .iter()
-        .fold(0i64, |acc, d| acc * 10 + i64::from(d - b'0'));
-    let millis = (0..3).fold(0i64, |acc, i| {
-        acc * 10 + fraction.get(i).map_or(0, |d| i64::from(d - b'0'))
-    });
-    let lease_ms = seconds * 1000 + millis;
-    if (1..=MAX_LEASE_MS).contains(&lease_ms) {
-        Ok(lease_ms)
-    } else {
-        Err(SemError::InvalidLease)
-    }
+    let seconds = decimal(whole)?;
+    let millis = match fraction {
+        None => 0,
+        Some(f) if (1..=3).contains(&f.len()) => {
+            decimal(f)? * [100, 10, 1][f.len() - 1]
+        }
+        Some(_) => return None,
+    };
+    Some(seconds.saturating_mul(1000).saturating_add(millis))
+}
+
+/// `<name>:counter`: see the module documentation.
+pub fn parse_counter(value: &[u8]) -> Result<u64, SemError> {
+    let canonical = value == b"0" || value.first().is_some_and(|&d| (b'1'..=b'9').contains(&d));
+    decimal(value)
+        .filter(|&counter| canonical && counter <= MAX_TICKET)
+        .ok_or(SemError::CounterNotInteger)
 }
 
 /// A semaphore name or an identifier: any bytes but the empty string.
@@ -74,11 +80,14 @@ mod tests {
             ("1", Some(1)),
             ("3", Some(3)),
             ("007", Some(7)),
+            ("00000000001", Some(1)),
             ("4294967295", Some(4_294_967_295)),
+            ("0004294967295", Some(4_294_967_295)),
             ("4294967296", None),
             ("9999999999", None),
-            ("10000000000", None),
+            ("99999999999999999999999999", None),
             ("0", None),
+            ("000", None),
             ("", None),
             ("-1", None),
             ("+1", None),
@@ -101,12 +110,16 @@ mod tests {
             ("0.25", Some(250)),
             ("0.5", Some(500)),
             ("0.001", Some(1)),
+            ("000000000.001", Some(1)),
+            ("0000000000.001", Some(1)),
+            ("007", Some(7000)),
             ("1.05", Some(1050)),
             ("31536000", Some(MAX_LEASE_MS)),
             ("31536000.000", Some(MAX_LEASE_MS)),
+            ("031536000.0", Some(MAX_LEASE_MS)),
             ("31536000.001", None),
             ("999999999", None),
-            ("9999999999", None),
+            ("99999999999999999999999", None),
             ("0", None),
             ("0.000", None),
             ("0.0001", None),
@@ -120,10 +133,36 @@ mod tests {
             ("nan", None),
             ("1.2.3", None),
             ("1 ", None),
+            ("1.-5", None),
         ];
         for (input, want) in table {
             let got = parse_lease_ms(input.as_bytes()).ok();
             assert_eq!(got, *want, "lease {input:?}");
+        }
+    }
+
+    #[test]
+    fn counters_follow_redis_integer_syntax_up_to_two_to_the_53() {
+        let table: &[(&str, Option<u64>)] = &[
+            ("0", Some(0)),
+            ("7", Some(7)),
+            ("9007199254740992", Some(MAX_TICKET)),
+            ("9007199254740993", None),
+            ("18446744073709551616", None),
+            ("99999999999999999999999", None),
+            ("007", None),
+            ("00", None),
+            ("-5", None),
+            ("-0", None),
+            ("+5", None),
+            ("5 ", None),
+            ("abc", None),
+            ("", None),
+            ("1.0", None),
+        ];
+        for (input, want) in table {
+            let got = parse_counter(input.as_bytes()).ok();
+            assert_eq!(got, *want, "counter {input:?}");
         }
     }
 

@@ -1,187 +1,252 @@
-//! One thin handler per SEM.* command: parse, open the keys, apply the rule, reply. The store
-//! replicates each change as it makes it.
+//! One thin handler per SEM.* command: parse, open the keys, apply the rule, reply. Every call
+//! enters through [`entry`], which answers the server's keys-position requests, takes the key
+//! names the command filter inserted (see `keys.rs`), and keeps panics out of redis-server.
 
+use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue, Status};
+use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use serde_json::{json, Value};
 
 use crate::args::{non_empty, parse_lease_ms, parse_limit};
 use crate::error::SemError;
-use crate::keys::has_hash_tag;
-use crate::semaphore::{self, AcquireRequest, Acquired, Kind};
-use crate::store::{Access, RedisStore};
+use crate::fencing;
+use crate::keys::{has_hash_tag, is_derived, Command};
+use crate::semaphore::{self, AcquireRequest, Acquired, Snapshot};
+use crate::server::command::{run, Arg};
+use crate::server::command_info::key_flags;
+use crate::server::key::Access;
+use crate::server::{is_keys_position_request, key_at, now_ms};
+use crate::store::{RedisStore, SemKeys};
+use crate::types::Kind;
 
-/// Refuses to load into a server that lacks a module API function the commands call, instead of
-/// failing later inside a command.
-pub fn check_server_api(ctx: &Context, _args: &[RedisString]) -> Status {
-    macro_rules! presence {
-        ($($function:ident),* $(,)?) => {
-            // SAFETY: copies (not references) of the pointers the module API filled in at load.
-            [$((stringify!($function), unsafe { raw::$function }.is_some())),*]
-        };
-    }
-    let required = presence!(
-        RedisModule_OpenKey,
-        RedisModule_CloseKey,
-        RedisModule_KeyType,
-        RedisModule_ValueLength,
-        RedisModule_ZsetAdd,
-        RedisModule_ZsetRem,
-        RedisModule_ZsetScore,
-        RedisModule_ZsetFirstInScoreRange,
-        RedisModule_ZsetLastInScoreRange,
-        RedisModule_ZsetRangeCurrentElement,
-        RedisModule_ZsetRangeNext,
-        RedisModule_ZsetRangeStop,
-        RedisModule_GetAbsExpire,
-        RedisModule_SetAbsExpire,
-        RedisModule_StringDMA,
-        RedisModule_StringTruncate,
-        RedisModule_FreeString,
-        RedisModule_Replicate,
-        RedisModule_NotifyKeyspaceEvent,
-        RedisModule_Milliseconds,
-    );
-    let missing: Vec<&str> = required
-        .iter()
-        .filter(|(_, present)| !present)
-        .map(|(name, _)| *name)
-        .collect();
-    if missing.is_empty() {
-        return Status::Ok;
-    }
-    ctx.log_warning(&format!(
-        "redsem needs Redis 7.0 or later; this server lacks {}",
-        missing.join(", ")
-    ));
-    Status::Err
+/// The entry point of every SEM.* command.
+pub extern "C" fn entry(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, dispatch)
 }
 
-/// `SEM.ACQUIRE name limit lease [ID identifier]`
-pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(|| acquire_kind(ctx, args, Kind::Plain))
-}
-
-/// `SEM.ACQUIREFAIR name limit lease [ID identifier] [WITHTICKET]`
-pub fn acquire_fair(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(|| acquire_kind(ctx, args, Kind::Fair))
+/// Runs the command named by `args[0]`. Answers the server's keys-position requests
+/// (`getkeys-api`: ACL checks and Redis Cluster use them) without running it, and turns a panic
+/// (a bug) into an error reply instead of letting it unwind into redis-server.
+fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
+    let run = || {
+        let command = args
+            .first()
+            .and_then(|name| Command::from_name(name.as_slice()))
+            .ok_or(SemError::Internal)?;
+        if is_keys_position_request(ctx) {
+            report_keys(ctx, args, command);
+            return Ok(RedisValue::NoReply);
+        }
+        if args.len() < 2 {
+            return Err(SemError::Arity(command.name()));
+        }
+        let call = Call::new(args, command)?;
+        match command {
+            Command::Acquire => acquire(ctx, &call, Kind::Plain),
+            Command::AcquireFair => acquire(ctx, &call, Kind::Fair),
+            Command::Refresh => refresh(ctx, &call),
+            Command::Release => release(ctx, &call),
+            Command::Get => get(ctx, &call),
+        }
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
+        Ok(result) => result.map_err(Into::into),
+        Err(_) => Err(SemError::Internal.into()),
+    }
 }
 
 /// `SEM.REFRESH name identifier lease`
-pub fn refresh(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(|| {
-        let [_, name, id, lease] = exact_args(args, "sem.refresh")?;
-        let name = semaphore_name(ctx, name)?;
-        let id = identifier(id)?;
-        let lease_ms = parse_lease_ms(lease.as_slice())?;
-        let mut store = RedisStore::open(ctx, &name, Access::Write, false)?;
-        let refreshed = semaphore::refresh(&mut store, now_ms(), &id, lease_ms);
-        store.settle_expiry();
-        Ok(RedisValue::Integer(refreshed.into()))
-    })
+fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
+    let [id, lease] = call.exact_args()?;
+    let id = identifier(id)?;
+    let lease_ms = parse_lease_ms(lease.as_slice())?;
+    let mut store = RedisStore::open(ctx, &call.keys(ctx)?, Access::Write)?;
+    let refreshed = semaphore::refresh(&mut store, now_ms(), id, lease_ms);
+    Ok(RedisValue::Integer(refreshed.into()))
 }
 
 /// `SEM.RELEASE name identifier`
-pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(|| {
-        let [_, name, id] = exact_args(args, "sem.release")?;
-        let name = semaphore_name(ctx, name)?;
-        let id = identifier(id)?;
-        let mut store = RedisStore::open(ctx, &name, Access::Write, false)?;
-        let released = semaphore::release(&mut store, now_ms(), &id);
-        store.settle_expiry();
-        Ok(RedisValue::Integer(released.into()))
-    })
+fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
+    let [id] = call.exact_args()?;
+    let id = identifier(id)?;
+    let mut store = RedisStore::open(ctx, &call.keys(ctx)?, Access::Write)?;
+    let released = semaphore::release(&mut store, now_ms(), id);
+    Ok(RedisValue::Integer(released.into()))
 }
 
 /// `SEM.GET name [JSON]`
-pub fn get(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(|| {
-        if !(2..=3).contains(&args.len()) {
-            return Err(SemError::Arity("sem.get"));
-        }
-        let mut args = args.into_iter().skip(1);
-        let name = semaphore_name(ctx, args.next().ok_or(SemError::Syntax)?)?;
-        let json = match args.next() {
-            None => false,
-            Some(option) if option.as_slice().eq_ignore_ascii_case(b"JSON") => true,
-            Some(_) => return Err(SemError::Syntax),
-        };
-        let store = RedisStore::open(ctx, &name, Access::Read, json)?;
-        let now = now_ms();
-        if json {
-            let doc = semaphore::snapshot(&store, name.as_slice(), now)?;
-            Ok(RedisValue::BulkString(doc.to_string()))
-        } else {
-            Ok(RedisValue::Integer(
-                semaphore::live_count(&store, now) as i64
-            ))
-        }
-    })
+fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
+    let json = match call.options() {
+        [] => false,
+        [option] if option.as_slice().eq_ignore_ascii_case(b"JSON") => true,
+        [_] => return Err(SemError::Syntax),
+        _ => return Err(SemError::Arity(Command::Get.name())),
+    };
+    let keys = call.keys(ctx)?;
+    let store = RedisStore::open(ctx, &keys, Access::Read)?;
+    let now = now_ms();
+    if json {
+        let snapshot = semaphore::snapshot(&store, now)?;
+        Ok(RedisValue::BulkString(
+            snapshot_json(keys.name.as_slice(), &snapshot).to_string(),
+        ))
+    } else {
+        Ok(RedisValue::Integer(
+            semaphore::live_count(&store, now) as i64
+        ))
+    }
 }
 
-fn acquire_kind(ctx: &Context, args: Vec<RedisString>, kind: Kind) -> Result<RedisValue, SemError> {
-    let command = match kind {
-        Kind::Plain => "sem.acquire",
-        Kind::Fair => "sem.acquirefair",
+/// `SEM.ACQUIRE name limit lease [ID identifier]` and
+/// `SEM.ACQUIREFAIR name limit lease [ID identifier] [WITHTICKET]`
+fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemError> {
+    let command = call.command;
+    let [limit, lease, options @ ..] = call.options() else {
+        return Err(SemError::Arity(command.name()));
     };
-    if args.len() < 4 {
-        return Err(SemError::Arity(command));
-    }
-    let mut args = args.into_iter().skip(1);
-    let mut next = || args.next().ok_or(SemError::Syntax);
-    let name = semaphore_name(ctx, next()?)?;
-    let limit = parse_limit(next()?.as_slice())?;
-    let lease_ms = parse_lease_ms(next()?.as_slice())?;
+    let limit = parse_limit(limit.as_slice())?;
+    let lease_ms = parse_lease_ms(lease.as_slice())?;
     let mut given_id = None;
     let mut with_ticket = false;
-    while let Ok(option) = next() {
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
         let option = option.as_slice();
         if option.eq_ignore_ascii_case(b"ID") && given_id.is_none() {
-            given_id = Some(identifier(next()?)?);
-        } else if option.eq_ignore_ascii_case(b"WITHTICKET") && kind == Kind::Fair && !with_ticket {
+            given_id = Some(identifier(options.next().ok_or(SemError::Syntax)?)?);
+        } else if option.eq_ignore_ascii_case(b"WITHTICKET") && kind == Kind::Fair && !with_ticket
+        {
             with_ticket = true;
         } else {
             return Err(SemError::Syntax);
         }
     }
 
-    let mut store = RedisStore::open(ctx, &name, Access::Write, kind == Kind::Fair)?;
-    let id = given_id.unwrap_or_else(|| store.id(new_identifier(&mut [0; 36])));
+    let keys = call.keys(ctx)?;
+    let name = keys.name.as_slice();
+    let mut store = RedisStore::open(ctx, &keys, Access::Write)?;
+    let made_id;
+    let id = match given_id {
+        Some(id) => id,
+        None => {
+            made_id = store.id(new_identifier(&mut [0; 36]));
+            &made_id
+        }
+    };
     let request = AcquireRequest {
         kind,
         limit,
         lease_ms,
+        ticket_margin: match kind {
+            Kind::Fair => fencing::margin_for(name),
+            Kind::Plain => 0,
+        },
     };
-    let outcome = semaphore::acquire(&mut store, now_ms(), &id, &request)?;
-    store.settle_expiry();
+    let outcome = semaphore::acquire(&mut store, now_ms(), id, &request)?;
+    let id = id.safe_clone(ctx);
+    drop(store);
     Ok(match outcome {
         Acquired::Full => RedisValue::Null,
-        Acquired::Granted { ticket, .. } if with_ticket => RedisValue::Array(vec![
-            RedisValue::BulkRedisString(id),
-            ticket.map_or(RedisValue::Null, |t| RedisValue::Integer(t as i64)),
-        ]),
-        Acquired::Granted { .. } => RedisValue::BulkRedisString(id),
+        Acquired::Granted { ticket, renewed } => {
+            if !renewed && request.ticket_margin > 0 {
+                fencing::moved(name);
+            }
+            match ticket {
+                Some(ticket) if with_ticket => RedisValue::Array(vec![
+                    RedisValue::BulkRedisString(id),
+                    RedisValue::Integer(ticket as i64),
+                ]),
+                _ => RedisValue::BulkRedisString(id),
+            }
+        }
     })
 }
 
-/// The arguments of a command with a fixed arity, command name included.
-fn exact_args<const N: usize>(
-    args: Vec<RedisString>,
-    command: &'static str,
-) -> Result<[RedisString; N], SemError> {
-    args.try_into().map_err(|_| SemError::Arity(command))
+/// A SEM.* call's arguments, seen without the key names the command filter inserted.
+struct Call<'a> {
+    command: Command,
+    /// The command name, the name, the derived names, then the other arguments.
+    args: &'a [Arg],
+    /// Where the other arguments start.
+    rest: usize,
 }
 
-fn semaphore_name(ctx: &Context, name: RedisString) -> Result<RedisString, SemError> {
-    non_empty(name.as_slice(), SemError::EmptyName)?;
-    if ctx.get_flags().contains(ContextFlags::CLUSTER) && !has_hash_tag(name.as_slice()) {
-        return Err(SemError::NeedsHashTag);
+impl<'a> Call<'a> {
+    /// A call must carry the derived names; one without them did not pass the filter, which no
+    /// client can avoid.
+    fn new(args: &'a [Arg], command: Command) -> Result<Call<'a>, SemError> {
+        let rest = derived_end(args, command).ok_or(SemError::Internal)?;
+        Ok(Call {
+            command,
+            args,
+            rest,
+        })
     }
-    Ok(name)
+
+    /// The arguments after the name.
+    fn options(&self) -> &'a [Arg] {
+        &self.args[self.rest..]
+    }
+
+    /// The arguments after the name of a command with a fixed arity.
+    fn exact_args<const N: usize>(&self) -> Result<&'a [Arg; N], SemError> {
+        self.options()
+            .try_into()
+            .map_err(|_| SemError::Arity(self.command.name()))
+    }
+
+    /// The semaphore's key names, once the name itself is checked.
+    fn keys(&self, ctx: &Context) -> Result<SemKeys<'a>, SemError> {
+        let name: &RedisString = &self.args[1];
+        non_empty(name.as_slice(), SemError::EmptyName)?;
+        // Redis refuses keys of several slots (CROSSSLOT) before the call; this names the
+        // cause for the rare name whose derived keys share its slot by chance.
+        if ctx.get_flags().contains(ContextFlags::CLUSTER) && !has_hash_tag(name.as_slice()) {
+            return Err(SemError::NeedsHashTag);
+        }
+        let derived = &self.args[2..self.rest];
+        Ok(SemKeys {
+            name,
+            owner: &derived[0],
+            counter: derived.get(1).map(|key| &**key),
+        })
+    }
 }
 
-fn identifier(id: RedisString) -> Result<RedisString, SemError> {
+/// Where the derived names the filter inserted end in `args` (command name included): they
+/// follow the name, exactly `<name><suffix>` for each of the command's suffixes.
+fn derived_end(args: &[Arg], command: Command) -> Option<usize> {
+    let suffixes = command.derived_suffixes();
+    let end = 2 + suffixes.len();
+    let name = args.get(1)?.as_slice();
+    let ours = args.len() >= end
+        && args[2..end]
+            .iter()
+            .zip(suffixes)
+            .all(|(key, suffix)| is_derived(key.as_slice(), name, suffix));
+    ours.then_some(end)
+}
+
+/// The keys of a call: the name, and the derived names when the arguments carry them (they do
+/// not in `COMMAND GETKEYS`, which sees what a client sends).
+fn report_keys(ctx: &Context, args: &[Arg], command: Command) {
+    if args.len() < 2 {
+        return;
+    }
+    let flags = key_flags(command);
+    key_at(ctx, 1, flags);
+    if let Some(end) = derived_end(args, command) {
+        for pos in 2..end {
+            key_at(ctx, pos, flags);
+        }
+    }
+}
+
+fn identifier(id: &RedisString) -> Result<&RedisString, SemError> {
     non_empty(id.as_slice(), SemError::EmptyIdentifier)?;
     Ok(id)
 }
@@ -194,22 +259,23 @@ fn new_identifier(buffer: &mut [u8; 36]) -> &[u8] {
         .as_bytes()
 }
 
-/// The server's clock in Unix milliseconds: the one clock every deadline is measured by. Where
-/// Redis offers it (7.2+), the time it cached for the current command, as its own commands use.
-fn now_ms() -> i64 {
-    // SAFETY: plain reads of the server clock, resolved when the module loaded.
-    unsafe {
-        if let Some(cached_us) = raw::RedisModule_CachedMicroseconds {
-            return cached_us() / 1000;
-        }
-        raw::RedisModule_Milliseconds.unwrap()()
-    }
-}
-
-/// Runs a handler; a panic (a bug) becomes an error reply instead of killing redis-server.
-fn guarded(handler: impl FnOnce() -> Result<RedisValue, SemError>) -> RedisResult {
-    match catch_unwind(AssertUnwindSafe(handler)) {
-        Ok(result) => result.map_err(Into::into),
-        Err(_) => Err(SemError::Internal.into()),
-    }
+/// SEM.GET JSON's document. Identifiers that are not UTF-8 are shown with U+FFFD.
+fn snapshot_json(name: &[u8], snapshot: &Snapshot<RedisString>) -> Value {
+    let holders: Vec<Value> = snapshot
+        .holders
+        .iter()
+        .map(|holder| {
+            json!({
+                "id": String::from_utf8_lossy(holder.id.as_slice()),
+                "ms_left": holder.ms_left,
+                "ticket": holder.ticket,
+            })
+        })
+        .collect();
+    json!({
+        "name": String::from_utf8_lossy(name),
+        "fair": snapshot.fair,
+        "counter": snapshot.counter,
+        "holders": holders,
+    })
 }

@@ -5,8 +5,7 @@ use std::fmt;
 
 use redis_module::RedisError;
 
-use crate::args::{MAX_LEASE_MS, MAX_LIMIT};
-use crate::semaphore::Kind;
+use crate::types::{Kind, MAX_LEASE_MS, MAX_LIMIT};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SemError {
@@ -20,10 +19,13 @@ pub enum SemError {
     EmptyIdentifier,
     /// One of the semaphore's keys holds another type.
     WrongType,
-    /// `<name>:counter` exists but is not a non-negative integer.
+    /// `<name>:counter` exists but is not an integer from 0 to 2^53.
     CounterNotInteger,
     /// The next ticket would not fit a sorted-set score exactly.
     CounterExhausted,
+    /// A live fair holder's entry in `<name>:owner` is missing or not a ticket (another client
+    /// wrote it), so there is no valid ticket to reply with.
+    InvalidTicket,
     /// The semaphore has live holders of `held`; the caller asked for the other kind.
     KindMismatch {
         held: Kind,
@@ -55,11 +57,17 @@ impl fmt::Display for SemError {
             SemError::WrongType => {
                 f.write_str("WRONGTYPE Operation against a key holding the wrong kind of value")
             }
-            SemError::CounterNotInteger => {
-                f.write_str("ERR the semaphore's counter key does not hold a non-negative integer")
-            }
+            SemError::CounterNotInteger => f.write_str(
+                "ERR the semaphore's counter key does not hold an integer from 0 to \
+                 9007199254740992 (2^53)",
+            ),
             SemError::CounterExhausted => f.write_str(
-                "ERR the semaphore's counter reached 2^53: tickets would lose precision",
+                "ERR the semaphore's counter reached 2^53: no ticket is left that a sorted-set \
+                 score holds exactly",
+            ),
+            SemError::InvalidTicket => f.write_str(
+                "ERR the holder has no valid ticket in the semaphore's owner set \
+                 (a whole number from 1 to 2^53)",
             ),
             SemError::KindMismatch { held: Kind::Fair } => f.write_str(
                 "ERR the semaphore has live fair holders: use SEM.ACQUIREFAIR until they are gone",
@@ -100,6 +108,7 @@ mod tests {
             SemError::WrongType,
             SemError::CounterNotInteger,
             SemError::CounterExhausted,
+            SemError::InvalidTicket,
             SemError::KindMismatch { held: Kind::Fair },
             SemError::KindMismatch { held: Kind::Plain },
             SemError::NeedsHashTag,

@@ -1,12 +1,74 @@
-//! The key layout of one semaphore, kept from the client-side recipe so redis-cli can inspect it.
+//! The key layout of one semaphore, kept from the client-side recipe so redis-cli can inspect it,
+//! and how a call names all of its keys to the server.
+//!
+//! Redis checks ACLs and Cluster slots (MOVED, ASK, TRYAGAIN) only on the keys a command
+//! declares, so a call must carry every key it touches. The command filter inserts the derived
+//! keys a command uses right after the name: `SEM.ACQUIREFAIR jobs 3 30` runs as
+//! `SEM.ACQUIREFAIR jobs jobs:owner jobs:counter 3 30`, and the command reports those positions
+//! as keys (`getkeys-api`). Clients never send them: a static key range would make
+//! cluster-aware clients hash `limit` and `lease` as keys.
 
 /// Suffix of the fair semaphore's sorted set of tickets.
 pub const OWNER_SUFFIX: &[u8] = b":owner";
 /// Suffix of the fair semaphore's last handed-out ticket.
 pub const COUNTER_SUFFIX: &[u8] = b":counter";
 
+const OWNER: &[&[u8]] = &[OWNER_SUFFIX];
+const OWNER_AND_COUNTER: &[&[u8]] = &[OWNER_SUFFIX, COUNTER_SUFFIX];
+
+/// The SEM.* commands, as the filter and the handlers tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Acquire,
+    AcquireFair,
+    Refresh,
+    Release,
+    Get,
+}
+
+impl Command {
+    pub const ALL: [Command; 5] = [
+        Command::Acquire,
+        Command::AcquireFair,
+        Command::Refresh,
+        Command::Release,
+        Command::Get,
+    ];
+
+    /// The command's name as registered, and as Redis writes it in error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Acquire => "sem.acquire",
+            Command::AcquireFair => "sem.acquirefair",
+            Command::Refresh => "sem.refresh",
+            Command::Release => "sem.release",
+            Command::Get => "sem.get",
+        }
+    }
+
+    /// Which command `name` calls (case-insensitive), if a SEM.* one. Cheap for the others:
+    /// the filter asks this of every command the server runs.
+    pub fn from_name(name: &[u8]) -> Option<Command> {
+        if !matches!(name.len(), 7 | 11 | 15) || !name[..4].eq_ignore_ascii_case(b"sem.") {
+            return None;
+        }
+        Command::ALL
+            .into_iter()
+            .find(|command| command.name().as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// The suffixes of the derived keys the command reads or writes, in the order they follow
+    /// the name. `SEM.GET` names the counter because its JSON form shows it.
+    pub fn derived_suffixes(self) -> &'static [&'static [u8]] {
+        match self {
+            Command::AcquireFair | Command::Get => OWNER_AND_COUNTER,
+            Command::Acquire | Command::Refresh | Command::Release => OWNER,
+        }
+    }
+}
+
 /// Calls `use_key` with `<name><suffix>`, assembled on the stack for names of usual length so
-/// the hot path opens the derived keys without a heap allocation.
+/// the filter builds the derived names without a heap allocation of its own.
 pub fn with_derived<T>(name: &[u8], suffix: &[u8], use_key: impl FnOnce(&[u8]) -> T) -> T {
     let len = name.len() + suffix.len();
     let mut stack = [0u8; 256];
@@ -20,6 +82,11 @@ pub fn with_derived<T>(name: &[u8], suffix: &[u8], use_key: impl FnOnce(&[u8]) -
     key[..name.len()].copy_from_slice(name);
     key[name.len()..].copy_from_slice(suffix);
     use_key(key)
+}
+
+/// Whether `key` is `<name><suffix>`.
+pub fn is_derived(key: &[u8], name: &[u8], suffix: &[u8]) -> bool {
+    key.len() == name.len() + suffix.len() && key.starts_with(name) && key.ends_with(suffix)
 }
 
 /// Whether Redis Cluster hashes `name` by a hash tag: the bytes between the first `{` and the
@@ -49,6 +116,23 @@ mod tests {
             derived(&long, OWNER_SUFFIX),
             [&long[..], OWNER_SUFFIX].concat()
         );
+        assert!(is_derived(b"jobs:owner", b"jobs", OWNER_SUFFIX));
+        assert!(!is_derived(b"jobs:owner", b"job", OWNER_SUFFIX));
+        assert!(!is_derived(b"jobs:counter", b"jobs", OWNER_SUFFIX));
+        assert!(!is_derived(b"xjobs:owner", b"jobs", OWNER_SUFFIX));
+    }
+
+    #[test]
+    fn commands_are_recognised_by_name_in_any_case() {
+        for command in Command::ALL {
+            assert_eq!(Command::from_name(command.name().as_bytes()), Some(command));
+            let upper = command.name().to_ascii_uppercase();
+            assert_eq!(Command::from_name(upper.as_bytes()), Some(command));
+        }
+        assert_eq!(Command::from_name(b"Sem.AcquireFair"), Some(Command::AcquireFair));
+        for other in [&b"GET"[..], b"SEM.GETX", b"SEM.ACQUIREX", b"SEMXACQUIRE", b"", b"sem."] {
+            assert_eq!(Command::from_name(other), None, "{other:?}");
+        }
     }
 
     #[test]

@@ -1,11 +1,15 @@
-//! redsem: distributed counting semaphores as native Redis commands.
+//! redsem: distributed counting semaphores as native Redis commands. This file registers; the
+//! rest is described in the README's Development section.
 
 mod args;
 mod commands;
 mod error;
+mod fencing;
 mod keys;
 mod semaphore;
+mod server;
 mod store;
+mod types;
 
 // Unit tests run outside redis-server, where Redis's allocator does not exist.
 #[cfg(not(test))]
@@ -13,20 +17,51 @@ use redis_module::alloc::RedisAlloc as Allocator;
 #[cfg(test)]
 use std::alloc::System as Allocator;
 
-use commands::check_server_api;
-use redis_module::redis_module;
+use keys::Command;
+use redis_module::{redis_module, Context, RedisString, Status};
+
+/// The flags of each command. Release and refresh never grow memory, so they are not
+/// `deny-oom`: giving a permit back must work exactly when memory is tight.
+fn flags(command: Command) -> &'static str {
+    match command {
+        Command::Acquire | Command::AcquireFair => "write deny-oom getkeys-api",
+        Command::Refresh | Command::Release => "write getkeys-api",
+        Command::Get => "readonly getkeys-api",
+    }
+}
+
+/// Refuses a server that lacks what redsem needs, then creates the commands and declares their
+/// keys, the command filter and the server events.
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    let missing = server::missing_api();
+    if !missing.is_empty() {
+        ctx.log_warning(&format!(
+            "redsem needs Redis 7.0 or later; this server lacks {}",
+            missing.join(", ")
+        ));
+        return Status::Err;
+    }
+    let registered = Command::ALL
+        .into_iter()
+        .try_for_each(|command| {
+            server::command::create(ctx.ctx, command.name(), commands::entry, flags(command))
+        })
+        .and_then(|()| server::command_info::register(ctx.ctx))
+        .and_then(|()| server::filter::register(ctx.ctx))
+        .and_then(|()| server::events::subscribe(ctx.ctx));
+    if let Err(reason) = registered {
+        ctx.log_warning(&format!("redsem: {reason}"));
+        return Status::Err;
+    }
+    server::signal_only_changed_keys(ctx);
+    Status::Ok
+}
 
 redis_module! {
     name: "sem",
     version: 1,
     allocator: (Allocator, Allocator),
     data_types: [],
-    init: check_server_api,
-    commands: [
-        ["SEM.ACQUIRE", commands::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["SEM.ACQUIREFAIR", commands::acquire_fair, "write deny-oom", 1, 1, 1, ""],
-        ["SEM.REFRESH", commands::refresh, "write deny-oom", 1, 1, 1, ""],
-        ["SEM.RELEASE", commands::release, "write deny-oom", 1, 1, 1, ""],
-        ["SEM.GET", commands::get, "readonly", 1, 1, 1, ""],
-    ],
+    init: init,
+    commands: [],
 }

@@ -1,0 +1,532 @@
+use std::collections::HashMap;
+
+use super::*;
+use crate::types::deadline_ms;
+
+/// The key layout as plain maps: what `<name>`, `<name>:owner` and `<name>:counter` hold, with
+/// scores as doubles, as Redis keeps them, so tests can write what other clients might.
+#[derive(Default, Debug)]
+struct MemoryStore {
+    holders: HashMap<Vec<u8>, f64>,
+    owners: HashMap<Vec<u8>, f64>,
+    counter: Option<u64>,
+    counter_is_garbage: bool,
+    /// Every change, in order, as the effects a replica would receive.
+    effects: Vec<String>,
+}
+
+impl IdBytes for Vec<u8> {
+    fn id_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+fn sorted_by_score(map: &HashMap<Vec<u8>, f64>) -> Vec<(Vec<u8>, f64)> {
+    let mut entries: Vec<(Vec<u8>, f64)> = map.iter().map(|(k, &v)| (k.clone(), v)).collect();
+    entries.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    entries
+}
+
+fn text(id: &[u8]) -> String {
+    String::from_utf8_lossy(id).into_owned()
+}
+
+impl Store for MemoryStore {
+    type Id = Vec<u8>;
+
+    fn holder_count(&self) -> u64 {
+        self.holders.len() as u64
+    }
+    fn owner_count(&self) -> u64 {
+        self.owners.len() as u64
+    }
+    fn deadline(&self, id: &Vec<u8>) -> Option<i64> {
+        self.holders.get(id).map(|&score| deadline_ms(score))
+    }
+    fn owner_score(&self, id: &Vec<u8>) -> Option<f64> {
+        self.owners.get(id).copied()
+    }
+    fn expired(&self, now_ms: i64) -> Vec<Vec<u8>> {
+        sorted_by_score(&self.holders)
+            .into_iter()
+            .filter(|(_, score)| *score <= now_ms as f64)
+            .map(|(id, _)| id)
+            .collect()
+    }
+    fn counter(&self) -> Result<Option<u64>, SemError> {
+        if self.counter_is_garbage {
+            return Err(SemError::CounterNotInteger);
+        }
+        Ok(self.counter)
+    }
+    fn live_by_deadline(&self, now_ms: i64) -> Vec<(Vec<u8>, i64)> {
+        sorted_by_score(&self.holders)
+            .into_iter()
+            .filter(|(_, score)| *score > now_ms as f64)
+            .map(|(id, score)| (id, deadline_ms(score)))
+            .collect()
+    }
+    fn owners_by_score(&self) -> Vec<(Vec<u8>, f64)> {
+        sorted_by_score(&self.owners)
+    }
+
+    fn put_holder(&mut self, id: &Vec<u8>, deadline_ms: i64, put: Put) -> PutOutcome {
+        let outcome = match (self.holders.get_mut(id), put) {
+            (Some(_), Put::IfNew) => PutOutcome::NotHeld,
+            (Some(deadline), _) => {
+                *deadline = deadline_ms as f64;
+                PutOutcome::Updated
+            }
+            (None, Put::IfHeld) => PutOutcome::NotHeld,
+            (None, Put::Upsert | Put::IfNew) => {
+                self.holders.insert(id.clone(), deadline_ms as f64);
+                PutOutcome::Added
+            }
+        };
+        if outcome != PutOutcome::NotHeld {
+            self.effects.push(format!("ZADD h {deadline_ms} {}", text(id)));
+        }
+        outcome
+    }
+    fn put_owner(&mut self, id: &Vec<u8>, ticket: u64) {
+        self.owners.insert(id.clone(), ticket as f64);
+        self.effects.push(format!("ZADD o {ticket} {}", text(id)));
+    }
+    fn set_counter(&mut self, ticket: u64) {
+        self.counter = Some(ticket);
+        self.effects.push(format!("SET c {ticket}"));
+    }
+    fn remove(&mut self, ids: &[Vec<u8>]) -> usize {
+        let holders: Vec<String> = ids
+            .iter()
+            .filter(|id| self.holders.remove(*id).is_some())
+            .map(|id| text(id))
+            .collect();
+        let owners: Vec<String> = ids
+            .iter()
+            .filter(|id| self.owners.remove(*id).is_some())
+            .map(|id| text(id))
+            .collect();
+        if !holders.is_empty() {
+            self.effects.push(format!("ZREM h {}", holders.join(" ")));
+        }
+        if !owners.is_empty() {
+            self.effects.push(format!("ZREM o {}", owners.join(" ")));
+        }
+        holders.len()
+    }
+    fn remove_owners(&mut self, ids: &[Vec<u8>]) {
+        let owners: Vec<String> = ids
+            .iter()
+            .filter(|id| self.owners.remove(*id).is_some())
+            .map(|id| text(id))
+            .collect();
+        if !owners.is_empty() {
+            self.effects.push(format!("ZREM o {}", owners.join(" ")));
+        }
+    }
+    fn clear_owners(&mut self) {
+        if !self.owners.is_empty() {
+            self.owners.clear();
+            self.effects.push("DEL o".into());
+        }
+    }
+}
+
+const T0: i64 = 1_700_000_000_000;
+
+fn id(s: &str) -> Vec<u8> {
+    s.as_bytes().to_vec()
+}
+
+fn plain(limit: u64, lease_ms: i64) -> AcquireRequest {
+    AcquireRequest {
+        kind: Kind::Plain,
+        limit,
+        lease_ms,
+        ticket_margin: 0,
+    }
+}
+
+fn fair(limit: u64, lease_ms: i64) -> AcquireRequest {
+    AcquireRequest {
+        kind: Kind::Fair,
+        ..plain(limit, lease_ms)
+    }
+}
+
+fn granted(ticket: Option<u64>) -> Acquired {
+    Acquired::Granted {
+        ticket,
+        renewed: false,
+    }
+}
+
+fn renewed(ticket: Option<u64>) -> Acquired {
+    Acquired::Granted {
+        ticket,
+        renewed: true,
+    }
+}
+
+/// One step of a scenario: at `.0` ms after T0, `.1` asks with `.2`; the outcome is `.3`.
+type Step = (
+    i64,
+    &'static str,
+    AcquireRequest,
+    Result<Acquired, SemError>,
+);
+
+fn run_on(store: &mut MemoryStore, steps: &[Step]) {
+    for (i, (at, who, request, want)) in steps.iter().enumerate() {
+        let effects_before = store.effects.len();
+        let got = acquire(store, T0 + at, &id(who), request);
+        assert_eq!(&got, want, "step {i} ({who} at +{at})");
+        if got.is_err() {
+            assert_eq!(store.effects.len(), effects_before, "step {i}: an error changed nothing");
+        }
+    }
+}
+
+fn run(steps: &[Step]) -> MemoryStore {
+    let mut store = MemoryStore::default();
+    run_on(&mut store, steps);
+    store
+}
+
+#[test]
+fn plain_grants_up_to_the_limit_then_refuses() {
+    let store = run(&[
+        (0, "a", plain(2, 1000), Ok(granted(None))),
+        (1, "b", plain(2, 1000), Ok(granted(None))),
+        (2, "c", plain(2, 1000), Ok(Acquired::Full)),
+        // A larger limit from another caller counts the same holders.
+        (3, "c", plain(3, 1000), Ok(granted(None))),
+    ]);
+    assert_eq!(store.holders.len(), 3);
+    assert!(store.owners.is_empty());
+    assert_eq!(store.counter, None);
+    assert_eq!(store.holders[&id("a")], (T0 + 1000) as f64);
+}
+
+#[test]
+fn a_holder_expires_exactly_at_its_deadline() {
+    let store = run(&[
+        (0, "a", plain(1, 100), Ok(granted(None))),
+        (99, "b", plain(1, 100), Ok(Acquired::Full)),
+        (100, "b", plain(1, 100), Ok(granted(None))),
+    ]);
+    assert!(!store.holders.contains_key(&id("a")), "expired holder is removed");
+    assert_eq!(store.holders[&id("b")], (T0 + 200) as f64);
+}
+
+#[test]
+fn acquiring_again_with_the_same_id_renews_without_a_second_permit() {
+    let store = run(&[
+        (0, "a", plain(1, 100), Ok(granted(None))),
+        (50, "a", plain(1, 100), Ok(renewed(None))),
+        (120, "b", plain(1, 100), Ok(Acquired::Full)),
+    ]);
+    assert_eq!(store.holders.len(), 1);
+    assert_eq!(store.holders[&id("a")], (T0 + 150) as f64);
+}
+
+#[test]
+fn a_renewal_succeeds_even_when_the_callers_limit_is_now_exceeded() {
+    run(&[
+        (0, "a", plain(2, 100), Ok(granted(None))),
+        (1, "b", plain(2, 100), Ok(granted(None))),
+        (2, "b", plain(1, 100), Ok(renewed(None))),
+        (3, "a", fair(5, 100), Err(SemError::KindMismatch { held: Kind::Plain })),
+    ]);
+    run(&[
+        (0, "a", fair(2, 100), Ok(granted(Some(1)))),
+        (1, "b", fair(2, 100), Ok(granted(Some(2)))),
+        (2, "b", fair(1, 100), Ok(renewed(Some(2)))),
+    ]);
+}
+
+#[test]
+fn fair_grants_take_increasing_tickets_and_refusals_take_none() {
+    let store = run(&[
+        (0, "a", fair(2, 1000), Ok(granted(Some(1)))),
+        (1, "b", fair(2, 1000), Ok(granted(Some(2)))),
+        (2, "c", fair(2, 1000), Ok(Acquired::Full)),
+        (3, "a", fair(2, 1000), Ok(renewed(Some(1)))),
+        // b expires (a was renewed); c's retry takes the next ticket, never a reused one.
+        (1001, "c", fair(2, 1000), Ok(granted(Some(3)))),
+    ]);
+    assert_eq!(store.counter, Some(3));
+    assert_eq!(store.owners.len(), 2, "b's owner entry went with its holder");
+    assert_eq!(store.owners[&id("a")], 1.0);
+    assert_eq!(store.owners[&id("c")], 3.0);
+}
+
+#[test]
+fn a_ticket_margin_moves_the_counter_before_the_grant() {
+    let mut store = MemoryStore {
+        counter: Some(7),
+        ..MemoryStore::default()
+    };
+    let request = AcquireRequest {
+        ticket_margin: 1000,
+        ..fair(5, 100)
+    };
+    run_on(&mut store, &[(0, "a", request, Ok(granted(Some(1008))))]);
+    assert_eq!(store.counter, Some(1008));
+    assert_eq!(store.effects, ["ZADD h 1700000000100 a", "SET c 1008", "ZADD o 1008 a"]);
+    // A refusal or a renewal takes no ticket and moves no counter.
+    let request = AcquireRequest {
+        ticket_margin: 1000,
+        ..fair(1, 100)
+    };
+    run_on(
+        &mut store,
+        &[
+            (1, "b", request, Ok(Acquired::Full)),
+            (2, "a", request, Ok(renewed(Some(1008)))),
+        ],
+    );
+    assert_eq!(store.counter, Some(1008));
+}
+
+#[test]
+fn kinds_do_not_mix_while_live_holders_remain() {
+    let mut store = run(&[
+        (0, "a", fair(5, 100), Ok(granted(Some(1)))),
+        (1, "b", plain(5, 100), Err(SemError::KindMismatch { held: Kind::Fair })),
+    ]);
+    assert_eq!(store.holders.len(), 1, "the refused call changed nothing");
+    run_on(
+        &mut store,
+        &[
+            // Once the fair holder expired, the name may be used as a plain semaphore.
+            (100, "b", plain(5, 100), Ok(granted(None))),
+            (101, "c", fair(5, 100), Err(SemError::KindMismatch { held: Kind::Plain })),
+            // A fair name's tickets keep growing from its counter.
+            (200, "c", fair(5, 100), Ok(granted(Some(2)))),
+        ],
+    );
+    assert_eq!(store.owners.len(), 1);
+}
+
+#[test]
+fn errors_are_found_before_any_change() {
+    let mut store = MemoryStore::default();
+    store.holders.insert(id("old"), (T0 - 1) as f64);
+    store.owners.insert(id("old"), 7.0);
+    store.counter_is_garbage = true;
+    run_on(&mut store, &[(0, "a", fair(1, 100), Err(SemError::CounterNotInteger))]);
+    assert!(store.holders.contains_key(&id("old")), "nothing was pruned");
+
+    store.counter_is_garbage = false;
+    store.counter = Some(MAX_TICKET);
+    run_on(&mut store, &[(0, "a", fair(1, 100), Err(SemError::CounterExhausted))]);
+    store.counter = Some(MAX_TICKET - 1);
+    run_on(&mut store, &[(0, "a", fair(1, 100), Ok(granted(Some(MAX_TICKET))))]);
+    assert_eq!(store.holders.len(), 1, "old was pruned by the grant");
+}
+
+#[test]
+fn a_full_semaphore_needs_no_counter() {
+    let mut store = run(&[(0, "a", fair(1, 100), Ok(granted(Some(1))))]);
+    store.counter_is_garbage = true;
+    run_on(
+        &mut store,
+        &[
+            (1, "b", fair(1, 100), Ok(Acquired::Full)),
+            (2, "a", fair(1, 100), Ok(renewed(Some(1)))),
+            (3, "b", fair(2, 100), Err(SemError::CounterNotInteger)),
+        ],
+    );
+}
+
+#[test]
+fn a_fair_grant_with_room_makes_one_holder_write() {
+    let mut store = run(&[(0, "a", fair(5, 100), Ok(granted(Some(1))))]);
+    store.effects.clear();
+    run_on(&mut store, &[(10, "a", fair(5, 100), Ok(renewed(Some(1))))]);
+    assert_eq!(store.effects, ["ZADD h 1700000000110 a"]);
+    // An identifier whose permit expired takes a new ticket, not its old one.
+    store.effects.clear();
+    run_on(&mut store, &[(110, "a", fair(5, 100), Ok(granted(Some(2))))]);
+    assert_eq!(
+        store.effects,
+        ["ZREM h a", "ZREM o a", "ZADD h 1700000000210 a", "SET c 2", "ZADD o 2 a"]
+    );
+}
+
+#[test]
+fn a_renewal_replies_only_a_valid_ticket() {
+    for bad in [f64::INFINITY, 1e300, -5.0, 0.0, 2.5, 9_223_372_036_854_775_808.0] {
+        let mut store = run(&[(0, "a", fair(2, 100), Ok(granted(Some(1))))]);
+        store.owners.insert(id("a"), bad);
+        let effects = store.effects.len();
+        run_on(&mut store, &[(1, "a", fair(2, 100), Err(SemError::InvalidTicket))]);
+        assert_eq!(store.effects.len(), effects, "score {bad}");
+        assert_eq!(snapshot(&store, T0 + 1), Err(SemError::InvalidTicket), "score {bad}");
+    }
+}
+
+#[test]
+fn owner_entries_without_holders_are_leftovers_removed_by_the_next_write() {
+    // Another client deleted `<name>` of a fair semaphore: its owner set is left over.
+    let mut store = run(&[
+        (0, "a", fair(5, 1000), Ok(granted(Some(1)))),
+        (0, "b", fair(5, 1000), Ok(granted(Some(2)))),
+    ]);
+    store.holders.clear();
+    let view = snapshot(&store, T0 + 1).unwrap();
+    assert!(!view.fair, "kind follows the live holders");
+    assert!(view.holders.is_empty());
+    store.effects.clear();
+    run_on(&mut store, &[(1, "p", plain(5, 1000), Ok(granted(None)))]);
+    assert_eq!(store.effects, ["DEL o", "ZADD h 1700000001001 p"]);
+    run_on(&mut store, &[(2, "q", plain(5, 1000), Ok(granted(None)))]);
+
+    // A foreign owner entry beside live fair holders: removed, the kind stays fair.
+    let mut store = run(&[(0, "a", fair(5, 1000), Ok(granted(Some(1))))]);
+    store.owners.insert(id("ghost"), 9.0);
+    assert!(snapshot(&store, T0).unwrap().fair);
+    store.effects.clear();
+    assert!(release(&mut store, T0 + 1, &id("nobody")) == false);
+    assert_eq!(store.effects, ["ZREM o ghost"]);
+    assert_eq!(store.owners.len(), 1);
+
+    // Foreign owner entries beside plain holders: removed, the kind stays plain.
+    let mut store = run(&[(0, "a", plain(5, 1000), Ok(granted(None)))]);
+    store.owners.insert(id("ghost"), 1.0);
+    store.owners.insert(id("ghost2"), 2.0);
+    assert!(!snapshot(&store, T0).unwrap().fair);
+    run_on(&mut store, &[(1, "b", plain(5, 1000), Ok(granted(None)))]);
+    assert!(store.owners.is_empty());
+
+    // As many foreign owner entries as live holders read as a fair semaphore: the documented
+    // blind spot, which stays safe (the limit holds, tickets stay valid).
+    let mut store = run(&[(0, "a", plain(5, 1000), Ok(granted(None)))]);
+    store.owners.insert(id("ghost"), 1.0);
+    assert!(snapshot(&store, T0).unwrap().fair);
+    run_on(
+        &mut store,
+        &[(1, "b", plain(5, 1000), Err(SemError::KindMismatch { held: Kind::Fair }))],
+    );
+}
+
+#[test]
+fn foreign_holder_scores_read_as_deadlines() {
+    let mut store = MemoryStore::default();
+    store.holders.insert(id("seconds"), 1_700_000_000.0); // the recipe's seconds: long expired
+    store.holders.insert(id("forever"), f64::INFINITY);
+    store.holders.insert(id("half"), (T0 + 10) as f64 + 0.5);
+    assert_eq!(live_count(&store, T0), 2);
+    assert_eq!(live_count(&store, T0 + 10), 2);
+    assert_eq!(live_count(&store, T0 + 11), 1);
+    run_on(&mut store, &[(11, "a", plain(2, 100), Ok(granted(None)))]);
+    assert!(!store.holders.contains_key(&id("seconds")));
+    assert!(!store.holders.contains_key(&id("half")));
+    let view = snapshot(&store, T0 + 11).unwrap();
+    assert_eq!(view.holders.last().unwrap().ms_left, i64::MAX - (T0 + 11));
+}
+
+#[test]
+fn refresh_extends_only_live_holders() {
+    let mut store = MemoryStore::default();
+    run_on(&mut store, &[(0, "a", fair(3, 100), Ok(granted(Some(1))))]);
+    assert!(refresh(&mut store, T0 + 99, &id("a"), 500));
+    assert_eq!(store.holders[&id("a")], (T0 + 599) as f64);
+    assert_eq!(store.owners[&id("a")], 1.0, "the ticket is kept");
+    assert!(!refresh(&mut store, T0 + 599, &id("a"), 500), "expired at its deadline");
+    assert!(store.holders.is_empty() && store.owners.is_empty());
+    store.effects.clear();
+    assert!(!refresh(&mut store, T0, &id("never"), 500));
+    assert!(store.effects.is_empty(), "a refresh that finds nothing changes nothing");
+}
+
+#[test]
+fn refresh_of_a_lost_holder_clears_what_is_left_of_it() {
+    let mut store = MemoryStore::default();
+    store.owners.insert(id("ghost"), 4.0);
+    assert!(!refresh(&mut store, T0, &id("ghost"), 500));
+    assert!(store.owners.is_empty());
+}
+
+#[test]
+fn release_reports_whether_the_permit_was_still_held() {
+    let mut store = MemoryStore::default();
+    run_on(
+        &mut store,
+        &[
+            (0, "a", fair(3, 100), Ok(granted(Some(1)))),
+            (0, "b", fair(3, 100), Ok(granted(Some(2)))),
+        ],
+    );
+    assert!(release(&mut store, T0 + 50, &id("a")));
+    assert!(!release(&mut store, T0 + 50, &id("a")), "released twice");
+    assert!(!release(&mut store, T0 + 100, &id("b")), "expired holder");
+    assert!(store.holders.is_empty() && store.owners.is_empty());
+    assert_eq!(store.counter, Some(2), "the counter is never rolled back");
+}
+
+#[test]
+fn live_count_ignores_expired_holders_without_removing_them() {
+    let mut store = MemoryStore::default();
+    run_on(
+        &mut store,
+        &[
+            (0, "a", plain(3, 100), Ok(granted(None))),
+            (0, "b", plain(3, 200), Ok(granted(None))),
+        ],
+    );
+    assert_eq!(live_count(&store, T0 + 99), 2);
+    assert_eq!(live_count(&store, T0 + 100), 1);
+    assert_eq!(live_count(&store, T0 + 200), 0);
+    assert_eq!(store.holders.len(), 2);
+}
+
+#[test]
+fn snapshot_lists_fair_holders_by_ticket() {
+    let mut store = MemoryStore::default();
+    run_on(
+        &mut store,
+        &[
+            (0, "a", fair(3, 900), Ok(granted(Some(1)))),
+            (0, "b", fair(3, 100), Ok(granted(Some(2)))),
+            (0, "c", fair(3, 50), Ok(granted(Some(3)))),
+        ],
+    );
+    let view = snapshot(&store, T0 + 60).unwrap();
+    let want = Snapshot {
+        fair: true,
+        counter: Some(3),
+        holders: vec![
+            HolderView {
+                id: id("a"),
+                ms_left: 840,
+                ticket: Some(1),
+            },
+            HolderView {
+                id: id("b"),
+                ms_left: 40,
+                ticket: Some(2),
+            },
+        ],
+    };
+    assert_eq!(view, want);
+}
+
+#[test]
+fn snapshot_lists_plain_holders_by_deadline() {
+    let mut store = MemoryStore::default();
+    run_on(
+        &mut store,
+        &[
+            (0, "a", plain(3, 900), Ok(granted(None))),
+            (0, "b", plain(3, 100), Ok(granted(None))),
+        ],
+    );
+    let view = snapshot(&store, T0).unwrap();
+    assert!(!view.fair);
+    assert_eq!(view.counter, None);
+    let ids: Vec<(Vec<u8>, i64)> = view.holders.into_iter().map(|h| (h.id, h.ms_left)).collect();
+    assert_eq!(ids, [(id("b"), 100), (id("a"), 900)]);
+}

@@ -1,0 +1,72 @@
+//! The command filter that names every key of a SEM.* call to the server (see `keys.rs`): it
+//! inserts the derived key names the command uses right after the name, so Redis's ACL checks
+//! and Cluster redirection see them. It runs before every command the server receives, so it
+//! returns after one length check for all others.
+
+use std::os::raw::{c_char, c_int};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::raw;
+
+use crate::keys::{with_derived, Command};
+
+/// Registers the filter.
+pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    // SAFETY: called once from OnLoad with its context; the callback is a plain function.
+    let filter =
+        unsafe { raw::RedisModule_RegisterCommandFilter.unwrap()(ctx, Some(insert_keys), 0) };
+    if filter.is_null() {
+        Err("the server refused the command filter".into())
+    } else {
+        Ok(())
+    }
+}
+
+extern "C" fn insert_keys(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    // A panic must not unwind into redis-server; the filter has nothing to undo.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: Redis passes a valid filter context for the command being filtered.
+        unsafe { filter_command(fctx) }
+    }));
+}
+
+/// The argument at `pos` as bytes; valid until the arguments change.
+unsafe fn arg<'a>(fctx: *mut raw::RedisModuleCommandFilterCtx, pos: c_int) -> Option<&'a [u8]> {
+    let string = raw::RedisModule_CommandFilterArgGet.unwrap()(fctx, pos);
+    if string.is_null() {
+        return None;
+    }
+    let mut len = 0;
+    let ptr = raw::RedisModule_StringPtrLen.unwrap()(string, &mut len);
+    Some(std::slice::from_raw_parts(ptr.cast::<u8>(), len))
+}
+
+unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    if raw::RedisModule_CommandFilterArgsCount.unwrap()(fctx) < 2 {
+        return; // no name: Redis answers with its arity error
+    }
+    let Some(command) = arg(fctx, 0).and_then(Command::from_name) else {
+        return;
+    };
+    let Some(name) = arg(fctx, 1) else {
+        return;
+    };
+    // Every derived name is built before the first insertion moves the argument vector (the
+    // name's bytes stay where they are, but the borrow ends here).
+    let mut keys = [std::ptr::null_mut(); 2];
+    let suffixes = command.derived_suffixes();
+    for (key, suffix) in keys.iter_mut().zip(suffixes) {
+        *key = with_derived(name, suffix, |bytes| {
+            raw::RedisModule_CreateString.unwrap()(
+                std::ptr::null_mut(),
+                bytes.as_ptr().cast::<c_char>(),
+                bytes.len(),
+            )
+        });
+    }
+    let insert = raw::RedisModule_CommandFilterArgInsert.unwrap();
+    for (i, key) in keys[..suffixes.len()].iter().enumerate() {
+        // Redis owns the string from here and frees it with the command's arguments.
+        insert(fctx, 2 + i as c_int, *key);
+    }
+}
