@@ -45,9 +45,7 @@ fn seconds_ms(arg: &[u8]) -> Option<u64> {
     let seconds = decimal(whole)?;
     let millis = match fraction {
         None => 0,
-        Some(f) if (1..=3).contains(&f.len()) => {
-            decimal(f)? * [100, 10, 1][f.len() - 1]
-        }
+        Some(f) if (1..=3).contains(&f.len()) => decimal(f)? * [100, 10, 1][f.len() - 1],
         Some(_) => return None,
     };
     Some(seconds.saturating_mul(1000).saturating_add(millis))

@@ -118,8 +118,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
         let option = option.as_slice();
         if option.eq_ignore_ascii_case(b"ID") && given_id.is_none() {
             given_id = Some(identifier(options.next().ok_or(SemError::Syntax)?)?);
-        } else if option.eq_ignore_ascii_case(b"WITHTICKET") && kind == Kind::Fair && !with_ticket
-        {
+        } else if option.eq_ignore_ascii_case(b"WITHTICKET") && kind == Kind::Fair && !with_ticket {
             with_ticket = true;
         } else {
             return Err(SemError::Syntax);

@@ -29,7 +29,9 @@ static STATE: Mutex<State> = Mutex::new(State {
 
 fn state() -> std::sync::MutexGuard<'static, State> {
     // A panic while holding the lock cannot leave the state inconsistent: keep using it.
-    STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    STATE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// This node's data may be behind what clients were told: every name's next fair grant jumps.
@@ -78,7 +80,11 @@ mod tests {
         assert_eq!(margin_for(b"b"), MARGIN);
         assert_eq!(moved_count(), 1);
         arm();
-        assert_eq!(margin_for(b"a"), MARGIN, "a new arming moves every name again");
+        assert_eq!(
+            margin_for(b"a"),
+            MARGIN,
+            "a new arming moves every name again"
+        );
         assert_eq!(moved_count(), 0);
     }
 }

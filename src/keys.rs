@@ -129,8 +129,18 @@ mod tests {
             let upper = command.name().to_ascii_uppercase();
             assert_eq!(Command::from_name(upper.as_bytes()), Some(command));
         }
-        assert_eq!(Command::from_name(b"Sem.AcquireFair"), Some(Command::AcquireFair));
-        for other in [&b"GET"[..], b"SEM.GETX", b"SEM.ACQUIREX", b"SEMXACQUIRE", b"", b"sem."] {
+        assert_eq!(
+            Command::from_name(b"Sem.AcquireFair"),
+            Some(Command::AcquireFair)
+        );
+        for other in [
+            &b"GET"[..],
+            b"SEM.GETX",
+            b"SEM.ACQUIREX",
+            b"SEMXACQUIRE",
+            b"",
+            b"sem.",
+        ] {
             assert_eq!(Command::from_name(other), None, "{other:?}");
         }
     }

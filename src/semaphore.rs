@@ -216,7 +216,7 @@ pub fn acquire<S: Store>(
                         renewed: false,
                     });
                 }
-            } else if !store.deadline(id).is_some_and(|d| d > now_ms) {
+            } else if store.deadline(id).is_none_or(|d| d <= now_ms) {
                 prune(store, &survey);
                 return Ok(Acquired::Full);
             }

@@ -4,16 +4,10 @@
 mod common;
 
 use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{error_of, run, try_run, zset, Server};
+use common::{error_of, run, server_ms, try_run, wait_until, zset, Server};
 use redis::{Connection, Value};
-
-/// The server's clock in Unix milliseconds.
-fn server_ms(conn: &mut Connection) -> i64 {
-    let (secs, micros): (i64, i64) = run(conn, &["TIME"]);
-    secs * 1000 + micros / 1000
-}
 
 /// Everything the semaphore `name` keeps: both sorted sets, the counter, and each set's expiry.
 fn state(conn: &mut Connection, name: &str) -> String {
@@ -27,14 +21,6 @@ fn state(conn: &mut Connection, name: &str) -> String {
         zset(conn, name),
         zset(conn, &owner),
     )
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -564,10 +550,14 @@ fn cluster_mode_requires_a_hash_tag() {
     ]);
     let mut c = server.connection();
     let _: String = run(&mut c, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
-    wait_until("the one-node cluster is ok", || {
-        let info: String = run(&mut c, &["CLUSTER", "INFO"]);
-        info.contains("cluster_state:ok")
-    });
+    wait_until(
+        "the one-node cluster is ok",
+        Duration::from_secs(10),
+        || {
+            let info: String = run(&mut c, &["CLUSTER", "INFO"]);
+            info.contains("cluster_state:ok")
+        },
+    );
     // Redis itself refuses a name whose derived keys fall in other slots.
     let err = error_of(&mut c, &["SEM.ACQUIREFAIR", "jobs", "1", "10"]);
     assert!(err.starts_with("CROSSSLOT"), "{err}");

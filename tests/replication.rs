@@ -4,13 +4,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
-use std::thread::sleep;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
+use common::state::snapshot_of_all_keys;
+use common::stream::{aof_commands, Command, ReplicationStream};
 use common::*;
 
 /// Short leases that expire during the workload, in seconds.
@@ -69,15 +67,6 @@ fn acquire_fair_with_ticket(
     }
     args.push("WITHTICKET");
     run(conn, &args)
-}
-
-/// Polls `condition` every 10 ms until it holds; fails after `limit`.
-fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        sleep(Duration::from_millis(10));
-    }
 }
 
 /// Plain and fair semaphores through grants, refusals, renewals, refreshes, releases, short
@@ -185,45 +174,6 @@ fn keys_after_mixed_workload() -> BTreeSet<String> {
 // Snapshots of a server's state
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, PartialEq)]
-enum Contents {
-    /// Members and exact scores, lowest first. Parsing the scores as integers also checks
-    /// they are whole (deadlines in Unix ms, tickets).
-    SortedSet(Vec<(String, i64)>),
-    Text(String),
-}
-
-/// One key as the module leaves it: its value and its absolute expiry.
-#[derive(Debug, PartialEq)]
-struct KeyState {
-    contents: Contents,
-    /// PEXPIRETIME: Unix ms, or -1 when the key does not expire.
-    expire_at_ms: i64,
-}
-
-/// Every key of the database. Taken while no key is about to expire, so reading cannot
-/// race an expiry.
-fn snapshot_of_all_keys(conn: &mut redis::Connection) -> BTreeMap<String, KeyState> {
-    let names: Vec<String> = run(conn, &["KEYS", "*"]);
-    names
-        .into_iter()
-        .map(|name| {
-            let kind: String = run(conn, &["TYPE", &name]);
-            let contents = match kind.as_str() {
-                "zset" => Contents::SortedSet(zset(conn, &name)),
-                "string" => Contents::Text(run(conn, &["GET", &name])),
-                other => panic!("{name} has unexpected type {other}"),
-            };
-            let expire_at_ms = run(conn, &["PEXPIRETIME", &name]);
-            let state = KeyState {
-                contents,
-                expire_at_ms,
-            };
-            (name, state)
-        })
-        .collect()
-}
-
 /// What SEM.GET reports for each of `names`: the count, and the JSON document without the
 /// `ms_left` fields (which depend on when it is asked).
 fn sem_get_reports(conn: &mut redis::Connection, names: &[&str]) -> Vec<(i64, serde_json::Value)> {
@@ -249,120 +199,6 @@ fn sem_get_reports(conn: &mut redis::Connection, names: &[&str]) -> Vec<(i64, se
 // Propagated commands: the replication stream and the AOF
 // ---------------------------------------------------------------------------------------------
 
-/// One propagated command: its arguments, name first.
-type Command = Vec<String>;
-
-fn read_line(reader: &mut impl BufRead) -> io::Result<String> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(line.trim_end_matches(['\r', '\n']).to_string())
-}
-
-fn header_number(line: &str, prefix: char) -> usize {
-    line.strip_prefix(prefix)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("expected {prefix}<number>, got {line:?}"))
-}
-
-/// Reads one command in the form replicas and the AOF receive: a RESP array of bulk strings.
-/// `Ok(None)` at a clean end of input.
-fn read_command(reader: &mut impl BufRead) -> io::Result<Option<Command>> {
-    let header = match read_line(reader) {
-        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        other => other?,
-    };
-    let mut command = Vec::new();
-    for _ in 0..header_number(&header, '*') {
-        let len = header_number(&read_line(reader)?, '$');
-        let mut arg = vec![0; len + 2]; // with the CRLF
-        reader.read_exact(&mut arg)?;
-        arg.truncate(len);
-        command.push(String::from_utf8(arg).expect("UTF-8 argument"));
-    }
-    Ok(Some(command))
-}
-
-/// The primary's replication stream, read as a replica would with the SYNC command.
-struct ReplicationStream {
-    reader: BufReader<TcpStream>,
-}
-
-impl ReplicationStream {
-    /// Registers as a replica of `port` and skips the full-sync payload (the RDB), so the
-    /// stream starts with the commands that follow.
-    fn attach(port: u16) -> ReplicationStream {
-        let mut socket = TcpStream::connect(("127.0.0.1", port)).expect("connect for SYNC");
-        socket
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("read timeout");
-        socket.write_all(b"SYNC\r\n").expect("send SYNC");
-        let mut reader = BufReader::new(socket);
-        // The primary sends bare newlines as keep-alives while it prepares the RDB.
-        let header = loop {
-            let line = read_line(&mut reader).expect("RDB header");
-            if !line.is_empty() {
-                break line;
-            }
-        };
-        if let Some(mark) = header.strip_prefix("$EOF:") {
-            // Diskless sync: the payload ends with the 40-byte mark.
-            let mut tail = Vec::new();
-            let mut byte = [0];
-            while !tail.ends_with(mark.as_bytes()) {
-                reader.read_exact(&mut byte).expect("RDB payload");
-                tail.push(byte[0]);
-            }
-        } else {
-            let len = header_number(&header, '$');
-            io::copy(&mut (&mut reader).take(len as u64), &mut io::sink()).expect("RDB payload");
-        }
-        ReplicationStream { reader }
-    }
-
-    /// Commands received until (and without) `SET <marker> ...`.
-    fn commands_until_set(&mut self, marker: &str) -> Vec<Command> {
-        let mut commands = Vec::new();
-        loop {
-            let command = read_command(&mut self.reader)
-                .expect("reading the replication stream")
-                .expect("the primary closed the replication stream");
-            if command.len() >= 2 && command[0].eq_ignore_ascii_case("SET") && command[1] == marker
-            {
-                return commands;
-            }
-            commands.push(command);
-        }
-    }
-}
-
-/// Every command of the AOF's incremental files, in file-name order; asserts the base file
-/// is there too (an RDB preamble, which holds no command).
-fn aof_commands(dir: &Path) -> Vec<Command> {
-    let aof_dir = dir.join("appendonlydir");
-    let mut files: Vec<_> = std::fs::read_dir(&aof_dir)
-        .unwrap_or_else(|err| panic!("{}: {err}", aof_dir.display()))
-        .map(|entry| entry.expect("AOF directory entry").path())
-        .collect();
-    files.sort();
-    assert!(
-        files.iter().any(|f| f.to_string_lossy().contains(".base.")),
-        "no base AOF file in {files:?}"
-    );
-    let mut commands = Vec::new();
-    for file in files
-        .iter()
-        .filter(|f| f.extension() == Some("aof".as_ref()))
-    {
-        let mut reader = BufReader::new(std::fs::File::open(file).expect("open AOF"));
-        while let Some(command) = read_command(&mut reader).expect("read AOF") {
-            commands.push(command);
-        }
-    }
-    commands
-}
-
 /// The propagated commands carry effects only: no SEM.* command, the ZADD/ZREM/SET/PEXPIREAT
 /// the workload implies, and expiries as absolute Unix ms.
 fn assert_effects_only(commands: &[Command], started_at_ms: i64) {
@@ -379,38 +215,9 @@ fn assert_effects_only(commands: &[Command], started_at_ms: i64) {
     }
 }
 
-fn unix_ms_now() -> i64 {
-    let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
-    since_epoch.as_millis() as i64
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tests
 // ---------------------------------------------------------------------------------------------
-
-fn start_replica_of(primary: &Server) -> Server {
-    let port = primary.port.to_string();
-    let replica = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--replicaof",
-        "127.0.0.1",
-        &port,
-    ]);
-    let mut conn = replica.connection();
-    wait_until("the replica is in sync", Duration::from_secs(20), || {
-        run::<String>(&mut conn, &["INFO", "replication"]).contains("master_link_status:up")
-    });
-    replica
-}
-
-/// Waits until the one replica has processed everything the primary did so far.
-fn wait_for_replica(primary: &mut redis::Connection) {
-    let acked: i64 = run(primary, &["WAIT", "1", "5000"]);
-    assert_eq!(acked, 1, "the replica did not acknowledge in time");
-}
 
 #[test]
 fn a_replica_holds_exactly_the_primarys_keys() {
@@ -536,19 +343,12 @@ fn an_aof_reload_restores_exactly_the_same_state() {
 
     // The reloaded counter goes on past a margin for grants the file may have missed (the
     // fencing margin, 10^9), once per name; then one by one again.
-    let (holder, ticket) = acquire_fair_with_ticket(&mut conn, "queue", "3", LONG_LEASE, None)
-        .expect("a free permit");
+    let (holder, ticket) =
+        acquire_fair_with_ticket(&mut conn, "queue", "3", LONG_LEASE, None).expect("a free permit");
     assert_eq!(ticket, 4 + 1_000_000_000);
     let _: i64 = run(&mut conn, &["SEM.RELEASE", "queue", &holder]);
     let after = acquire_fair_with_ticket(&mut conn, "queue", "3", LONG_LEASE, None);
     assert_eq!(after.map(|(_, ticket)| ticket), Some(5 + 1_000_000_000));
-}
-
-/// The server's clock (TIME), in Unix ms. Reading it touches no key, so it cannot trigger an
-/// expiry.
-fn server_ms(conn: &mut redis::Connection) -> i64 {
-    let (seconds, micros): (i64, i64) = run(conn, &["TIME"]);
-    seconds * 1000 + micros / 1000
 }
 
 #[test]

@@ -84,7 +84,8 @@ impl Store for MemoryStore {
             }
         };
         if outcome != PutOutcome::NotHeld {
-            self.effects.push(format!("ZADD h {deadline_ms} {}", text(id)));
+            self.effects
+                .push(format!("ZADD h {deadline_ms} {}", text(id)));
         }
         outcome
     }
@@ -183,7 +184,11 @@ fn run_on(store: &mut MemoryStore, steps: &[Step]) {
         let got = acquire(store, T0 + at, &id(who), request);
         assert_eq!(&got, want, "step {i} ({who} at +{at})");
         if got.is_err() {
-            assert_eq!(store.effects.len(), effects_before, "step {i}: an error changed nothing");
+            assert_eq!(
+                store.effects.len(),
+                effects_before,
+                "step {i}: an error changed nothing"
+            );
         }
     }
 }
@@ -216,7 +221,10 @@ fn a_holder_expires_exactly_at_its_deadline() {
         (99, "b", plain(1, 100), Ok(Acquired::Full)),
         (100, "b", plain(1, 100), Ok(granted(None))),
     ]);
-    assert!(!store.holders.contains_key(&id("a")), "expired holder is removed");
+    assert!(
+        !store.holders.contains_key(&id("a")),
+        "expired holder is removed"
+    );
     assert_eq!(store.holders[&id("b")], (T0 + 200) as f64);
 }
 
@@ -237,7 +245,12 @@ fn a_renewal_succeeds_even_when_the_callers_limit_is_now_exceeded() {
         (0, "a", plain(2, 100), Ok(granted(None))),
         (1, "b", plain(2, 100), Ok(granted(None))),
         (2, "b", plain(1, 100), Ok(renewed(None))),
-        (3, "a", fair(5, 100), Err(SemError::KindMismatch { held: Kind::Plain })),
+        (
+            3,
+            "a",
+            fair(5, 100),
+            Err(SemError::KindMismatch { held: Kind::Plain }),
+        ),
     ]);
     run(&[
         (0, "a", fair(2, 100), Ok(granted(Some(1)))),
@@ -257,7 +270,11 @@ fn fair_grants_take_increasing_tickets_and_refusals_take_none() {
         (1001, "c", fair(2, 1000), Ok(granted(Some(3)))),
     ]);
     assert_eq!(store.counter, Some(3));
-    assert_eq!(store.owners.len(), 2, "b's owner entry went with its holder");
+    assert_eq!(
+        store.owners.len(),
+        2,
+        "b's owner entry went with its holder"
+    );
     assert_eq!(store.owners[&id("a")], 1.0);
     assert_eq!(store.owners[&id("c")], 3.0);
 }
@@ -274,7 +291,10 @@ fn a_ticket_margin_moves_the_counter_before_the_grant() {
     };
     run_on(&mut store, &[(0, "a", request, Ok(granted(Some(1008))))]);
     assert_eq!(store.counter, Some(1008));
-    assert_eq!(store.effects, ["ZADD h 1700000000100 a", "SET c 1008", "ZADD o 1008 a"]);
+    assert_eq!(
+        store.effects,
+        ["ZADD h 1700000000100 a", "SET c 1008", "ZADD o 1008 a"]
+    );
     // A refusal or a renewal takes no ticket and moves no counter.
     let request = AcquireRequest {
         ticket_margin: 1000,
@@ -294,7 +314,12 @@ fn a_ticket_margin_moves_the_counter_before_the_grant() {
 fn kinds_do_not_mix_while_live_holders_remain() {
     let mut store = run(&[
         (0, "a", fair(5, 100), Ok(granted(Some(1)))),
-        (1, "b", plain(5, 100), Err(SemError::KindMismatch { held: Kind::Fair })),
+        (
+            1,
+            "b",
+            plain(5, 100),
+            Err(SemError::KindMismatch { held: Kind::Fair }),
+        ),
     ]);
     assert_eq!(store.holders.len(), 1, "the refused call changed nothing");
     run_on(
@@ -302,7 +327,12 @@ fn kinds_do_not_mix_while_live_holders_remain() {
         &[
             // Once the fair holder expired, the name may be used as a plain semaphore.
             (100, "b", plain(5, 100), Ok(granted(None))),
-            (101, "c", fair(5, 100), Err(SemError::KindMismatch { held: Kind::Plain })),
+            (
+                101,
+                "c",
+                fair(5, 100),
+                Err(SemError::KindMismatch { held: Kind::Plain }),
+            ),
             // A fair name's tickets keep growing from its counter.
             (200, "c", fair(5, 100), Ok(granted(Some(2)))),
         ],
@@ -316,14 +346,23 @@ fn errors_are_found_before_any_change() {
     store.holders.insert(id("old"), (T0 - 1) as f64);
     store.owners.insert(id("old"), 7.0);
     store.counter_is_garbage = true;
-    run_on(&mut store, &[(0, "a", fair(1, 100), Err(SemError::CounterNotInteger))]);
+    run_on(
+        &mut store,
+        &[(0, "a", fair(1, 100), Err(SemError::CounterNotInteger))],
+    );
     assert!(store.holders.contains_key(&id("old")), "nothing was pruned");
 
     store.counter_is_garbage = false;
     store.counter = Some(MAX_TICKET);
-    run_on(&mut store, &[(0, "a", fair(1, 100), Err(SemError::CounterExhausted))]);
+    run_on(
+        &mut store,
+        &[(0, "a", fair(1, 100), Err(SemError::CounterExhausted))],
+    );
     store.counter = Some(MAX_TICKET - 1);
-    run_on(&mut store, &[(0, "a", fair(1, 100), Ok(granted(Some(MAX_TICKET))))]);
+    run_on(
+        &mut store,
+        &[(0, "a", fair(1, 100), Ok(granted(Some(MAX_TICKET))))],
+    );
     assert_eq!(store.holders.len(), 1, "old was pruned by the grant");
 }
 
@@ -349,22 +388,45 @@ fn a_fair_grant_with_room_makes_one_holder_write() {
     assert_eq!(store.effects, ["ZADD h 1700000000110 a"]);
     // An identifier whose permit expired takes a new ticket, not its old one.
     store.effects.clear();
-    run_on(&mut store, &[(110, "a", fair(5, 100), Ok(granted(Some(2))))]);
+    run_on(
+        &mut store,
+        &[(110, "a", fair(5, 100), Ok(granted(Some(2))))],
+    );
     assert_eq!(
         store.effects,
-        ["ZREM h a", "ZREM o a", "ZADD h 1700000000210 a", "SET c 2", "ZADD o 2 a"]
+        [
+            "ZREM h a",
+            "ZREM o a",
+            "ZADD h 1700000000210 a",
+            "SET c 2",
+            "ZADD o 2 a"
+        ]
     );
 }
 
 #[test]
 fn a_renewal_replies_only_a_valid_ticket() {
-    for bad in [f64::INFINITY, 1e300, -5.0, 0.0, 2.5, 9_223_372_036_854_775_808.0] {
+    for bad in [
+        f64::INFINITY,
+        1e300,
+        -5.0,
+        0.0,
+        2.5,
+        9_223_372_036_854_775_808.0,
+    ] {
         let mut store = run(&[(0, "a", fair(2, 100), Ok(granted(Some(1))))]);
         store.owners.insert(id("a"), bad);
         let effects = store.effects.len();
-        run_on(&mut store, &[(1, "a", fair(2, 100), Err(SemError::InvalidTicket))]);
+        run_on(
+            &mut store,
+            &[(1, "a", fair(2, 100), Err(SemError::InvalidTicket))],
+        );
         assert_eq!(store.effects.len(), effects, "score {bad}");
-        assert_eq!(snapshot(&store, T0 + 1), Err(SemError::InvalidTicket), "score {bad}");
+        assert_eq!(
+            snapshot(&store, T0 + 1),
+            Err(SemError::InvalidTicket),
+            "score {bad}"
+        );
     }
 }
 
@@ -389,7 +451,7 @@ fn owner_entries_without_holders_are_leftovers_removed_by_the_next_write() {
     store.owners.insert(id("ghost"), 9.0);
     assert!(snapshot(&store, T0).unwrap().fair);
     store.effects.clear();
-    assert!(release(&mut store, T0 + 1, &id("nobody")) == false);
+    assert!(!release(&mut store, T0 + 1, &id("nobody")));
     assert_eq!(store.effects, ["ZREM o ghost"]);
     assert_eq!(store.owners.len(), 1);
 
@@ -408,7 +470,12 @@ fn owner_entries_without_holders_are_leftovers_removed_by_the_next_write() {
     assert!(snapshot(&store, T0).unwrap().fair);
     run_on(
         &mut store,
-        &[(1, "b", plain(5, 1000), Err(SemError::KindMismatch { held: Kind::Fair }))],
+        &[(
+            1,
+            "b",
+            plain(5, 1000),
+            Err(SemError::KindMismatch { held: Kind::Fair }),
+        )],
     );
 }
 
@@ -435,11 +502,17 @@ fn refresh_extends_only_live_holders() {
     assert!(refresh(&mut store, T0 + 99, &id("a"), 500));
     assert_eq!(store.holders[&id("a")], (T0 + 599) as f64);
     assert_eq!(store.owners[&id("a")], 1.0, "the ticket is kept");
-    assert!(!refresh(&mut store, T0 + 599, &id("a"), 500), "expired at its deadline");
+    assert!(
+        !refresh(&mut store, T0 + 599, &id("a"), 500),
+        "expired at its deadline"
+    );
     assert!(store.holders.is_empty() && store.owners.is_empty());
     store.effects.clear();
     assert!(!refresh(&mut store, T0, &id("never"), 500));
-    assert!(store.effects.is_empty(), "a refresh that finds nothing changes nothing");
+    assert!(
+        store.effects.is_empty(),
+        "a refresh that finds nothing changes nothing"
+    );
 }
 
 #[test]
@@ -527,6 +600,10 @@ fn snapshot_lists_plain_holders_by_deadline() {
     let view = snapshot(&store, T0).unwrap();
     assert!(!view.fair);
     assert_eq!(view.counter, None);
-    let ids: Vec<(Vec<u8>, i64)> = view.holders.into_iter().map(|h| (h.id, h.ms_left)).collect();
+    let ids: Vec<(Vec<u8>, i64)> = view
+        .holders
+        .into_iter()
+        .map(|h| (h.id, h.ms_left))
+        .collect();
     assert_eq!(ids, [(id("b"), 100), (id("a"), 900)]);
 }

@@ -51,11 +51,8 @@ pub fn run(
     context.reply(handler(&context, &args)) as c_int
 }
 
-pub type EntryPoint = extern "C" fn(
-    *mut raw::RedisModuleCtx,
-    *mut *mut raw::RedisModuleString,
-    c_int,
-) -> c_int;
+pub type EntryPoint =
+    extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
 
 /// Creates a command with key range 1 1 1 (the name); command info refines it.
 pub fn create(

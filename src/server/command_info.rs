@@ -86,9 +86,8 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         if handle.is_null() {
             return Err(format!("{} is not registered", command.name()));
         }
-        set_info(handle, &description).map_err(|()| {
-            format!("the server refused the command info of {}", command.name())
-        })?;
+        set_info(handle, &description)
+            .map_err(|()| format!("the server refused the command info of {}", command.name()))?;
         if let Some(set_categories) =
             // SAFETY: a plain read of a function pointer filled in at load (7.2+ only).
             unsafe { raw::RedisModule_SetCommandACLCategories }
@@ -98,7 +97,10 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
             if unsafe { set_categories(handle, categories.as_ptr()) }
                 != raw::REDISMODULE_OK as c_int
             {
-                return Err(format!("the server refused the ACL categories of {}", command.name()));
+                return Err(format!(
+                    "the server refused the ACL categories of {}",
+                    command.name()
+                ));
             }
         }
     }
@@ -115,7 +117,8 @@ fn set_info(handle: *mut raw::RedisModuleCommand, description: &Description) -> 
     // written with the variant their search and find types name.
     let mut key_specs: [raw::RedisModuleCommandKeySpec; 3] = unsafe { std::mem::zeroed() };
     key_specs[0].flags = flags;
-    key_specs[0].begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+    key_specs[0].begin_search_type =
+        raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
     key_specs[0].bs.index.pos = 1;
     key_specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
     key_specs[0].fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
@@ -147,5 +150,7 @@ fn set_info(handle: *mut raw::RedisModuleCommand, description: &Description) -> 
     };
     // SAFETY: every pointer in `info` is valid for the call; Redis copies what it keeps.
     let status = unsafe { raw::RedisModule_SetCommandInfo.unwrap()(handle, &info) };
-    (status == raw::REDISMODULE_OK as c_int).then_some(()).ok_or(())
+    (status == raw::REDISMODULE_OK as c_int)
+        .then_some(())
+        .ok_or(())
 }

@@ -17,7 +17,10 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         status == raw::REDISMODULE_OK as i32
     };
     let subscribed = subscribe(raw::REDISMODULE_EVENT_LOADING, Some(on_loading))
-        && subscribe(raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, Some(on_role_changed));
+        && subscribe(
+            raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+            Some(on_role_changed),
+        );
     if subscribed {
         Ok(())
     } else {

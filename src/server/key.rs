@@ -360,8 +360,8 @@ impl<'a> Key<'a> {
             } else {
                 ptr::null()
             };
-            let value = (!data.is_null())
-                .then(|| read(std::slice::from_raw_parts(data.cast::<u8>(), len)));
+            let value =
+                (!data.is_null()).then(|| read(std::slice::from_raw_parts(data.cast::<u8>(), len)));
             raw::RedisModule_FreeCallReply.unwrap()(reply);
             value
         }

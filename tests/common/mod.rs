@@ -3,11 +3,14 @@
 
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod state;
+pub mod stream;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub struct Server {
     child: Child,
@@ -173,4 +176,50 @@ pub fn error_text(err: &redis::RedisError) -> String {
 /// `<name>`'s members and scores, lowest score first.
 pub fn zset(conn: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
     run(conn, &["ZRANGE", key, "0", "-1", "WITHSCORES"])
+}
+
+/// Polls `condition` every 10 ms until it holds; fails after `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// The server's clock (TIME), in Unix ms. Reading it touches no key, so it cannot trigger an
+/// expiry.
+pub fn server_ms(conn: &mut redis::Connection) -> i64 {
+    let (seconds, micros): (i64, i64) = run(conn, &["TIME"]);
+    seconds * 1000 + micros / 1000
+}
+
+pub fn unix_ms_now() -> i64 {
+    let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
+    since_epoch.as_millis() as i64
+}
+
+/// A replica of `primary`, with no persistence, once its link is up.
+pub fn start_replica_of(primary: &Server) -> Server {
+    let port = primary.port.to_string();
+    let replica = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replicaof",
+        "127.0.0.1",
+        &port,
+    ]);
+    let mut conn = replica.connection();
+    wait_until("the replica is in sync", Duration::from_secs(20), || {
+        run::<String>(&mut conn, &["INFO", "replication"]).contains("master_link_status:up")
+    });
+    replica
+}
+
+/// Waits until the one replica has processed everything the primary did so far.
+pub fn wait_for_replica(primary: &mut redis::Connection) {
+    let acked: i64 = run(primary, &["WAIT", "1", "5000"]);
+    assert_eq!(acked, 1, "the replica did not acknowledge in time");
 }
