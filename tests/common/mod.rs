@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod cluster;
 pub mod state;
 pub mod stream;
 
