@@ -45,7 +45,7 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
         if args.len() < 2 {
             return Err(SemError::Arity(command.name()));
         }
-        let call = Call::new(args, command)?;
+        let call = Call::new(ctx, args, command)?;
         match command {
             Command::Acquire => acquire(ctx, &call, Kind::Plain),
             Command::AcquireFair => acquire(ctx, &call, Kind::Fair),
@@ -65,7 +65,7 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let [id, lease] = call.exact_args()?;
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice())?;
-    let mut store = RedisStore::open(ctx, &call.keys(ctx)?, Access::Write)?;
+    let mut store = RedisStore::open(ctx, &call.keys(), Access::Write)?;
     let refreshed = semaphore::refresh(&mut store, now_ms(), id, lease_ms);
     Ok(RedisValue::Integer(refreshed.into()))
 }
@@ -74,7 +74,7 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let [id] = call.exact_args()?;
     let id = identifier(id)?;
-    let mut store = RedisStore::open(ctx, &call.keys(ctx)?, Access::Write)?;
+    let mut store = RedisStore::open(ctx, &call.keys(), Access::Write)?;
     let released = semaphore::release(&mut store, now_ms(), id);
     Ok(RedisValue::Integer(released.into()))
 }
@@ -87,7 +87,7 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         [_] => return Err(SemError::Syntax),
         _ => return Err(SemError::Arity(Command::Get.name())),
     };
-    let keys = call.keys(ctx)?;
+    let keys = call.keys();
     let store = RedisStore::open(ctx, &keys, Access::Read)?;
     let now = now_ms();
     if json {
@@ -125,7 +125,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
         }
     }
 
-    let keys = call.keys(ctx)?;
+    let keys = call.keys();
     let name = keys.name.as_slice();
     let mut store = RedisStore::open(ctx, &keys, Access::Write)?;
     let made_id;
@@ -176,8 +176,15 @@ struct Call<'a> {
 
 impl<'a> Call<'a> {
     /// A call must carry the derived names; one without them did not pass the filter, which no
-    /// client can avoid.
-    fn new(args: &'a [Arg], command: Command) -> Result<Call<'a>, SemError> {
+    /// client can avoid. The name is checked first, before any other argument.
+    fn new(ctx: &Context, args: &'a [Arg], command: Command) -> Result<Call<'a>, SemError> {
+        let name = args[1].as_slice();
+        non_empty(name, SemError::EmptyName)?;
+        // Redis refuses keys of several slots (CROSSSLOT) before the call; this names the
+        // cause for the rare name whose derived keys share its slot by chance.
+        if ctx.get_flags().contains(ContextFlags::CLUSTER) && !has_hash_tag(name) {
+            return Err(SemError::NeedsHashTag);
+        }
         let rest = derived_end(args, command).ok_or(SemError::Internal)?;
         Ok(Call {
             command,
@@ -198,21 +205,14 @@ impl<'a> Call<'a> {
             .map_err(|_| SemError::Arity(self.command.name()))
     }
 
-    /// The semaphore's key names, once the name itself is checked.
-    fn keys(&self, ctx: &Context) -> Result<SemKeys<'a>, SemError> {
-        let name: &RedisString = &self.args[1];
-        non_empty(name.as_slice(), SemError::EmptyName)?;
-        // Redis refuses keys of several slots (CROSSSLOT) before the call; this names the
-        // cause for the rare name whose derived keys share its slot by chance.
-        if ctx.get_flags().contains(ContextFlags::CLUSTER) && !has_hash_tag(name.as_slice()) {
-            return Err(SemError::NeedsHashTag);
-        }
+    /// The semaphore's key names.
+    fn keys(&self) -> SemKeys<'a> {
         let derived = &self.args[2..self.rest];
-        Ok(SemKeys {
-            name,
+        SemKeys {
+            name: &self.args[1],
             owner: &derived[0],
             counter: derived.get(1).map(|key| &**key),
-        })
+        }
     }
 }
 
