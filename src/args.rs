@@ -4,6 +4,7 @@
 //! - `limit`: decimal digits only, leading zeros allowed, value from 1 to [`MAX_LIMIT`];
 //! - `lease`: decimal digits, optionally `.` and one to three more (milliseconds), leading zeros
 //!   allowed, value greater than 0 and at most [`MAX_LEASE_MS`];
+//! - `WAIT seconds`: as `lease`, and 0 (wait without limit) allowed;
 //! - `<name>:counter`: an integer in Redis's own syntax (what INCR reads and writes: no sign, no
 //!   leading zero, no spaces) from 0 to [`MAX_TICKET`].
 
@@ -34,6 +35,14 @@ pub fn parse_lease_ms(arg: &[u8]) -> Result<i64, SemError> {
         .filter(|&ms| (1..=MAX_LEASE_MS as u64).contains(&ms))
         .map(|ms| ms as i64)
         .ok_or(SemError::InvalidLease)
+}
+
+/// `WAIT seconds`, in milliseconds: the lease rule, and 0 (wait without limit) allowed.
+pub fn parse_wait_ms(arg: &[u8]) -> Result<i64, SemError> {
+    seconds_ms(arg)
+        .filter(|&ms| ms <= MAX_LEASE_MS as u64)
+        .map(|ms| ms as i64)
+        .ok_or(SemError::InvalidWait)
 }
 
 /// `digits[.d[d[d]]]` seconds in milliseconds, saturating; `None` if malformed.
@@ -136,6 +145,29 @@ mod tests {
         for (input, want) in table {
             let got = parse_lease_ms(input.as_bytes()).ok();
             assert_eq!(got, *want, "lease {input:?}");
+        }
+    }
+
+    #[test]
+    fn waits() {
+        let table: &[(&str, Option<i64>)] = &[
+            ("0", Some(0)),
+            ("0.000", Some(0)),
+            ("0.5", Some(500)),
+            ("10", Some(10_000)),
+            ("31536000", Some(MAX_LEASE_MS)),
+            ("31536000.001", None),
+            ("-1", None),
+            ("", None),
+            ("soon", None),
+            ("1e3", None),
+        ];
+        for (input, want) in table {
+            assert_eq!(
+                parse_wait_ms(input.as_bytes()).ok(),
+                *want,
+                "wait {input:?}"
+            );
         }
     }
 

@@ -8,17 +8,20 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
 use serde_json::{json, Value};
 
-use crate::args::{non_empty, parse_lease_ms, parse_limit};
+use crate::args::{non_empty, parse_lease_ms, parse_limit, parse_wait_ms};
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{has_hash_tag, is_derived, Command};
+use crate::queue::{arrival, Arrival, Ask, Binding, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Snapshot};
+use crate::server::block::can_block;
 use crate::server::command::{run, Arg};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
-use crate::server::{is_keys_position_request, key_at, now_ms};
+use crate::server::{is_keys_position_request, key_at, now_ms, selected_db};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
+use crate::waiting;
 
 /// The entry point of every SEM.* command.
 pub extern "C" fn entry(
@@ -65,8 +68,10 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let [id, lease] = call.exact_args()?;
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice())?;
-    let mut store = RedisStore::open(ctx, &call.keys(), Access::Write)?;
-    let refreshed = semaphore::refresh(&mut store, now_ms(), id, lease_ms);
+    let mut store = open_for_write(ctx, call)?;
+    let now = now_ms();
+    let refreshed = semaphore::refresh(&mut store, now, id, lease_ms);
+    after_write(ctx, call, &mut store, now);
     Ok(RedisValue::Integer(refreshed.into()))
 }
 
@@ -74,9 +79,32 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let [id] = call.exact_args()?;
     let id = identifier(id)?;
-    let mut store = RedisStore::open(ctx, &call.keys(), Access::Write)?;
-    let released = semaphore::release(&mut store, now_ms(), id);
+    let mut store = open_for_write(ctx, call)?;
+    let now = now_ms();
+    let released = semaphore::release(&mut store, now, id);
+    after_write(ctx, call, &mut store, now);
     Ok(RedisValue::Integer(released.into()))
+}
+
+/// Opens a writer's keys; while some connection holds BOUND permits, the store keeps the
+/// holders it removes so their bindings can go too.
+fn open_for_write<'a>(ctx: &'a Context, call: &Call<'a>) -> Result<RedisStore<'a>, SemError> {
+    let mut store = RedisStore::open(ctx, &call.keys(), Access::Write)?;
+    if waiting::any_bindings() {
+        store.keep_removed();
+    }
+    Ok(store)
+}
+
+/// The end of every write: permits it freed go to the semaphore's waiters at once, in the same
+/// command, and bindings of permits that are gone are forgotten. Nothing to do (and nothing
+/// looked up) while nobody waits and nothing is bound.
+fn after_write(ctx: &Context, call: &Call, store: &mut RedisStore, now_ms: i64) {
+    if waiting::queued_anywhere() || waiting::any_bindings() {
+        let sem = call.sem(ctx);
+        waiting::serve(store, &sem, now_ms);
+        waiting::unbind(&sem, &store.take_removed());
+    }
 }
 
 /// `SEM.GET name [JSON]`
@@ -92,8 +120,9 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let now = now_ms();
     if json {
         let snapshot = semaphore::snapshot(&store, now)?;
+        let line = waiting::line(&call.sem(ctx), now);
         Ok(RedisValue::BulkString(
-            snapshot_json(keys.name.as_slice(), &snapshot).to_string(),
+            snapshot_json(keys.name.as_slice(), &snapshot, line).to_string(),
         ))
     } else {
         Ok(RedisValue::Integer(
@@ -102,8 +131,8 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     }
 }
 
-/// `SEM.ACQUIRE name limit lease [ID identifier]` and
-/// `SEM.ACQUIREFAIR name limit lease [ID identifier] [WITHTICKET]`
+/// `SEM.ACQUIRE name limit lease [ID identifier] [WAIT seconds] [BOUND]` and
+/// `SEM.ACQUIREFAIR name limit lease [ID identifier] [WITHTICKET] [WAIT seconds] [BOUND]`
 fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemError> {
     let command = call.command;
     let [limit, lease, options @ ..] = call.options() else {
@@ -113,13 +142,20 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
     let lease_ms = parse_lease_ms(lease.as_slice())?;
     let mut given_id = None;
     let mut with_ticket = false;
+    let mut wait_ms = None;
+    let mut bound = false;
     let mut options = options.iter();
     while let Some(option) = options.next() {
         let option = option.as_slice();
+        let mut value = || options.next().ok_or(SemError::Syntax);
         if option.eq_ignore_ascii_case(b"ID") && given_id.is_none() {
-            given_id = Some(identifier(options.next().ok_or(SemError::Syntax)?)?);
+            given_id = Some(identifier(value()?)?);
         } else if option.eq_ignore_ascii_case(b"WITHTICKET") && kind == Kind::Fair && !with_ticket {
             with_ticket = true;
+        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
+            wait_ms = Some(parse_wait_ms(value()?.as_slice())?);
+        } else if option.eq_ignore_ascii_case(b"BOUND") && !bound {
+            bound = true;
         } else {
             return Err(SemError::Syntax);
         }
@@ -127,7 +163,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
 
     let keys = call.keys();
     let name = keys.name.as_slice();
-    let mut store = RedisStore::open(ctx, &keys, Access::Write)?;
+    let mut store = open_for_write(ctx, call)?;
     let made_id;
     let id = match given_id {
         Some(id) => id,
@@ -145,24 +181,62 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             Kind::Plain => 0,
         },
     };
-    let outcome = semaphore::acquire(&mut store, now_ms(), id, &request)?;
-    let id = id.safe_clone(ctx);
-    drop(store);
-    Ok(match outcome {
-        Acquired::Full => RedisValue::Null,
+    let now = now_ms();
+    // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
+    let wait_ms = wait_ms.filter(|_| can_block(ctx));
+    let queued = if waiting::queued_anywhere() {
+        waiting::queued(&call.sem(ctx))
+    } else {
+        0
+    };
+    let outcome = match arrival(kind, wait_ms.is_some(), queued) {
+        Arrival::TryNow => semaphore::acquire(&mut store, now, id, &request)?,
+        Arrival::RenewOrWait | Arrival::RenewOrRefuse => {
+            semaphore::renew(&mut store, now, id, &request)?.unwrap_or(Acquired::Full)
+        }
+    };
+    let reply = match outcome {
+        Acquired::Full => match wait_ms {
+            Some(wait_ms) => {
+                let ask = Ask {
+                    kind,
+                    limit,
+                    lease_ms,
+                    holder: id.as_slice().to_vec(),
+                    with_ticket,
+                    bound,
+                };
+                let next_deadline = store.next_deadline(now);
+                waiting::wait(ctx, call.sem(ctx), ask, now, wait_ms, next_deadline)?;
+                RedisValue::NoReply
+            }
+            None => RedisValue::Null,
+        },
         Acquired::Granted { ticket, renewed } => {
             if !renewed && request.ticket_margin > 0 {
                 fencing::moved(name);
             }
+            if bound {
+                let holder = id.as_slice().to_vec();
+                waiting::bind(
+                    ctx,
+                    Binding {
+                        sem: call.sem(ctx),
+                        holder,
+                    },
+                );
+            }
+            let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
             match ticket {
-                Some(ticket) if with_ticket => RedisValue::Array(vec![
-                    RedisValue::BulkRedisString(id),
-                    RedisValue::Integer(ticket as i64),
-                ]),
-                _ => RedisValue::BulkRedisString(id),
+                Some(ticket) if with_ticket => {
+                    RedisValue::Array(vec![id, RedisValue::Integer(ticket as i64)])
+                }
+                _ => id,
             }
         }
-    })
+    };
+    after_write(ctx, call, &mut store, now);
+    Ok(reply)
 }
 
 /// A SEM.* call's arguments, seen without the key names the command filter inserted.
@@ -205,6 +279,14 @@ impl<'a> Call<'a> {
             .map_err(|_| SemError::Arity(self.command.name()))
     }
 
+    /// The semaphore, as the waiting side names it.
+    fn sem(&self, ctx: &Context) -> SemKey {
+        SemKey {
+            db: selected_db(ctx),
+            name: self.args[1].as_slice().to_vec(),
+        }
+    }
+
     /// The semaphore's key names.
     fn keys(&self) -> SemKeys<'a> {
         let derived = &self.args[2..self.rest];
@@ -236,11 +318,11 @@ fn report_keys(ctx: &Context, args: &[Arg], command: Command) {
     if args.len() < 2 {
         return;
     }
-    let flags = key_flags(command);
-    key_at(ctx, 1, flags);
+    let (name_flags, derived_flags) = key_flags(command);
+    key_at(ctx, 1, name_flags);
     if let Some(end) = derived_end(args, command) {
         for pos in 2..end {
-            key_at(ctx, pos, flags);
+            key_at(ctx, pos, derived_flags);
         }
     }
 }
@@ -259,7 +341,11 @@ fn new_identifier(buffer: &mut [u8; 36]) -> &[u8] {
 }
 
 /// SEM.GET JSON's document. Identifiers that are not UTF-8 are shown with U+FFFD.
-fn snapshot_json(name: &[u8], snapshot: &Snapshot<RedisString>) -> Value {
+fn snapshot_json(
+    name: &[u8],
+    snapshot: &Snapshot<RedisString>,
+    (waiters, longest_wait_ms): (usize, Option<i64>),
+) -> Value {
     let holders: Vec<Value> = snapshot
         .holders
         .iter()
@@ -276,5 +362,7 @@ fn snapshot_json(name: &[u8], snapshot: &Snapshot<RedisString>) -> Value {
         "fair": snapshot.fair,
         "counter": snapshot.counter,
         "holders": holders,
+        "waiters": waiters,
+        "longest_wait_ms": longest_wait_ms,
     })
 }

@@ -1,5 +1,6 @@
 //! Every error reply redsem sends, built in one place. Each message starts with an error code
-//! (`ERR` or `WRONGTYPE`) so clients and `INFO errorstats` classify it correctly.
+//! (`ERR`, `WRONGTYPE`, or for a wait the server ends, `READONLY` and `TRYAGAIN` as Redis itself
+//! would answer) so clients and `INFO errorstats` classify it correctly.
 
 use std::fmt;
 
@@ -15,6 +16,7 @@ pub enum SemError {
     Arity(&'static str),
     InvalidLimit,
     InvalidLease,
+    InvalidWait,
     EmptyName,
     EmptyIdentifier,
     /// One of the semaphore's keys holds another type.
@@ -32,6 +34,11 @@ pub enum SemError {
     },
     /// In Redis Cluster, a name without a hash tag would spread its keys over several slots.
     NeedsHashTag,
+    /// The server became a replica while the command waited: it grants nothing any more.
+    BecameReplica,
+    /// In Redis Cluster, the semaphore's slot left this node (or is leaving) while the command
+    /// waited; the client retries where the slot is now.
+    SlotMoved,
     /// A bug caught before it could reach redis-server.
     Internal,
 }
@@ -49,6 +56,12 @@ impl fmt::Display for SemError {
             SemError::InvalidLease => write!(
                 f,
                 "ERR lease must be a number of seconds greater than 0 and at most {}, \
+                 with at most 3 decimals",
+                MAX_LEASE_MS / 1000
+            ),
+            SemError::InvalidWait => write!(
+                f,
+                "ERR WAIT must be a number of seconds from 0 (no limit) to {}, \
                  with at most 3 decimals",
                 MAX_LEASE_MS / 1000
             ),
@@ -79,6 +92,13 @@ impl fmt::Display for SemError {
                 "ERR in Redis Cluster the semaphore name needs a hash tag, e.g. {name}, \
                  so that name, name:owner and name:counter share one slot",
             ),
+            SemError::BecameReplica => f.write_str(
+                "READONLY the server became a replica while the command waited for a permit",
+            ),
+            SemError::SlotMoved => f.write_str(
+                "TRYAGAIN the semaphore's slot is moving or moved to another node while the \
+                 command waited for a permit",
+            ),
             SemError::Internal => {
                 f.write_str("ERR internal error in redsem (a bug: please report it)")
             }
@@ -103,6 +123,7 @@ mod tests {
             SemError::Arity("sem.get"),
             SemError::InvalidLimit,
             SemError::InvalidLease,
+            SemError::InvalidWait,
             SemError::EmptyName,
             SemError::EmptyIdentifier,
             SemError::WrongType,
@@ -112,12 +133,15 @@ mod tests {
             SemError::KindMismatch { held: Kind::Fair },
             SemError::KindMismatch { held: Kind::Plain },
             SemError::NeedsHashTag,
+            SemError::BecameReplica,
+            SemError::SlotMoved,
             SemError::Internal,
         ];
         for err in all {
             let text = err.to_string();
+            let code = text.split(' ').next().unwrap();
             assert!(
-                text.starts_with("ERR ") || text.starts_with("WRONGTYPE "),
+                ["ERR", "WRONGTYPE", "READONLY", "TRYAGAIN"].contains(&code),
                 "{text}"
             );
             assert!(!text.contains('\n') && !text.contains('\r'), "{text}");

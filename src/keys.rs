@@ -3,8 +3,8 @@
 //!
 //! Redis checks ACLs and Cluster slots (MOVED, ASK, TRYAGAIN) only on the keys a command
 //! declares, so a call must carry every key it touches. The command filter inserts the derived
-//! keys a command uses right after the name: `SEM.ACQUIREFAIR jobs 3 30` runs as
-//! `SEM.ACQUIREFAIR jobs jobs:owner jobs:counter 3 30`, and the command reports those positions
+//! keys right after the name: `SEM.ACQUIRE jobs 3 30` runs as
+//! `SEM.ACQUIRE jobs jobs:owner jobs:counter 3 30`, and the command reports those positions
 //! as keys (`getkeys-api`). Clients never send them: a static key range would make
 //! cluster-aware clients hash `limit` and `lease` as keys.
 
@@ -13,8 +13,7 @@ pub const OWNER_SUFFIX: &[u8] = b":owner";
 /// Suffix of the fair semaphore's last handed-out ticket.
 pub const COUNTER_SUFFIX: &[u8] = b":counter";
 
-const OWNER: &[&[u8]] = &[OWNER_SUFFIX];
-const OWNER_AND_COUNTER: &[&[u8]] = &[OWNER_SUFFIX, COUNTER_SUFFIX];
+const DERIVED: &[&[u8]] = &[OWNER_SUFFIX, COUNTER_SUFFIX];
 
 /// The SEM.* commands, as the filter and the handlers tell them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,12 +57,10 @@ impl Command {
     }
 
     /// The suffixes of the derived keys the command reads or writes, in the order they follow
-    /// the name. `SEM.GET` names the counter because its JSON form shows it.
+    /// the name. Every command names both: any write may grant a permit to a fair waiter (which
+    /// takes a ticket), and `SEM.GET ... JSON` shows the counter.
     pub fn derived_suffixes(self) -> &'static [&'static [u8]] {
-        match self {
-            Command::AcquireFair | Command::Get => OWNER_AND_COUNTER,
-            Command::Acquire | Command::Refresh | Command::Release => OWNER,
-        }
+        DERIVED
     }
 }
 

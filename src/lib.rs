@@ -6,10 +6,12 @@ mod commands;
 mod error;
 mod fencing;
 mod keys;
+mod queue;
 mod semaphore;
 mod server;
 mod store;
 mod types;
+mod waiting;
 
 // Unit tests run outside redis-server, where Redis's allocator does not exist.
 #[cfg(not(test))]
@@ -47,6 +49,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             server::command::create(ctx.ctx, command.name(), commands::entry, flags(command))
         })
         .and_then(|()| server::command_info::register(ctx.ctx))
+        .and_then(|()| server::timer::init(ctx.ctx))
         .and_then(|()| server::filter::register(ctx.ctx))
         .and_then(|()| server::events::subscribe(ctx.ctx));
     if let Err(reason) = registered {

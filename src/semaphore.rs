@@ -235,6 +235,38 @@ pub fn acquire<S: Store>(
     }
 }
 
+/// SEM.ACQUIRE / SEM.ACQUIREFAIR while others wait for the semaphore (see `queue.rs`): only a
+/// renewal happens now. `Ok(None)` when `id` holds no live permit, and then nothing changed.
+pub fn renew<S: Store>(
+    store: &mut S,
+    now_ms: i64,
+    id: &S::Id,
+    request: &AcquireRequest,
+) -> Result<Option<Acquired>, SemError> {
+    let survey = survey(store, now_ms);
+    if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
+        return Err(SemError::KindMismatch { held });
+    }
+    if store.deadline(id).is_none_or(|d| d <= now_ms) {
+        return Ok(None);
+    }
+    let ticket = match request.kind {
+        Kind::Plain => None,
+        Kind::Fair => Some(
+            store
+                .owner_score(id)
+                .and_then(ticket_from_score)
+                .ok_or(SemError::InvalidTicket)?,
+        ),
+    };
+    prune(store, &survey);
+    store.put_holder(id, now_ms + request.lease_ms, Put::IfHeld);
+    Ok(Some(Acquired::Granted {
+        ticket,
+        renewed: true,
+    }))
+}
+
 /// SEM.REFRESH: moves a live holder's deadline to `now + lease`. A holder that had expired has
 /// lost its permit (another may have been granted it) and gets `false`.
 pub fn refresh<S: Store>(store: &mut S, now_ms: i64, id: &S::Id, lease_ms: i64) -> bool {

@@ -3,6 +3,7 @@
 //! ends the call's write: both sorted sets then expire at the latest deadline, so no caller can
 //! forget it.
 
+use std::cell::OnceCell;
 use std::io::Write;
 
 use redis_module::{raw, Context, RedisString};
@@ -40,14 +41,19 @@ impl DeadlineChange {
     }
 }
 
-/// One semaphore's keys, opened for a call.
+/// One semaphore's keys, opened for a call. The counter is opened when first used: only a fair
+/// grant, or SEM.GET JSON, needs it.
 pub struct RedisStore<'a> {
     ctx: &'a Context,
+    access: Access,
     holders: Key<'a>,
     owners: Key<'a>,
-    counter: Option<Key<'a>>,
+    counter_name: Option<&'a RedisString>,
+    counter: OnceCell<Key<'a>>,
     /// How this call moved the deadlines in `<name>`, so the keys' expiry can be settled.
     deadlines: DeadlineChange,
+    /// Identifiers this call removed from `<name>`, when asked to keep them.
+    removed: Option<Vec<RedisString>>,
 }
 
 impl<'a> RedisStore<'a> {
@@ -55,17 +61,45 @@ impl<'a> RedisStore<'a> {
     pub fn open(ctx: &'a Context, keys: &SemKeys<'a>, access: Access) -> Result<Self, SemError> {
         let holders = Key::open(ctx, keys.name, access, KeyType::SortedSet)?;
         let owners = Key::open(ctx, keys.owner, access, KeyType::SortedSet)?;
-        let counter = match keys.counter {
-            Some(name) => Some(Key::open(ctx, name, access, KeyType::String)?),
-            None => None,
-        };
         Ok(RedisStore {
             ctx,
+            access,
             holders,
             owners,
-            counter,
+            counter_name: keys.counter,
+            counter: OnceCell::new(),
             deadlines: DeadlineChange::None,
+            removed: None,
         })
+    }
+
+    /// Keeps the identifiers the following calls remove from `<name>` (some may not have been
+    /// there), for [`RedisStore::take_removed`].
+    pub fn keep_removed(&mut self) {
+        self.removed.get_or_insert_with(Vec::new);
+    }
+
+    pub fn take_removed(&mut self) -> Vec<RedisString> {
+        self.removed.take().unwrap_or_default()
+    }
+
+    /// The soonest deadline of a holder still live at `now_ms`.
+    pub fn next_deadline(&self, now_ms: i64) -> Option<i64> {
+        self.holders
+            .lowest_above(now_ms as f64)
+            .map(|(_, score)| deadline_ms(score))
+    }
+
+    /// `<name>:counter`, opened on first use; `None` when the call has no counter key.
+    fn counter_key(&self) -> Result<Option<&Key<'a>>, SemError> {
+        let Some(name) = self.counter_name else {
+            return Ok(None);
+        };
+        if self.counter.get().is_none() {
+            let key = Key::open(self.ctx, name, self.access, KeyType::String)?;
+            let _ = self.counter.set(key);
+        }
+        Ok(self.counter.get())
     }
 
     /// A holder identifier for this store.
@@ -136,8 +170,7 @@ impl Store for RedisStore<'_> {
     }
 
     fn counter(&self) -> Result<Option<u64>, SemError> {
-        self.counter
-            .as_ref()
+        self.counter_key()?
             .and_then(|key| key.read_string(parse_counter))
             .transpose()
     }
@@ -184,7 +217,8 @@ impl Store for RedisStore<'_> {
     }
 
     fn set_counter(&mut self, ticket: u64) {
-        let Some(key) = &self.counter else {
+        // The rules read the counter (opening it) before they set it.
+        let Some(key) = self.counter.get() else {
             return;
         };
         let mut digits = [0u8; 20];
@@ -198,6 +232,9 @@ impl Store for RedisStore<'_> {
     }
 
     fn remove(&mut self, ids: &[RedisString]) -> usize {
+        if let Some(kept) = &mut self.removed {
+            kept.extend(ids.iter().map(|id| id.safe_clone(self.ctx)));
+        }
         let removed = self.holders.zrem(ids);
         self.owners.zrem(ids);
         if removed > 0 {

@@ -607,3 +607,33 @@ fn snapshot_lists_plain_holders_by_deadline() {
         .collect();
     assert_eq!(ids, [(id("b"), 100), (id("a"), 900)]);
 }
+
+#[test]
+fn while_others_wait_only_a_renewal_happens() {
+    let mut store = run(&[(0, "a", fair(1, 100), Ok(granted(Some(1))))]);
+    store.holders.insert(id("gone"), (T0 - 5) as f64);
+    store.effects.clear();
+    assert_eq!(renew(&mut store, T0 + 1, &id("b"), &fair(5, 100)), Ok(None));
+    assert!(
+        store.effects.is_empty(),
+        "a newcomer that cannot renew changes nothing"
+    );
+    assert_eq!(
+        renew(&mut store, T0 + 1, &id("a"), &fair(5, 100)),
+        Ok(Some(renewed(Some(1))))
+    );
+    assert_eq!(store.holders[&id("a")], (T0 + 101) as f64);
+    assert!(
+        !store.holders.contains_key(&id("gone")),
+        "a renewal prunes like any write"
+    );
+    assert_eq!(
+        renew(&mut store, T0 + 2, &id("a"), &plain(5, 100)),
+        Err(SemError::KindMismatch { held: Kind::Fair })
+    );
+    store.owners.insert(id("a"), 0.5);
+    assert_eq!(
+        renew(&mut store, T0 + 3, &id("a"), &fair(5, 100)),
+        Err(SemError::InvalidTicket)
+    );
+}

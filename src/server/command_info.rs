@@ -16,54 +16,64 @@ use redis_module::raw;
 use crate::keys::Command;
 
 struct Description {
-    /// Negative: at least that many arguments, command name included. The filter appends the
+    /// Negative: at least that many arguments, command name included. The filter inserts the
     /// derived keys, so no SEM.* command has an exact arity as far as Redis can see.
     arity: c_int,
-    key_flags: u32,
+    /// How the command uses `<name>`, and the derived keys.
+    name_flags: u32,
+    derived_flags: u32,
     summary: &'static str,
     complexity: &'static str,
     acl_categories: &'static str,
 }
 
 // As Redis flags its own commands (INSERT, UPDATE and DELETE exclude each other): an acquire
-// updates and returns data (the ticket), as INCR does; a release deletes, as ZREM does.
+// updates and returns data (the ticket), as INCR does; a release deletes, as ZREM does. Any write
+// may grant a waiter, which updates the owner set and the counter.
 const ACQUIRES: u32 =
     raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
+const UPDATES: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE;
+const READS: u32 = raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS;
 
 fn describe(command: Command) -> Description {
     let prune = "O((1 + E) log N) for N holders and E expired holders removed";
     match command {
         Command::Acquire => Description {
             arity: -4,
-            key_flags: ACQUIRES,
+            name_flags: ACQUIRES,
+            derived_flags: ACQUIRES,
             summary: "Takes a permit of a counting semaphore, or replies nil when it is full",
             complexity: prune,
             acl_categories: "write",
         },
         Command::AcquireFair => Description {
             arity: -4,
-            key_flags: ACQUIRES,
+            name_flags: ACQUIRES,
+            derived_flags: ACQUIRES,
             summary: "Takes a permit of a fair counting semaphore with a fencing ticket",
             complexity: prune,
             acl_categories: "write",
         },
         Command::Refresh => Description {
             arity: -4,
-            key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
+            name_flags: UPDATES,
+            derived_flags: UPDATES,
             summary: "Extends a live permit's lease",
             complexity: prune,
             acl_categories: "write",
         },
         Command::Release => Description {
             arity: -3,
-            key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
+            name_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
+            derived_flags: UPDATES,
             summary: "Gives a permit back",
             complexity: prune,
             acl_categories: "write",
         },
         Command::Get => Description {
             arity: -2,
-            key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
+            name_flags: READS,
+            derived_flags: READS,
             summary: "Counts the live holders of a semaphore, or describes them as JSON",
             complexity: "O(log N + E) for N holders and E expired ones; O(N log N) with JSON",
             acl_categories: "read",
@@ -71,9 +81,11 @@ fn describe(command: Command) -> Description {
     }
 }
 
-/// The flags of every key `command` touches, as its key specs and keys-position replies say.
-pub fn key_flags(command: Command) -> u32 {
-    describe(command).key_flags
+/// The flags of `<name>` and of the derived keys, as `command`'s key specs and keys-position
+/// replies say.
+pub fn key_flags(command: Command) -> (u32, u32) {
+    let description = describe(command);
+    (description.name_flags, description.derived_flags)
 }
 
 /// Registers every command's info. Fails (with the reason logged) when the server refuses it.
@@ -111,12 +123,14 @@ fn set_info(handle: *mut raw::RedisModuleCommand, description: &Description) -> 
     let summary = CString::new(description.summary).expect("no NUL");
     let complexity = CString::new(description.complexity).expect("no NUL");
     let since = c"0.1.0";
-    let notes = c"<name>:owner, and <name>:counter where the command uses it, inserted after the name by the module's command filter";
-    let flags = u64::from(description.key_flags);
+    let notes =
+        c"<name>:owner and <name>:counter, inserted after the name by the module's command filter";
+    let name_flags = u64::from(description.name_flags);
+    let derived_flags = u64::from(description.derived_flags);
     // SAFETY: zeroed key specs are the array terminator the API expects; the unions are
     // written with the variant their search and find types name.
     let mut key_specs: [raw::RedisModuleCommandKeySpec; 3] = unsafe { std::mem::zeroed() };
-    key_specs[0].flags = flags;
+    key_specs[0].flags = name_flags;
     key_specs[0].begin_search_type =
         raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
     key_specs[0].bs.index.pos = 1;
@@ -127,7 +141,7 @@ fn set_info(handle: *mut raw::RedisModuleCommand, description: &Description) -> 
         limit: 0,
     };
     key_specs[1].notes = notes.as_ptr();
-    key_specs[1].flags = flags;
+    key_specs[1].flags = derived_flags;
     key_specs[1].begin_search_type =
         raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_UNKNOWN;
     key_specs[1].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_UNKNOWN;

@@ -1,11 +1,13 @@
-//! Server events the module follows: when this node's data may be behind what clients were told
-//! (loading ended, or it became a primary), fair tickets jump (`fencing.rs`).
+//! Server events the module follows. When this node's data may be behind what clients were told
+//! (loading ended, or it became a primary), fair tickets jump (`fencing.rs`). The waiting side
+//! hears of connections closing (BOUND permits), flushes and swapped databases, and this node
+//! becoming a replica.
 
 use std::os::raw::c_void;
 
 use redis_module::raw;
 
-use crate::fencing;
+use crate::{fencing, waiting};
 
 /// Subscribes to the events.
 pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
@@ -20,7 +22,10 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         && subscribe(
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
             Some(on_role_changed),
-        );
+        )
+        && subscribe(raw::REDISMODULE_EVENT_CLIENT_CHANGE, Some(on_client_change))
+        && subscribe(raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush))
+        && subscribe(raw::REDISMODULE_EVENT_SWAPDB, Some(on_swap));
     if subscribed {
         Ok(())
     } else {
@@ -36,6 +41,7 @@ extern "C" fn on_loading(
 ) {
     if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
         fencing::arm();
+        waiting::recheck_all();
     }
 }
 
@@ -47,5 +53,50 @@ extern "C" fn on_role_changed(
 ) {
     if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
         fencing::arm();
+    } else if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
+        waiting::became_replica();
     }
+}
+
+extern "C" fn on_client_change(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED || data.is_null() {
+        return;
+    }
+    // SAFETY: for this event Redis passes a RedisModuleClientInfo (version 1 or later, whose
+    // layout starts with version, flags, id).
+    let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
+    waiting::connection_closed(info.id);
+}
+
+extern "C" fn on_flush(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
+        return;
+    }
+    // SAFETY: for this event Redis passes a RedisModuleFlushInfo.
+    let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
+    waiting::flushed((info.dbnum >= 0).then_some(info.dbnum));
+}
+
+extern "C" fn on_swap(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    data: *mut c_void,
+) {
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: for this event Redis passes a RedisModuleSwapDbInfo.
+    let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+    waiting::swapped(info.dbnum_first, info.dbnum_second);
 }

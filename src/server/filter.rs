@@ -1,7 +1,9 @@
-//! The command filter that names every key of a SEM.* call to the server (see `keys.rs`): it
+//! The command filter. It names every key of a SEM.* call to the server (see `keys.rs`): it
 //! inserts the derived key names the command uses right after the name, so Redis's ACL checks
-//! and Cluster redirection see them. It runs before every command the server receives, so it
-//! returns after one length check for all others.
+//! and Cluster redirection see them. While somebody waits for a permit, it also tells the
+//! waiting side of other commands that name a waited-on semaphore's keys (another client may
+//! delete, overwrite or fill them) or move Cluster slots. It runs before every command the
+//! server receives, so for the others it returns after a length check and one atomic load.
 
 use std::os::raw::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -9,12 +11,19 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::raw;
 
 use crate::keys::{with_derived, Command};
+use crate::waiting;
 
 /// Registers the filter.
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     // SAFETY: called once from OnLoad with its context; the callback is a plain function.
-    let filter =
-        unsafe { raw::RedisModule_RegisterCommandFilter.unwrap()(ctx, Some(insert_keys), 0) };
+    // NOSELF: the module's own calls (the counter's GET) need nothing from it.
+    let filter = unsafe {
+        raw::RedisModule_RegisterCommandFilter.unwrap()(
+            ctx,
+            Some(insert_keys),
+            raw::REDISMODULE_CMDFILTER_NOSELF as c_int,
+        )
+    };
     if filter.is_null() {
         Err("the server refused the command filter".into())
     } else {
@@ -42,10 +51,14 @@ unsafe fn arg<'a>(fctx: *mut raw::RedisModuleCommandFilterCtx, pos: c_int) -> Op
 }
 
 unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    if raw::RedisModule_CommandFilterArgsCount.unwrap()(fctx) < 2 {
+    let argc = raw::RedisModule_CommandFilterArgsCount.unwrap()(fctx);
+    if argc < 2 {
         return; // no name: Redis answers with its arity error
     }
     let Some(command) = arg(fctx, 0).and_then(Command::from_name) else {
+        if waiting::queued_anywhere() {
+            note_other_command(fctx, argc);
+        }
         return;
     };
     let Some(name) = arg(fctx, 1) else {
@@ -68,5 +81,20 @@ unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     for (i, key) in keys[..suffixes.len()].iter().enumerate() {
         // Redis owns the string from here and frees it with the command's arguments.
         insert(fctx, 2 + i as c_int, *key);
+    }
+}
+
+/// Another command while somebody waits: every argument that may be a key is reported (the
+/// waiting side checks it against the waited-on names), and a Cluster slot change too.
+unsafe fn note_other_command(fctx: *mut raw::RedisModuleCommandFilterCtx, argc: c_int) {
+    let is = |pos, word: &[u8]| arg(fctx, pos).is_some_and(|a| a.eq_ignore_ascii_case(word));
+    if is(0, b"CLUSTER") && is(1, b"SETSLOT") {
+        waiting::recheck_all();
+        return;
+    }
+    for pos in 1..argc {
+        if let Some(key) = arg(fctx, pos) {
+            waiting::touched(key);
+        }
     }
 }

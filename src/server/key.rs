@@ -129,6 +129,28 @@ impl<'a> Key<'a> {
         min: f64,
         max: f64,
         min_exclusive: bool,
+        visit: impl FnMut(RedisString, f64),
+    ) {
+        self.walk(min, max, min_exclusive, usize::MAX, visit);
+    }
+
+    /// Visits the first member of the range, as `scan` would.
+    fn scan_first(
+        &self,
+        min: f64,
+        max: f64,
+        min_exclusive: bool,
+        visit: impl FnMut(RedisString, f64),
+    ) {
+        self.walk(min, max, min_exclusive, 1, visit);
+    }
+
+    fn walk(
+        &self,
+        min: f64,
+        max: f64,
+        min_exclusive: bool,
+        mut limit: usize,
         mut visit: impl FnMut(RedisString, f64),
     ) {
         if self.is_empty() {
@@ -156,12 +178,22 @@ impl<'a> Key<'a> {
                     RedisString::from_redis_module_string(ptr::null_mut(), element),
                     score,
                 );
-                if zset_next(self.handle) == 0 {
+                limit -= 1;
+                if limit == 0 || zset_next(self.handle) == 0 {
                     break;
                 }
             }
             zset_stop(self.handle);
         }
+    }
+
+    /// The member with the lowest score above `min`, and its score.
+    pub fn lowest_above(&self, min: f64) -> Option<(RedisString, f64)> {
+        let mut first = None;
+        self.scan_first(min, f64::INFINITY, true, |member, score| {
+            first = Some((member, score))
+        });
+        first
     }
 
     pub fn highest_score(&self) -> Option<f64> {

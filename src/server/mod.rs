@@ -1,16 +1,19 @@
 //! Every raw module-API call of redsem lives under this module, each with its SAFETY comment:
-//! open keys and their changes (`key`), the command filter (`filter`), command info
-//! (`command_info`), server events (`events`), and the few plain calls below.
+//! open keys and their changes (`key`), registration (`command`, `command_info`), the command
+//! filter (`filter`), blocked clients (`block`), the timer (`timer`), server events (`events`),
+//! and the few plain calls below.
 
+pub mod block;
 pub mod command;
 pub mod command_info;
 pub mod events;
 pub mod filter;
 pub mod key;
+pub mod timer;
 
 use std::os::raw::c_int;
 
-use redis_module::{raw, Context};
+use redis_module::{raw, Context, RedisString};
 
 /// The module API functions redsem calls; a server without one of them is refused at load.
 pub fn missing_api() -> Vec<&'static str> {
@@ -60,6 +63,19 @@ pub fn missing_api() -> Vec<&'static str> {
         RedisModule_IsKeysPositionRequest,
         RedisModule_KeyAtPosWithFlags,
         RedisModule_SubscribeToServerEvent,
+        RedisModule_BlockClient,
+        RedisModule_UnblockClient,
+        RedisModule_SetDisconnectCallback,
+        RedisModule_GetBlockedClientHandle,
+        RedisModule_GetBlockedClientPrivateData,
+        RedisModule_BlockedClientDisconnected,
+        RedisModule_GetClientId,
+        RedisModule_GetContextFlags,
+        RedisModule_CreateTimer,
+        RedisModule_StopTimer,
+        RedisModule_GetDetachedThreadSafeContext,
+        RedisModule_SelectDb,
+        RedisModule_GetSelectedDb,
     );
     required
         .iter()
@@ -102,4 +118,54 @@ pub fn is_keys_position_request(ctx: &Context) -> bool {
 pub fn key_at(ctx: &Context, pos: usize, flags: u32) {
     // SAFETY: the command's own context, in a keys-position request.
     unsafe { raw::RedisModule_KeyAtPosWithFlags.unwrap()(ctx.ctx, pos as c_int, flags as c_int) }
+}
+
+/// The database the context works on.
+pub fn selected_db(ctx: &Context) -> i32 {
+    // SAFETY: a valid context.
+    unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) }
+}
+
+/// Makes the context work on database `db` (timer and event contexts start on 0).
+pub fn select_db(ctx: &Context, db: i32) {
+    // SAFETY: a valid context with a client (timer contexts have one); `db` came from
+    // `selected_db`, so it exists.
+    unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, db) };
+}
+
+fn context_flags(ctx: &Context) -> u32 {
+    // SAFETY: a valid context.
+    unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) as u32 }
+}
+
+/// Whether this node is a primary (it may write).
+pub fn is_primary(ctx: &Context) -> bool {
+    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_MASTER != 0
+}
+
+/// Outside a command, whether this node may serve `keys` (all in one slot): in Redis Cluster,
+/// only while it owns their slot and, during a migration, holds what exists of them. Asked by
+/// running `EXISTS` on them, which Redis checks as it checks any command.
+pub fn cluster_can_serve(ctx: &Context, keys: &[&RedisString; 3]) -> bool {
+    if context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER == 0 {
+        return true;
+    }
+    // SAFETY: the format letters match the three strings; a reply is freed at once.
+    unsafe {
+        let reply = raw::RedisModule_Call.unwrap()(
+            ctx.ctx,
+            c"EXISTS".as_ptr(),
+            c"sss".as_ptr(),
+            keys[0].inner,
+            keys[1].inner,
+            keys[2].inner,
+        );
+        if reply.is_null() {
+            return false;
+        }
+        let ok = raw::RedisModule_CallReplyType.unwrap()(reply)
+            == raw::REDISMODULE_REPLY_INTEGER as c_int;
+        raw::RedisModule_FreeCallReply.unwrap()(reply);
+        ok
+    }
 }

@@ -1,0 +1,520 @@
+//! The wait queue: who waits for which semaphore, in what order, until when, and what is bound
+//! to which connection. Plain data with `now_ms` passed in, so the rules are table-tested here;
+//! `waiting.rs` applies them to Redis.
+//!
+//! Rules:
+//! - The waiters of one semaphore are served strictly in arrival order. The head is served as
+//!   soon as the acquire rule would grant it; while it would not (its limit is lower than the
+//!   holders now live, or the live holders are of the other kind), nobody behind it is served:
+//!   head-of-line, so nobody starves.
+//! - A newcomer while others wait ([`arrival`]): a renewal (its identifier holds a live permit)
+//!   happens at once; otherwise a waiting newcomer joins the end of the line, a plain one that
+//!   does not wait may take a free permit ahead of the line (as a non-fair
+//!   `java.util.concurrent.Semaphore` does), and a fair one that does not wait is refused without
+//!   any change (no barging).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use crate::types::Kind;
+
+/// A semaphore, as the waiting side names it: the database it lives in, and its name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SemKey {
+    pub db: i32,
+    pub name: Vec<u8>,
+}
+
+pub type WaiterId = u64;
+
+/// What a waiter asked for, to be granted as if it asked again at the moment it is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    pub kind: Kind,
+    pub limit: u64,
+    pub lease_ms: i64,
+    /// The identifier it will hold: given with ID, or made when it arrived.
+    pub holder: Vec<u8>,
+    pub with_ticket: bool,
+    pub bound: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter<H> {
+    pub id: WaiterId,
+    pub sem: SemKey,
+    /// The connection waiting.
+    pub client: u64,
+    pub ask: Ask,
+    /// When it started waiting.
+    pub since_ms: i64,
+    /// When it stops waiting; `None` waits without limit.
+    pub until_ms: Option<i64>,
+    /// The server's handle on the blocked connection.
+    pub handle: H,
+}
+
+/// How a newcomer is treated while others wait for the same semaphore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Nobody waits, or a plain newcomer that does not wait: apply the acquire rule now (if
+    /// it finds the semaphore full, a waiting newcomer then joins the line).
+    TryNow,
+    /// Renew at once if its identifier holds a live permit; otherwise join the end of the line.
+    RenewOrWait,
+    /// Renew at once if its identifier holds a live permit; otherwise refused, changing nothing.
+    RenewOrRefuse,
+}
+
+pub fn arrival(kind: Kind, waits: bool, queued: usize) -> Arrival {
+    match (queued, waits, kind) {
+        (0, _, _) => Arrival::TryNow,
+        (_, true, _) => Arrival::RenewOrWait,
+        (_, false, Kind::Plain) => Arrival::TryNow,
+        (_, false, Kind::Fair) => Arrival::RenewOrRefuse,
+    }
+}
+
+/// Something to do at a given time.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Due {
+    /// A waiter's wait ended.
+    Timeout(WaiterId),
+    /// A semaphore with waiters has a holder whose lease ends now.
+    LeaseEnd(SemKey),
+}
+
+/// A permit held by a `BOUND` holder, given back when its connection closes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Binding {
+    pub sem: SemKey,
+    pub holder: Vec<u8>,
+}
+
+/// Everything the waiting side remembers. Each entry lives exactly as long as its reason: a
+/// waiter until it is served, times out or goes; a due time until it passes or is replaced; a
+/// binding until its permit is given back or its connection closes.
+#[derive(Debug)]
+pub struct Registry<H> {
+    next_id: WaiterId,
+    waiters: HashMap<WaiterId, Waiter<H>>,
+    /// Each semaphore's waiters in arrival order (ids only grow).
+    lines: HashMap<SemKey, BTreeSet<WaiterId>>,
+    /// How many waited-on semaphores have each name (any database), for a quick "may this
+    /// command concern a waiter?".
+    names: HashMap<Vec<u8>, usize>,
+    /// Due times, earliest first; the sequence number tells equal times apart.
+    schedule: BTreeMap<(i64, u64), Due>,
+    next_seq: u64,
+    /// Where each semaphore's lease-end entry is in `schedule`.
+    lease_ends: HashMap<SemKey, (i64, u64)>,
+    /// Where each waiter's timeout entry is in `schedule`.
+    timeouts: HashMap<WaiterId, (i64, u64)>,
+    bound: HashMap<u64, HashSet<Binding>>,
+    bound_by: HashMap<Binding, u64>,
+}
+
+impl<H> Default for Registry<H> {
+    fn default() -> Self {
+        Registry {
+            next_id: 1,
+            waiters: HashMap::new(),
+            lines: HashMap::new(),
+            names: HashMap::new(),
+            schedule: BTreeMap::new(),
+            next_seq: 0,
+            lease_ends: HashMap::new(),
+            timeouts: HashMap::new(),
+            bound: HashMap::new(),
+            bound_by: HashMap::new(),
+        }
+    }
+}
+
+impl<H> Registry<H> {
+    /// Adds a waiter at the end of its semaphore's line.
+    pub fn enqueue(
+        &mut self,
+        sem: SemKey,
+        client: u64,
+        ask: Ask,
+        now_ms: i64,
+        until_ms: Option<i64>,
+        handle: H,
+    ) -> WaiterId {
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = self.lines.entry(sem.clone()).or_default();
+        if line.is_empty() {
+            *self.names.entry(sem.name.clone()).or_default() += 1;
+        }
+        line.insert(id);
+        if let Some(until) = until_ms {
+            let slot = self.schedule_at(until, Due::Timeout(id));
+            self.timeouts.insert(id, slot);
+        }
+        let waiter = Waiter {
+            id,
+            sem,
+            client,
+            ask,
+            since_ms: now_ms,
+            until_ms,
+            handle,
+        };
+        self.waiters.insert(id, waiter);
+        id
+    }
+
+    /// Takes a waiter out, wherever it is in its line.
+    pub fn remove(&mut self, id: WaiterId) -> Option<Waiter<H>> {
+        let waiter = self.waiters.remove(&id)?;
+        if let Some(slot) = self.timeouts.remove(&id) {
+            self.schedule.remove(&slot);
+        }
+        let line = self
+            .lines
+            .get_mut(&waiter.sem)
+            .expect("a waiter is in its line");
+        line.remove(&id);
+        if line.is_empty() {
+            self.lines.remove(&waiter.sem);
+            self.set_lease_end(&waiter.sem, None);
+            match self.names.get_mut(&waiter.sem.name) {
+                Some(count) if *count > 1 => *count -= 1,
+                _ => {
+                    self.names.remove(&waiter.sem.name);
+                }
+            }
+        }
+        Some(waiter)
+    }
+
+    pub fn waiter(&self, id: WaiterId) -> Option<&Waiter<H>> {
+        self.waiters.get(&id)
+    }
+
+    /// The first waiter in `sem`'s line.
+    pub fn head(&self, sem: &SemKey) -> Option<&Waiter<H>> {
+        let id = self.lines.get(sem)?.first()?;
+        self.waiters.get(id)
+    }
+
+    pub fn queued(&self, sem: &SemKey) -> usize {
+        self.lines.get(sem).map_or(0, BTreeSet::len)
+    }
+
+    pub fn total_waiters(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// How long the head of `sem`'s line has waited.
+    pub fn longest_wait_ms(&self, sem: &SemKey, now_ms: i64) -> Option<i64> {
+        self.head(sem).map(|w| now_ms.saturating_sub(w.since_ms))
+    }
+
+    /// Whether some semaphore with waiters is called `name`, in any database.
+    pub fn is_waited_name(&self, name: &[u8]) -> bool {
+        self.names.contains_key(name)
+    }
+
+    /// The semaphores with waiters, in `db` (every database when `None`).
+    pub fn waited(&self, db: Option<i32>) -> Vec<SemKey> {
+        let mut sems: Vec<SemKey> = self
+            .lines
+            .keys()
+            .filter(|sem| db.is_none_or(|db| sem.db == db))
+            .cloned()
+            .collect();
+        sems.sort();
+        sems
+    }
+
+    /// Schedules (or moves, or with `None` cancels) `sem`'s next lease end.
+    pub fn set_lease_end(&mut self, sem: &SemKey, at_ms: Option<i64>) {
+        let current = self.lease_ends.get(sem).copied();
+        if current.map(|(at, _)| at) == at_ms {
+            return;
+        }
+        if let Some(slot) = current {
+            self.schedule.remove(&slot);
+            self.lease_ends.remove(sem);
+        }
+        if let Some(at) = at_ms {
+            let slot = self.schedule_at(at, Due::LeaseEnd(sem.clone()));
+            self.lease_ends.insert(sem.clone(), slot);
+        }
+    }
+
+    fn schedule_at(&mut self, at_ms: i64, due: Due) -> (i64, u64) {
+        let slot = (at_ms, self.next_seq);
+        self.next_seq += 1;
+        self.schedule.insert(slot, due);
+        slot
+    }
+
+    /// The earliest due time, if any.
+    pub fn next_due_ms(&self) -> Option<i64> {
+        self.schedule.first_key_value().map(|((at, _), _)| *at)
+    }
+
+    /// Takes out everything due at or before `now_ms`, earliest first.
+    pub fn take_due(&mut self, now_ms: i64) -> Vec<Due> {
+        let mut due = Vec::new();
+        while let Some(entry) = self.schedule.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            let item = entry.remove();
+            match &item {
+                Due::Timeout(id) => {
+                    self.timeouts.remove(id);
+                }
+                Due::LeaseEnd(sem) => {
+                    self.lease_ends.remove(sem);
+                }
+            }
+            due.push(item);
+        }
+        due
+    }
+
+    /// Takes out every waiter (the server stopped granting, as when it became a replica).
+    pub fn take_all_waiters(&mut self) -> Vec<Waiter<H>> {
+        let mut ids: Vec<WaiterId> = self.waiters.keys().copied().collect();
+        ids.sort_unstable();
+        ids.into_iter().filter_map(|id| self.remove(id)).collect()
+    }
+
+    /// Records that `client`'s connection holds `binding`'s permit.
+    pub fn bind(&mut self, client: u64, binding: Binding) {
+        if let Some(previous) = self.bound_by.insert(binding.clone(), client) {
+            if let Some(set) = self.bound.get_mut(&previous) {
+                set.remove(&binding);
+                if set.is_empty() {
+                    self.bound.remove(&previous);
+                }
+            }
+        }
+        self.bound.entry(client).or_default().insert(binding);
+    }
+
+    /// Forgets `binding` (its permit was given back or lost).
+    pub fn unbind(&mut self, binding: &Binding) {
+        if let Some(client) = self.bound_by.remove(binding) {
+            if let Some(set) = self.bound.get_mut(&client) {
+                set.remove(binding);
+                if set.is_empty() {
+                    self.bound.remove(&client);
+                }
+            }
+        }
+    }
+
+    pub fn bound_count(&self) -> usize {
+        self.bound_by.len()
+    }
+
+    /// The permits `client`'s connection held, forgotten here: it closed.
+    pub fn take_bindings(&mut self, client: u64) -> Vec<Binding> {
+        let mut bindings: Vec<Binding> = self
+            .bound
+            .remove(&client)
+            .map(|set| set.into_iter().collect())
+            .unwrap_or_default();
+        for binding in &bindings {
+            self.bound_by.remove(binding);
+        }
+        bindings.sort_by(|a, b| (&a.sem, &a.holder).cmp(&(&b.sem, &b.holder)));
+        bindings
+    }
+
+    /// Forgets every binding in `db` (every database when `None`): the data was flushed.
+    pub fn drop_bindings(&mut self, db: Option<i32>) {
+        let gone: Vec<Binding> = self
+            .bound_by
+            .keys()
+            .filter(|b| db.is_none_or(|db| b.sem.db == db))
+            .cloned()
+            .collect();
+        for binding in &gone {
+            self.unbind(binding);
+        }
+    }
+
+    /// Databases `a` and `b` swapped contents: bindings follow their keys.
+    pub fn swap_binding_dbs(&mut self, a: i32, b: i32) {
+        let moved: Vec<(Binding, u64)> = self
+            .bound_by
+            .iter()
+            .filter(|(binding, _)| binding.sem.db == a || binding.sem.db == b)
+            .map(|(binding, client)| (binding.clone(), *client))
+            .collect();
+        for (binding, _) in &moved {
+            self.unbind(binding);
+        }
+        for (mut binding, client) in moved {
+            binding.sem.db = if binding.sem.db == a { b } else { a };
+            self.bind(client, binding);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sem(name: &str) -> SemKey {
+        SemKey {
+            db: 0,
+            name: name.as_bytes().to_vec(),
+        }
+    }
+
+    fn ask(holder: &str) -> Ask {
+        Ask {
+            kind: Kind::Fair,
+            limit: 1,
+            lease_ms: 1000,
+            holder: holder.as_bytes().to_vec(),
+            with_ticket: false,
+            bound: false,
+        }
+    }
+
+    #[test]
+    fn newcomers_while_others_wait() {
+        let table = [
+            (Kind::Plain, false, 0, Arrival::TryNow),
+            (Kind::Plain, true, 0, Arrival::TryNow),
+            (Kind::Fair, false, 0, Arrival::TryNow),
+            (Kind::Fair, true, 0, Arrival::TryNow),
+            (Kind::Plain, false, 3, Arrival::TryNow),
+            (Kind::Plain, true, 3, Arrival::RenewOrWait),
+            (Kind::Fair, false, 3, Arrival::RenewOrRefuse),
+            (Kind::Fair, true, 3, Arrival::RenewOrWait),
+        ];
+        for (kind, waits, queued, want) in table {
+            assert_eq!(
+                arrival(kind, waits, queued),
+                want,
+                "{kind:?} {waits} {queued}"
+            );
+        }
+    }
+
+    #[test]
+    fn lines_are_first_come_first_served_per_semaphore() {
+        let mut r = Registry::default();
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, ());
+        let b = r.enqueue(sem("s"), 2, ask("b"), 1, None, ());
+        let x = r.enqueue(sem("t"), 3, ask("x"), 2, None, ());
+        let c = r.enqueue(sem("s"), 4, ask("c"), 3, None, ());
+        assert_eq!(r.head(&sem("s")).map(|w| w.id), Some(a));
+        assert_eq!(r.queued(&sem("s")), 3);
+        assert_eq!(r.longest_wait_ms(&sem("s"), 10), Some(10));
+        // Leaving from the middle keeps the order of the others.
+        r.remove(b).unwrap();
+        assert_eq!(r.remove(a).map(|w| w.ask.holder), Some(b"a".to_vec()));
+        assert_eq!(r.head(&sem("s")).map(|w| w.id), Some(c));
+        assert_eq!(r.head(&sem("t")).map(|w| w.id), Some(x));
+        assert!(r.is_waited_name(b"s") && r.is_waited_name(b"t"));
+        r.remove(c).unwrap();
+        assert!(!r.is_waited_name(b"s"), "an empty line forgets its name");
+        assert_eq!(r.waited(None), [sem("t")]);
+        assert_eq!(r.total_waiters(), 1);
+        assert!(r.remove(c).is_none(), "removed twice");
+    }
+
+    #[test]
+    fn names_count_every_database() {
+        let mut r = Registry::default();
+        let other_db = SemKey { db: 3, ..sem("s") };
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, ());
+        let b = r.enqueue(other_db.clone(), 2, ask("b"), 0, None, ());
+        assert_eq!(r.waited(Some(3)), [other_db]);
+        r.remove(a);
+        assert!(r.is_waited_name(b"s"), "still waited on in db 3");
+        r.remove(b);
+        assert!(!r.is_waited_name(b"s"));
+    }
+
+    #[test]
+    fn timeouts_and_lease_ends_come_due_in_time_order() {
+        let mut r = Registry::default();
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(500), ());
+        let b = r.enqueue(sem("s"), 2, ask("b"), 0, Some(300), ());
+        let _forever = r.enqueue(sem("s"), 3, ask("c"), 0, None, ());
+        r.set_lease_end(&sem("s"), Some(400));
+        assert_eq!(r.next_due_ms(), Some(300));
+        assert_eq!(r.take_due(299), []);
+        assert_eq!(r.take_due(450), [Due::Timeout(b), Due::LeaseEnd(sem("s"))]);
+        // Moving a lease end replaces it; a removed waiter's timeout is gone.
+        r.set_lease_end(&sem("s"), Some(900));
+        r.set_lease_end(&sem("s"), Some(800));
+        r.remove(a);
+        assert_eq!(r.take_due(10_000), [Due::LeaseEnd(sem("s"))]);
+        assert_eq!(r.next_due_ms(), None);
+    }
+
+    #[test]
+    fn an_empty_line_cancels_its_lease_end() {
+        let mut r = Registry::default();
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, ());
+        r.set_lease_end(&sem("s"), Some(100));
+        r.remove(a);
+        assert_eq!(r.next_due_ms(), None);
+    }
+
+    #[test]
+    fn taking_all_waiters_leaves_nothing() {
+        let mut r = Registry::default();
+        r.enqueue(sem("s"), 1, ask("a"), 0, Some(10), ());
+        r.enqueue(sem("t"), 2, ask("b"), 0, None, ());
+        r.set_lease_end(&sem("t"), Some(5));
+        let all: Vec<Vec<u8>> = r
+            .take_all_waiters()
+            .into_iter()
+            .map(|w| w.ask.holder)
+            .collect();
+        assert_eq!(all, [b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(r.total_waiters(), 0);
+        assert_eq!(r.next_due_ms(), None);
+        assert!(r.waited(None).is_empty());
+    }
+
+    #[test]
+    fn bindings_follow_their_connection() {
+        let mut r: Registry<()> = Registry::default();
+        let binding = |name: &str, holder: &str| Binding {
+            sem: sem(name),
+            holder: holder.as_bytes().to_vec(),
+        };
+        r.bind(7, binding("s", "a"));
+        r.bind(7, binding("t", "b"));
+        r.bind(8, binding("s", "c"));
+        // A renewal with BOUND from another connection moves the binding there.
+        r.bind(8, binding("t", "b"));
+        r.unbind(&binding("s", "c"));
+        assert_eq!(r.take_bindings(7), [binding("s", "a")]);
+        assert_eq!(r.take_bindings(8), [binding("t", "b")]);
+        assert_eq!(r.bound_count(), 0);
+
+        r.bind(1, binding("s", "a"));
+        r.bind(
+            1,
+            Binding {
+                sem: SemKey { db: 2, ..sem("s") },
+                holder: b"z".to_vec(),
+            },
+        );
+        r.swap_binding_dbs(0, 2);
+        let mut held = r.take_bindings(1);
+        held.sort_by_key(|b| b.sem.db);
+        assert_eq!(held[0].sem.db, 0);
+        assert_eq!(held[0].holder, b"z");
+        assert_eq!(held[1].sem.db, 2);
+        r.bind(1, binding("s", "a"));
+        r.drop_bindings(Some(0));
+        assert_eq!(r.bound_count(), 0);
+    }
+}

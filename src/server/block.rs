@@ -1,0 +1,129 @@
+//! Blocking a client inside the server (`RedisModule_BlockClient`), and the callbacks through
+//! which Redis reports what became of it. Redis's own timeout is never used: the waiting side
+//! keeps every wait's end itself (one module timer), so a grant can never race a timeout inside
+//! Redis. The timeout callback exists for `CLIENT UNBLOCK`, which needs one.
+
+use std::os::raw::{c_int, c_void};
+use std::ptr::NonNull;
+
+use redis_module::{raw, Context, RedisValue};
+
+use crate::waiting;
+
+/// A blocked client, as the module holds it until it calls [`finish`] on it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Blocked(NonNull<raw::RedisModuleBlockedClient>);
+
+// SAFETY: blocked-client handles are only used on Redis's main thread; the registry that keeps
+// them sits behind a lock only because statics must be Sync.
+unsafe impl Send for Blocked {}
+
+impl Blocked {
+    /// A number identifying the handle (its address), for the disconnect callback's lookup.
+    pub fn key(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
+}
+
+/// Whether the caller may be blocked: not inside MULTI/EXEC, a script or function, nor a client
+/// that denies blocking.
+pub fn can_block(ctx: &Context) -> bool {
+    let deny = raw::REDISMODULE_CTX_FLAGS_MULTI
+        | raw::REDISMODULE_CTX_FLAGS_LUA
+        | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING;
+    // SAFETY: the command's own context.
+    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
+    flags & deny == 0
+}
+
+/// The id of the caller's connection (`CLIENT ID`).
+pub fn client_id(ctx: &Context) -> u64 {
+    // SAFETY: the command's own context.
+    unsafe { raw::RedisModule_GetClientId.unwrap()(ctx.ctx) }
+}
+
+/// Blocks the caller until the module calls [`unblock`] or [`finish`].
+pub fn block(ctx: &Context) -> Option<Blocked> {
+    // SAFETY: the command's context; the callbacks are plain functions; timeout 0: the
+    // module ends waits itself.
+    let bc = unsafe {
+        raw::RedisModule_BlockClient.unwrap()(
+            ctx.ctx,
+            Some(on_reply),
+            Some(on_unblock_request),
+            Some(on_free),
+            0,
+        )
+    };
+    let bc = NonNull::new(bc)?;
+    // SAFETY: a handle BlockClient just returned.
+    unsafe { raw::RedisModule_SetDisconnectCallback.unwrap()(bc.as_ptr(), Some(on_disconnect)) };
+    Some(Blocked(bc))
+}
+
+/// Ends the wait with `outcome`, handed back to [`waiting::reply`] for the reply, and to
+/// [`waiting::free`] in any case.
+pub fn unblock(blocked: Blocked, outcome: Box<waiting::Outcome>) {
+    // SAFETY: a handle of a client still blocked by this module; Redis owns the outcome until
+    // it passes it to `on_free`.
+    unsafe {
+        raw::RedisModule_UnblockClient.unwrap()(
+            blocked.0.as_ptr(),
+            Box::into_raw(outcome).cast::<c_void>(),
+        );
+    }
+}
+
+/// Lets Redis free a handle whose client already got its answer or is gone (after
+/// `CLIENT UNBLOCK` or a disconnect).
+fn finish(bc: *mut raw::RedisModuleBlockedClient) {
+    // SAFETY: a handle of this module that was not yet unblocked; no private data.
+    unsafe { raw::RedisModule_UnblockClient.unwrap()(bc, std::ptr::null_mut()) };
+}
+
+unsafe extern "C" fn on_reply(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    // SAFETY: the private data is the outcome `unblock` handed over, alive until `on_free`.
+    let outcome = unsafe {
+        raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx).cast::<waiting::Outcome>()
+    };
+    let reply = match unsafe { outcome.as_mut() } {
+        Some(outcome) => waiting::reply(outcome),
+        None => Ok(RedisValue::Null),
+    };
+    context.reply(reply) as c_int
+}
+
+/// `CLIENT UNBLOCK <id>` (without ERROR) ends a wait through the timeout callback: nil.
+unsafe extern "C" fn on_unblock_request(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    // SAFETY: the context of the blocked client's timeout.
+    let bc = unsafe { raw::RedisModule_GetBlockedClientHandle.unwrap()(ctx) };
+    waiting::left(bc as usize);
+    finish(bc);
+    Context::new(ctx).reply(Ok(RedisValue::Null)) as c_int
+}
+
+/// The client went away while waiting (or `CLIENT UNBLOCK <id> ERROR` answered it).
+unsafe extern "C" fn on_disconnect(
+    _ctx: *mut raw::RedisModuleCtx,
+    bc: *mut raw::RedisModuleBlockedClient,
+) {
+    waiting::left(bc as usize);
+    finish(bc);
+}
+
+unsafe extern "C" fn on_free(ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
+    // SAFETY: the outcome `unblock` handed over; Redis calls this once, last.
+    let outcome = unsafe { Box::from_raw(privdata.cast::<waiting::Outcome>()) };
+    // SAFETY: the context Redis passes to free callbacks.
+    let disconnected = unsafe { raw::RedisModule_BlockedClientDisconnected.unwrap()(ctx) } != 0;
+    waiting::free(*outcome, disconnected);
+}

@@ -1,0 +1,63 @@
+//! The module's one timer. The waiting side keeps its own schedule (wait ends, lease ends, work
+//! to do after the current command); this arms a single Redis timer at the earliest of them.
+
+use std::os::raw::c_void;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
+
+use redis_module::{raw, Context};
+
+use crate::waiting;
+
+/// A context of the module's own, for arming the timer where Redis passes none (the command
+/// filter).
+static DETACHED: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The armed timer and when it fires (Unix ms).
+static ARMED: Mutex<Option<(raw::RedisModuleTimerID, i64)>> = Mutex::new(None);
+
+fn armed() -> std::sync::MutexGuard<'static, Option<(raw::RedisModuleTimerID, i64)>> {
+    ARMED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Called once at load.
+pub fn init(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    // SAFETY: the OnLoad context; the detached context lives as long as the module.
+    let detached = unsafe { raw::RedisModule_GetDetachedThreadSafeContext.unwrap()(ctx) };
+    if detached.is_null() {
+        return Err("the server refused a detached context".into());
+    }
+    DETACHED.store(detached, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Makes sure the timer fires at `at_ms` (Unix ms) or earlier.
+pub fn arm(at_ms: i64, now_ms: i64) {
+    let mut armed = armed();
+    if armed.is_some_and(|(_, at)| at <= at_ms) {
+        return;
+    }
+    let ctx = DETACHED.load(Ordering::Relaxed);
+    if ctx.is_null() {
+        return;
+    }
+    // SAFETY: the module's detached context, on the main thread; the ids are this module's.
+    unsafe {
+        if let Some((id, _)) = armed.take() {
+            raw::RedisModule_StopTimer.unwrap()(ctx, id, std::ptr::null_mut());
+        }
+        // One millisecond late rather than early: the server's timers and its clock may
+        // disagree by a fraction of one.
+        let period = (at_ms - now_ms).max(0) + 1;
+        let id =
+            raw::RedisModule_CreateTimer.unwrap()(ctx, period, Some(fired), std::ptr::null_mut());
+        *armed = Some((id, at_ms));
+    }
+}
+
+unsafe extern "C" fn fired(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    armed().take();
+    waiting::on_timer(&Context::new(ctx));
+}

@@ -1,0 +1,465 @@
+//! Waiting inside the server: the wait queue's rules (`queue.rs`) applied to Redis.
+//!
+//! Everything that can free a permit ends in [`serve`], which grants the head of the line while
+//! the acquire rule would grant it, on the same open keys: a release or a refresh inside its own
+//! command (so the grant is replicated with what freed it, in one MULTI/EXEC), and the module's
+//! timer for what happens outside any command of ours: a lease running out, a wait ending, a
+//! connection with BOUND permits closing, another client deleting or overwriting the keys, a
+//! flush. Work that Redis reports where keys must not be written (disconnect and free callbacks,
+//! the command filter) is deferred to the timer, which fires right after the current command.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use redis_module::{Context, RedisResult, RedisString, RedisValue};
+
+use crate::error::SemError;
+use crate::fencing;
+use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX};
+use crate::queue::{Ask, Binding, Due, Registry, SemKey, WaiterId};
+use crate::semaphore::{self, AcquireRequest, Acquired};
+use crate::server::block::{self, Blocked};
+use crate::server::key::Access;
+use crate::server::{cluster_can_serve, is_primary, now_ms, select_db, timer};
+use crate::store::{RedisStore, SemKeys};
+use crate::types::Kind;
+
+/// What became of a wait, handed to Redis with the unblocked client and back to [`reply`] and
+/// [`free`].
+#[derive(Debug)]
+pub enum Outcome {
+    Granted {
+        binding: Binding,
+        ticket: Option<u64>,
+        with_ticket: bool,
+        /// Whether the client got the reply; if not, the permit is given back.
+        delivered: bool,
+    },
+    /// The wait ended without a permit.
+    TimedOut,
+    Failed(SemError),
+}
+
+/// Work to do from the timer, where keys may be written.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Work {
+    /// Serve the line of one semaphore.
+    Serve(SemKey),
+    /// Serve the lines of every semaphore called this, in any database.
+    ServeName(Vec<u8>),
+    /// Serve every line in one database, or in all.
+    ServeDb(Option<i32>),
+    /// Give a permit back: its holder's connection closed, or never received its grant.
+    GiveBack(Binding),
+}
+
+#[derive(Default)]
+struct State {
+    registry: Registry<Blocked>,
+    /// Blocked-client handles to their waiters, for the disconnect callback.
+    by_handle: HashMap<usize, WaiterId>,
+    work: BTreeSet<Work>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Waiters and bindings, readable without the lock: the hot paths of commands and the filter
+/// only look further when they are not zero.
+static WAITERS: AtomicUsize = AtomicUsize::new(0);
+static BINDINGS: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` on the state. Never call into Redis inside: a callback could come back here.
+fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
+    let mut guard: MutexGuard<'_, Option<State>> = STATE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let state = guard.get_or_insert_with(State::default);
+    let result = f(state);
+    WAITERS.store(state.registry.total_waiters(), Ordering::Relaxed);
+    BINDINGS.store(state.registry.bound_count(), Ordering::Relaxed);
+    result
+}
+
+/// Whether anybody waits for any semaphore (no lock).
+pub fn queued_anywhere() -> bool {
+    WAITERS.load(Ordering::Relaxed) > 0
+}
+
+/// Waiters of `sem`, without taking the lock when nobody waits anywhere.
+pub fn queued(sem: &SemKey) -> usize {
+    if WAITERS.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
+    with(|s| s.registry.queued(sem))
+}
+
+/// Waiters of `sem`, and how long the first has waited.
+pub fn line(sem: &SemKey, now_ms: i64) -> (usize, Option<i64>) {
+    if WAITERS.load(Ordering::Relaxed) == 0 {
+        return (0, None);
+    }
+    with(|s| {
+        (
+            s.registry.queued(sem),
+            s.registry.longest_wait_ms(sem, now_ms),
+        )
+    })
+}
+
+/// Whether some connection holds BOUND permits.
+pub fn any_bindings() -> bool {
+    BINDINGS.load(Ordering::Relaxed) > 0
+}
+
+/// Blocks the caller at the end of `sem`'s line. The timer is armed for its wait's end and the
+/// next lease end (`next_deadline`, the soonest deadline of a live holder).
+pub fn wait(
+    ctx: &Context,
+    sem: SemKey,
+    ask: Ask,
+    now_ms: i64,
+    wait_ms: i64,
+    next_deadline: Option<i64>,
+) -> Result<(), SemError> {
+    let blocked = block::block(ctx).ok_or(SemError::Internal)?;
+    let key = blocked.key();
+    let client = block::client_id(ctx);
+    let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
+    let due = with(|s| {
+        let id = s
+            .registry
+            .enqueue(sem.clone(), client, ask, now_ms, until, blocked);
+        s.by_handle.insert(key, id);
+        s.registry.set_lease_end(&sem, next_deadline);
+        s.registry.next_due_ms()
+    });
+    if let Some(at) = due {
+        timer::arm(at, now_ms);
+    }
+    Ok(())
+}
+
+/// Records that the caller's connection holds `binding`'s permit (BOUND).
+pub fn bind(ctx: &Context, binding: Binding) {
+    let client = block::client_id(ctx);
+    with(|s| s.registry.bind(client, binding));
+}
+
+/// Forgets the bindings of permits that are gone: released, lost, or pruned as expired.
+pub fn unbind(sem: &SemKey, holders: &[RedisString]) {
+    if !any_bindings() {
+        return;
+    }
+    with(|s| {
+        for holder in holders {
+            s.registry.unbind(&Binding {
+                sem: sem.clone(),
+                holder: holder.as_slice().to_vec(),
+            });
+        }
+    });
+}
+
+/// Grants the head of `sem`'s line while the acquire rule would, on keys already open, then
+/// schedules the next lease end. Call it after every change that may free a permit.
+pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
+    if queued(sem) == 0 {
+        return;
+    }
+    store.keep_removed();
+    while let Some((id, ask)) = with(|s| s.registry.head(sem).map(|w| (w.id, w.ask.clone()))) {
+        let holder = store.id(&ask.holder);
+        let request = AcquireRequest {
+            kind: ask.kind,
+            limit: ask.limit,
+            lease_ms: ask.lease_ms,
+            ticket_margin: match ask.kind {
+                Kind::Fair => fencing::margin_for(&sem.name),
+                Kind::Plain => 0,
+            },
+        };
+        let outcome = match semaphore::acquire(store, now_ms, &holder, &request) {
+            Ok(Acquired::Full) | Err(SemError::KindMismatch { .. }) => break,
+            Ok(Acquired::Granted { ticket, renewed }) => {
+                if !renewed && request.ticket_margin > 0 {
+                    fencing::moved(&sem.name);
+                }
+                let binding = Binding {
+                    sem: sem.clone(),
+                    holder: ask.holder.clone(),
+                };
+                if ask.bound {
+                    let client = with(|s| s.registry.waiter(id).map(|w| w.client));
+                    if let Some(client) = client {
+                        with(|s| s.registry.bind(client, binding.clone()));
+                    }
+                }
+                Outcome::Granted {
+                    binding,
+                    ticket,
+                    with_ticket: ask.with_ticket,
+                    delivered: false,
+                }
+            }
+            Err(err) => Outcome::Failed(err),
+        };
+        answer(id, outcome);
+    }
+    let removed = store.take_removed();
+    unbind(sem, &removed);
+    let next = store.next_deadline(now_ms);
+    let due = with(|s| {
+        if s.registry.queued(sem) > 0 {
+            s.registry.set_lease_end(sem, next);
+        }
+        s.registry.next_due_ms()
+    });
+    if let Some(at) = due {
+        timer::arm(at, now_ms);
+    }
+}
+
+/// Takes waiter `id` out of its line and unblocks it with `outcome`.
+fn answer(id: WaiterId, outcome: Outcome) {
+    let waiter = with(|s| {
+        let waiter = s.registry.remove(id)?;
+        s.by_handle.remove(&waiter.handle.key());
+        Some(waiter)
+    });
+    if let Some(waiter) = waiter {
+        block::unblock(waiter.handle, Box::new(outcome));
+    }
+}
+
+/// The reply of an unblocked waiter.
+pub fn reply(outcome: &mut Outcome) -> RedisResult {
+    match outcome {
+        Outcome::Granted {
+            binding,
+            ticket,
+            with_ticket,
+            delivered,
+        } => {
+            *delivered = true;
+            let id = RedisValue::StringBuffer(binding.holder.clone());
+            Ok(match ticket {
+                Some(ticket) if *with_ticket => {
+                    RedisValue::Array(vec![id, RedisValue::Integer(*ticket as i64)])
+                }
+                _ => id,
+            })
+        }
+        Outcome::TimedOut => Ok(RedisValue::Null),
+        Outcome::Failed(err) => Err(err.clone().into()),
+    }
+}
+
+/// The end of an unblocked waiter. A permit granted to a client that disconnected before its
+/// reply went out is given back.
+pub fn free(outcome: Outcome, _disconnected: bool) {
+    if let Outcome::Granted {
+        binding,
+        delivered: false,
+        ..
+    } = outcome
+    {
+        defer(Work::GiveBack(binding));
+    }
+}
+
+/// A waiter left on its own: it disconnected, or `CLIENT UNBLOCK` ended its wait.
+pub fn left(handle: usize) {
+    let sem = with(|s| {
+        let id = s.by_handle.remove(&handle)?;
+        let waiter = s.registry.remove(id)?;
+        Some(waiter.sem)
+    });
+    // Whoever stood behind it may fit now.
+    if let Some(sem) = sem {
+        defer(Work::Serve(sem));
+    }
+}
+
+/// A connection closed: give back the BOUND permits it held.
+pub fn connection_closed(client: u64) {
+    if !any_bindings() {
+        return;
+    }
+    let bindings = with(|s| s.registry.take_bindings(client));
+    for binding in bindings {
+        defer(Work::GiveBack(binding));
+    }
+}
+
+/// `FLUSHDB` or `FLUSHALL` (`None`): bindings there are gone with their keys, and every waiter
+/// there is served on the empty semaphores.
+pub fn flushed(db: Option<i32>) {
+    with(|s| s.registry.drop_bindings(db));
+    if WAITERS.load(Ordering::Relaxed) > 0 {
+        defer(Work::ServeDb(db));
+    }
+}
+
+/// `SWAPDB a b`: bindings follow their keys; waiters stay with their connection's database and
+/// are served on what it holds now.
+pub fn swapped(a: i32, b: i32) {
+    with(|s| s.registry.swap_binding_dbs(a, b));
+    if WAITERS.load(Ordering::Relaxed) > 0 {
+        defer(Work::ServeDb(Some(a)));
+        defer(Work::ServeDb(Some(b)));
+    }
+}
+
+/// The data may have changed under every semaphore (a load ended, a slot moved): serve all.
+pub fn recheck_all() {
+    if WAITERS.load(Ordering::Relaxed) > 0 {
+        defer(Work::ServeDb(None));
+    }
+}
+
+/// The server became a replica: it grants nothing any more, so every waiter is answered now,
+/// and bindings end (the primary's data replaces this node's).
+pub fn became_replica() {
+    let waiters = with(|s| {
+        s.by_handle.clear();
+        s.work.clear();
+        s.registry.drop_bindings(None);
+        s.registry.take_all_waiters()
+    });
+    for waiter in waiters {
+        block::unblock(
+            waiter.handle,
+            Box::new(Outcome::Failed(SemError::BecameReplica)),
+        );
+    }
+}
+
+/// A command is about to run with `arg` among its arguments (the command filter asks, only
+/// while somebody waits). If it names a waited-on semaphore or one of its derived keys, that
+/// line is served after the command: another client may have deleted, overwritten or filled
+/// the keys.
+pub fn touched(arg: &[u8]) {
+    let name = [OWNER_SUFFIX, COUNTER_SUFFIX]
+        .iter()
+        .find_map(|suffix| arg.strip_suffix(*suffix))
+        .filter(|base| with(|s| s.registry.is_waited_name(base)))
+        .unwrap_or(arg);
+    if with(|s| s.registry.is_waited_name(name)) {
+        defer(Work::ServeName(name.to_vec()));
+    }
+}
+
+fn defer(work: Work) {
+    with(|s| s.work.insert(work));
+    let now = now_ms();
+    timer::arm(now, now);
+}
+
+/// The module's timer fired: end the waits that are over, serve the semaphores whose lease
+/// ended, and do the deferred work.
+pub fn on_timer(ctx: &Context) {
+    let now = now_ms();
+    if !is_primary(ctx) {
+        // A replica grants nothing; `became_replica` answered the waiters.
+        with(|s| s.work.clear());
+        return;
+    }
+    let (due, work) = with(|s| (s.registry.take_due(now), std::mem::take(&mut s.work)));
+    let mut to_serve: BTreeSet<SemKey> = BTreeSet::new();
+    for item in due {
+        match item {
+            Due::Timeout(id) => {
+                let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
+                answer(id, Outcome::TimedOut);
+                to_serve.extend(sem);
+            }
+            Due::LeaseEnd(sem) => {
+                to_serve.insert(sem);
+            }
+        }
+    }
+    for item in work {
+        match item {
+            Work::Serve(sem) => {
+                to_serve.insert(sem);
+            }
+            Work::ServeName(name) => {
+                let named = with(|s| s.registry.waited(None));
+                to_serve.extend(named.into_iter().filter(|sem| sem.name == name));
+            }
+            Work::ServeDb(db) => {
+                to_serve.extend(with(|s| s.registry.waited(db)));
+            }
+            Work::GiveBack(binding) => {
+                give_back(ctx, &binding, now);
+                to_serve.insert(binding.sem);
+            }
+        }
+    }
+    for sem in to_serve {
+        serve_outside(ctx, &sem, now);
+    }
+    if let Some(at) = with(|s| s.registry.next_due_ms()) {
+        timer::arm(at, now);
+    }
+}
+
+/// Runs `work` on `sem`'s keys outside any command of ours: in its database, and in Redis
+/// Cluster only where this node may serve all three keys. `Err` when the keys cannot be used.
+fn with_store(
+    ctx: &Context,
+    sem: &SemKey,
+    work: impl FnOnce(&mut RedisStore),
+) -> Result<(), SemError> {
+    select_db(ctx, sem.db);
+    let name = RedisString::create_from_slice(ctx.ctx, &sem.name);
+    let derived = |suffix| {
+        with_derived(&sem.name, suffix, |key| {
+            RedisString::create_from_slice(ctx.ctx, key)
+        })
+    };
+    let owner = derived(OWNER_SUFFIX);
+    let counter = derived(COUNTER_SUFFIX);
+    if !cluster_can_serve(ctx, &[&name, &owner, &counter]) {
+        return Err(SemError::SlotMoved);
+    }
+    let keys = SemKeys {
+        name: &name,
+        owner: &owner,
+        counter: Some(&counter),
+    };
+    let mut store = RedisStore::open(ctx, &keys, Access::Write)?;
+    work(&mut store);
+    Ok(())
+}
+
+/// Serves `sem`'s line from the timer. If its keys cannot be used (overwritten with another
+/// type, or the slot left this node), every waiter is answered with the reason.
+fn serve_outside(ctx: &Context, sem: &SemKey, now_ms: i64) {
+    if queued(sem) == 0 {
+        return;
+    }
+    if let Err(err) = with_store(ctx, sem, |store| serve(store, sem, now_ms)) {
+        let waiters = with(|s| {
+            let mut waiters = Vec::new();
+            while let Some(id) = s.registry.head(sem).map(|w| w.id) {
+                if let Some(waiter) = s.registry.remove(id) {
+                    s.by_handle.remove(&waiter.handle.key());
+                    waiters.push(waiter);
+                }
+            }
+            waiters
+        });
+        for waiter in waiters {
+            block::unblock(waiter.handle, Box::new(Outcome::Failed(err.clone())));
+        }
+    }
+}
+
+/// Gives `binding`'s permit back, if it is still held.
+fn give_back(ctx: &Context, binding: &Binding, now_ms: i64) {
+    let _ = with_store(ctx, &binding.sem, |store| {
+        let holder = store.id(&binding.holder);
+        semaphore::release(store, now_ms, &holder);
+    });
+}
