@@ -2,6 +2,7 @@
 //! purpose: what a user typed either means exactly one thing or is refused, so no client's typo
 //! silently becomes a different lease. One rule each:
 //! - `limit`: decimal digits only, leading zeros allowed, value from 1 to [`MAX_LIMIT`];
+//! - `COUNT n`: as `limit`, and for an acquire at most its limit;
 //! - `lease`: decimal digits, optionally `.` and one to three more (milliseconds), leading zeros
 //!   allowed, value greater than 0 and at most [`MAX_LEASE_MS`];
 //! - `WAIT seconds`: as `lease`, and 0 (wait without limit) allowed;
@@ -27,6 +28,19 @@ pub fn parse_limit(arg: &[u8]) -> Result<u64, SemError> {
     decimal(arg)
         .filter(|value| (1..=MAX_LIMIT).contains(value))
         .ok_or(SemError::InvalidLimit)
+}
+
+/// `COUNT n` of an acquire: as `limit`, and at most `limit`.
+pub fn parse_count(arg: &[u8], limit: u64) -> Result<u64, SemError> {
+    parse_limit(arg)
+        .ok()
+        .filter(|&count| count <= limit)
+        .ok_or(SemError::InvalidCount)
+}
+
+/// `COUNT k` of a release: as `limit`.
+pub fn parse_release_count(arg: &[u8]) -> Result<u64, SemError> {
+    parse_limit(arg).map_err(|_| SemError::InvalidCount)
 }
 
 /// `lease`, in milliseconds: see the module documentation.
@@ -66,6 +80,14 @@ pub fn parse_counter(value: &[u8]) -> Result<u64, SemError> {
     decimal(value)
         .filter(|&counter| canonical && counter <= MAX_TICKET)
         .ok_or(SemError::CounterNotInteger)
+}
+
+/// A field of `<name>:permits`: an integer in Redis's syntax, as the module writes it.
+pub fn parse_permits(value: &[u8]) -> Result<u64, SemError> {
+    let canonical = value == b"0" || value.first().is_some_and(|&d| (b'1'..=b'9').contains(&d));
+    decimal(value)
+        .filter(|_| canonical && value.len() <= 20)
+        .ok_or(SemError::PermitsCorrupt)
 }
 
 /// A semaphore name or an identifier: any bytes but the empty string.
@@ -146,6 +168,17 @@ mod tests {
             let got = parse_lease_ms(input.as_bytes()).ok();
             assert_eq!(got, *want, "lease {input:?}");
         }
+    }
+
+    #[test]
+    fn counts() {
+        assert_eq!(parse_count(b"4", 10), Ok(4));
+        assert_eq!(parse_count(b"10", 10), Ok(10));
+        assert_eq!(parse_count(b"11", 10), Err(SemError::InvalidCount));
+        assert_eq!(parse_count(b"0", 10), Err(SemError::InvalidCount));
+        assert_eq!(parse_count(b"-1", 10), Err(SemError::InvalidCount));
+        assert_eq!(parse_release_count(b"4294967295"), Ok(4_294_967_295));
+        assert_eq!(parse_release_count(b"0"), Err(SemError::InvalidCount));
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
 use serde_json::{json, Value};
 
-use crate::args::{non_empty, parse_lease_ms, parse_limit, parse_wait_ms};
+use crate::args::{
+    non_empty, parse_count, parse_lease_ms, parse_limit, parse_release_count, parse_wait_ms,
+};
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{has_hash_tag, is_derived, Command};
@@ -70,18 +72,25 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let lease_ms = parse_lease_ms(lease.as_slice())?;
     let mut store = open_for_write(ctx, call)?;
     let now = now_ms();
-    let refreshed = semaphore::refresh(&mut store, now, id, lease_ms);
+    let refreshed = semaphore::refresh(&mut store, now, id, lease_ms)?;
     after_write(ctx, call, &mut store, now);
     Ok(RedisValue::Integer(refreshed.into()))
 }
 
-/// `SEM.RELEASE name identifier`
+/// `SEM.RELEASE name identifier [COUNT k]`
 fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
-    let [id] = call.exact_args()?;
+    let (id, count) = match call.options() {
+        [id] => (id, None),
+        [id, option, count] if option.as_slice().eq_ignore_ascii_case(b"COUNT") => {
+            (id, Some(parse_release_count(count.as_slice())?))
+        }
+        [_, _, _] => return Err(SemError::Syntax),
+        _ => return Err(SemError::Arity(call.command.name())),
+    };
     let id = identifier(id)?;
     let mut store = open_for_write(ctx, call)?;
     let now = now_ms();
-    let released = semaphore::release(&mut store, now, id);
+    let released = semaphore::release(&mut store, now, id, count)?;
     after_write(ctx, call, &mut store, now);
     Ok(RedisValue::Integer(released.into()))
 }
@@ -125,14 +134,13 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
             snapshot_json(keys.name.as_slice(), &snapshot, line).to_string(),
         ))
     } else {
-        Ok(RedisValue::Integer(
-            semaphore::live_count(&store, now) as i64
-        ))
+        Ok(RedisValue::Integer(semaphore::in_use(&store, now)? as i64))
     }
 }
 
-/// `SEM.ACQUIRE name limit lease [ID identifier] [WAIT seconds] [BOUND]` and
-/// `SEM.ACQUIREFAIR name limit lease [ID identifier] [WITHTICKET] [WAIT seconds] [BOUND]`
+/// `SEM.ACQUIRE name limit lease [ID identifier] [COUNT n] [WAIT seconds] [BOUND]` and
+/// `SEM.ACQUIREFAIR name limit lease [ID identifier] [COUNT n] [WITHTICKET] [WAIT seconds]
+/// [BOUND]`
 fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemError> {
     let command = call.command;
     let [limit, lease, options @ ..] = call.options() else {
@@ -144,6 +152,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
     let mut with_ticket = false;
     let mut wait_ms = None;
     let mut bound = false;
+    let mut count = None;
     let mut options = options.iter();
     while let Some(option) = options.next() {
         let option = option.as_slice();
@@ -156,6 +165,8 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             wait_ms = Some(parse_wait_ms(value()?.as_slice())?);
         } else if option.eq_ignore_ascii_case(b"BOUND") && !bound {
             bound = true;
+        } else if option.eq_ignore_ascii_case(b"COUNT") && count.is_none() {
+            count = Some(parse_count(value()?.as_slice(), limit)?);
         } else {
             return Err(SemError::Syntax);
         }
@@ -176,6 +187,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
         kind,
         limit,
         lease_ms,
+        count,
         ticket_margin: match kind {
             Kind::Fair => fencing::margin_for(name),
             Kind::Plain => 0,
@@ -202,6 +214,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
                     kind,
                     limit,
                     lease_ms,
+                    count,
                     holder: id.as_slice().to_vec(),
                     with_ticket,
                     bound,
@@ -289,11 +302,11 @@ impl<'a> Call<'a> {
 
     /// The semaphore's key names.
     fn keys(&self) -> SemKeys<'a> {
-        let derived = &self.args[2..self.rest];
         SemKeys {
             name: &self.args[1],
-            owner: &derived[0],
-            counter: derived.get(1).map(|key| &**key),
+            owner: &self.args[2],
+            counter: &self.args[3],
+            permits: &self.args[4],
         }
     }
 }
@@ -354,6 +367,7 @@ fn snapshot_json(
                 "id": String::from_utf8_lossy(holder.id.as_slice()),
                 "ms_left": holder.ms_left,
                 "ticket": holder.ticket,
+                "permits": holder.permits,
             })
         })
         .collect();
@@ -361,6 +375,7 @@ fn snapshot_json(
         "name": String::from_utf8_lossy(name),
         "fair": snapshot.fair,
         "counter": snapshot.counter,
+        "in_use": snapshot.in_use,
         "holders": holders,
         "waiters": waiters,
         "longest_wait_ms": longest_wait_ms,

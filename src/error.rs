@@ -17,6 +17,18 @@ pub enum SemError {
     InvalidLimit,
     InvalidLease,
     InvalidWait,
+    /// `COUNT` of an acquire outside 1..=limit, or of a release outside 1..=4294967295.
+    InvalidCount,
+    /// `COUNT` of an acquire by a live holder that holds another number of permits.
+    CountMismatch {
+        held: u64,
+    },
+    /// `COUNT` of a release larger than what the holder holds.
+    CountTooLarge {
+        held: u64,
+    },
+    /// `<name>:permits` holds something other than counts (another client wrote it).
+    PermitsCorrupt,
     EmptyName,
     EmptyIdentifier,
     /// One of the semaphore's keys holds another type.
@@ -64,6 +76,20 @@ impl fmt::Display for SemError {
                 "ERR WAIT must be a number of seconds from 0 (no limit) to {}, \
                  with at most 3 decimals",
                 MAX_LEASE_MS / 1000
+            ),
+            SemError::InvalidCount => {
+                f.write_str("ERR COUNT must be an integer from 1 to the limit (at most 4294967295)")
+            }
+            SemError::CountMismatch { held } => write!(
+                f,
+                "ERR the holder holds {held} permits: renew with that COUNT, or none"
+            ),
+            SemError::CountTooLarge { held } => write!(
+                f,
+                "ERR COUNT is more than the {held} permits the holder holds"
+            ),
+            SemError::PermitsCorrupt => f.write_str(
+                "ERR the semaphore's permits key holds a value that is not a count of permits",
             ),
             SemError::EmptyName => f.write_str("ERR semaphore name must not be empty"),
             SemError::EmptyIdentifier => f.write_str("ERR identifier must not be empty"),
@@ -124,6 +150,10 @@ mod tests {
             SemError::InvalidLimit,
             SemError::InvalidLease,
             SemError::InvalidWait,
+            SemError::InvalidCount,
+            SemError::CountMismatch { held: 4 },
+            SemError::CountTooLarge { held: 4 },
+            SemError::PermitsCorrupt,
             SemError::EmptyName,
             SemError::EmptyIdentifier,
             SemError::WrongType,

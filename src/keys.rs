@@ -4,7 +4,7 @@
 //! Redis checks ACLs and Cluster slots (MOVED, ASK, TRYAGAIN) only on the keys a command
 //! declares, so a call must carry every key it touches. The command filter inserts the derived
 //! keys right after the name: `SEM.ACQUIRE jobs 3 30` runs as
-//! `SEM.ACQUIRE jobs jobs:owner jobs:counter 3 30`, and the command reports those positions
+//! `SEM.ACQUIRE jobs jobs:owner jobs:counter jobs:permits 3 30`, and the command reports those positions
 //! as keys (`getkeys-api`). Clients never send them: a static key range would make
 //! cluster-aware clients hash `limit` and `lease` as keys.
 
@@ -12,8 +12,10 @@
 pub const OWNER_SUFFIX: &[u8] = b":owner";
 /// Suffix of the fair semaphore's last handed-out ticket.
 pub const COUNTER_SUFFIX: &[u8] = b":counter";
+/// Suffix of the permits of holders that hold more than one (`COUNT`).
+pub const PERMITS_SUFFIX: &[u8] = b":permits";
 
-const DERIVED: &[&[u8]] = &[OWNER_SUFFIX, COUNTER_SUFFIX];
+const DERIVED: &[&[u8]] = &[OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX];
 
 /// The SEM.* commands, as the filter and the handlers tell them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +59,8 @@ impl Command {
     }
 
     /// The suffixes of the derived keys the command reads or writes, in the order they follow
-    /// the name. Every command names both: any write may grant a permit to a fair waiter (which
-    /// takes a ticket), and `SEM.GET ... JSON` shows the counter.
+    /// the name. Every command names all three: any write may grant a permit to a fair waiter
+    /// (which takes a ticket) or expire a weighted holder, and `SEM.GET ... JSON` shows them.
     pub fn derived_suffixes(self) -> &'static [&'static [u8]] {
         DERIVED
     }

@@ -32,6 +32,8 @@ pub struct Ask {
     pub kind: Kind,
     pub limit: u64,
     pub lease_ms: i64,
+    /// `COUNT n`, if given.
+    pub count: Option<u64>,
     /// The identifier it will hold: given with ID, or made when it arrived.
     pub holder: Vec<u8>,
     pub with_ticket: bool,
@@ -375,6 +377,7 @@ mod tests {
             kind: Kind::Fair,
             limit: 1,
             lease_ms: 1000,
+            count: None,
             holder: holder.as_bytes().to_vec(),
             with_ticket: false,
             bound: false,

@@ -1,7 +1,9 @@
 //! The semaphore rules, over any [`Store`] of one semaphore's keys and with the time passed in,
 //! so they are unit-tested here with an injected clock and no server.
 //!
-//! A holder is live while `now_ms < deadline`. Every writing rule first removes the expired
+//! A holder is live while `now_ms < deadline`. It holds one permit, or `n` with `COUNT n`; the
+//! permits in use are the live holders plus the `n - 1` extra of each weighted one, kept as one
+//! running total so that no rule sums over the holders. Every writing rule first removes the expired
 //! holders it finds (that is the recipe's ZREMRANGEBYSCORE), so the cost of a call is
 //! O((1 + expired) log holders), never a walk over all holders. Each rule surveys the keys
 //! (reads only) and returns any error before its first change, so an error changes nothing.
@@ -47,6 +49,12 @@ pub trait Store {
     fn live_by_deadline(&self, now_ms: i64) -> Vec<(Self::Id, i64)>;
     /// Members of `<name>:owner`, lowest score first.
     fn owners_by_score(&self) -> Vec<(Self::Id, f64)>;
+    /// Whether `<name>:permits` exists: some holder holds more than one permit.
+    fn has_weights(&self) -> bool;
+    /// The permits `id` holds: its field in `<name>:permits`, 1 without one.
+    fn weight(&self, id: &Self::Id) -> Result<u64, SemError>;
+    /// The permits held beyond one per holder: the `""` field of `<name>:permits`.
+    fn extra(&self) -> Result<u64, SemError>;
 
     /// Sets `id`'s deadline, adding `id` unless `Put::IfHeld`. One lookup answers both "is it
     /// a holder?" and "write it".
@@ -60,6 +68,11 @@ pub trait Store {
     fn remove_owners(&mut self, ids: &[Self::Id]);
     /// Deletes `<name>:owner`.
     fn clear_owners(&mut self);
+    /// Writes `<name>:permits` in one step: `set` holders' permits (a holder of 1 has no
+    /// field), `removed` holders' fields gone, and the extra total.
+    fn put_weights(&mut self, set: Option<(&Self::Id, u64)>, removed: &[&Self::Id], extra: u64);
+    /// Deletes `<name>:permits`.
+    fn clear_weights(&mut self);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,9 +98,18 @@ pub struct AcquireRequest {
     pub kind: Kind,
     pub limit: u64,
     pub lease_ms: i64,
+    /// `COUNT n`: the permits asked for. `None`: 1 for a new holder, and a renewal keeps
+    /// whatever the holder holds.
+    pub count: Option<u64>,
     /// How far the counter jumps before this grant's ticket, so that no ticket repeats one a
     /// failed primary handed out but never replicated (see `fencing.rs`); usually 0.
     pub ticket_margin: u64,
+}
+
+impl AcquireRequest {
+    fn permits(&self) -> u64 {
+        self.count.unwrap_or(1)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,16 +131,37 @@ enum Leftovers<Id> {
     Some(Vec<Id>),
 }
 
+/// What the next write does to `<name>:permits`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Weights {
+    /// Nothing: no weighted holder expired (or there is none).
+    Keep,
+    /// No live holder is left: the key goes.
+    Clear,
+    /// Expired weighted holders (these positions in `expired`) lose their fields.
+    Prune(Vec<usize>),
+}
+
 /// The state of a semaphore at `now`, read without changing anything.
 struct Survey<Id> {
     expired: Vec<Id>,
     live: u64,
+    /// Permits held beyond one per live holder.
+    extra: u64,
     /// The kind of the live holders; `None` when there are none.
     kind: Option<Kind>,
     leftovers: Leftovers<Id>,
+    weights: Weights,
 }
 
-fn survey<S: Store>(store: &S, now_ms: i64) -> Survey<S::Id> {
+impl<Id> Survey<Id> {
+    /// Permits in use by live holders.
+    fn in_use(&self) -> u64 {
+        self.live.saturating_add(self.extra)
+    }
+}
+
+fn survey<S: Store>(store: &S, now_ms: i64) -> Result<Survey<S::Id>, SemError> {
     let expired = store.expired(now_ms);
     let live = store.holder_count().saturating_sub(expired.len() as u64);
     let owners = store.owner_count();
@@ -153,12 +196,35 @@ fn survey<S: Store>(store: &S, now_ms: i64) -> Survey<S::Id> {
             }
         }
     };
-    Survey {
+    let (extra, weights) = if !store.has_weights() {
+        (0, Weights::Keep)
+    } else if live == 0 {
+        (0, Weights::Clear)
+    } else {
+        let mut extra = store.extra()?;
+        let mut pruned = Vec::new();
+        for (at, id) in expired.iter().enumerate() {
+            let permits = store.weight(id)?;
+            if permits > 1 {
+                extra = extra.saturating_sub(permits - 1);
+                pruned.push(at);
+            }
+        }
+        let weights = if pruned.is_empty() {
+            Weights::Keep
+        } else {
+            Weights::Prune(pruned)
+        };
+        (extra, weights)
+    };
+    Ok(Survey {
         expired,
         live,
+        extra,
         kind,
         leftovers,
-    }
+        weights,
+    })
 }
 
 /// The first change of every writing rule: expired holders and leftovers go.
@@ -169,39 +235,49 @@ fn prune<S: Store>(store: &mut S, survey: &Survey<S::Id>) {
         Leftovers::All => store.clear_owners(),
         Leftovers::Some(ids) => store.remove_owners(ids),
     }
+    match &survey.weights {
+        Weights::Keep => {}
+        Weights::Clear => store.clear_weights(),
+        Weights::Prune(at) => {
+            let ids: Vec<&S::Id> = at.iter().map(|&i| &survey.expired[i]).collect();
+            store.put_weights(None, &ids, survey.extra);
+        }
+    }
 }
 
-/// SEM.ACQUIRE / SEM.ACQUIREFAIR: grants `id` a permit when fewer than `limit` holders are live.
+/// SEM.ACQUIRE / SEM.ACQUIREFAIR: grants `id` the permits it asks for when they fit under
+/// `limit` with those in use. Everything that can fail is checked before the first change.
 pub fn acquire<S: Store>(
     store: &mut S,
     now_ms: i64,
     id: &S::Id,
     request: &AcquireRequest,
 ) -> Result<Acquired, SemError> {
-    let survey = survey(store, now_ms);
+    let survey = survey(store, now_ms)?;
     if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
         return Err(SemError::KindMismatch { held });
     }
-    let room = survey.live < request.limit;
+    let permits = request.permits();
+    let room = survey.in_use().saturating_add(permits) <= request.limit;
     let deadline = now_ms + request.lease_ms;
-    match request.kind {
-        Kind::Plain => {
-            prune(store, &survey);
-            // A full semaphore still renews a holder that retries with its identifier.
-            let put = if room { Put::Upsert } else { Put::IfHeld };
-            Ok(match store.put_holder(id, deadline, put) {
-                PutOutcome::NotHeld => Acquired::Full,
-                outcome => Acquired::Granted {
-                    ticket: None,
-                    renewed: outcome == PutOutcome::Updated,
-                },
-            })
-        }
-        Kind::Fair => {
-            // A ticket reply is always a valid ticket and a counter error changes nothing, so
-            // renewal or new grant is settled before any other change. With room, the counter is
-            // checked first and one ZADD NX both tells them apart and makes the grant.
-            if room {
+    // The common case takes one lookup: one permit, and no COUNT to compare with a renewal.
+    if request.count.is_none() {
+        match request.kind {
+            Kind::Plain => {
+                prune(store, &survey);
+                // A full semaphore still renews a holder that retries with its identifier.
+                let put = if room { Put::Upsert } else { Put::IfHeld };
+                return Ok(match store.put_holder(id, deadline, put) {
+                    PutOutcome::NotHeld => Acquired::Full,
+                    outcome => Acquired::Granted {
+                        ticket: None,
+                        renewed: outcome == PutOutcome::Updated,
+                    },
+                });
+            }
+            Kind::Fair if room => {
+                // The counter is checked first; one ZADD NX then tells a new grant from a
+                // renewal and makes the grant.
                 let ticket = next_ticket(store.counter()?.unwrap_or(0), request.ticket_margin)?;
                 let expired = survey.expired.iter().any(|e| e.id_bytes() == id.id_bytes());
                 if expired || store.put_holder(id, deadline, Put::IfNew) == PutOutcome::Added {
@@ -216,39 +292,55 @@ pub fn acquire<S: Store>(
                         renewed: false,
                     });
                 }
-            } else if store.deadline(id).is_none_or(|d| d <= now_ms) {
-                prune(store, &survey);
-                return Ok(Acquired::Full);
+                return renew_holder(store, &survey, id, request, deadline);
             }
-            // `id` holds a live permit.
-            let ticket = store
-                .owner_score(id)
-                .and_then(ticket_from_score)
-                .ok_or(SemError::InvalidTicket)?;
-            prune(store, &survey);
-            store.put_holder(id, deadline, Put::IfHeld);
-            Ok(Acquired::Granted {
-                ticket: Some(ticket),
-                renewed: true,
-            })
+            Kind::Fair => {}
         }
     }
+    if store.deadline(id).is_some_and(|d| d > now_ms) {
+        return renew_holder(store, &survey, id, request, deadline);
+    }
+    if !room {
+        prune(store, &survey);
+        return Ok(Acquired::Full);
+    }
+    let ticket = match request.kind {
+        Kind::Fair => Some(next_ticket(
+            store.counter()?.unwrap_or(0),
+            request.ticket_margin,
+        )?),
+        Kind::Plain => None,
+    };
+    prune(store, &survey);
+    store.put_holder(id, deadline, Put::Upsert);
+    if let Some(ticket) = ticket {
+        store.set_counter(ticket);
+        store.put_owner(id, ticket);
+    }
+    if permits > 1 {
+        store.put_weights(Some((id, permits)), &[], survey.extra + (permits - 1));
+    }
+    Ok(Acquired::Granted {
+        ticket,
+        renewed: false,
+    })
 }
 
-/// SEM.ACQUIRE / SEM.ACQUIREFAIR while others wait for the semaphore (see `queue.rs`): only a
-/// renewal happens now. `Ok(None)` when `id` holds no live permit, and then nothing changed.
-pub fn renew<S: Store>(
+/// Renews live holder `id`: its deadline moves, its permits and ticket stay. A COUNT other than
+/// what it holds, or (fair) an owner entry that is not a ticket, is an error that changes
+/// nothing.
+fn renew_holder<S: Store>(
     store: &mut S,
-    now_ms: i64,
+    survey: &Survey<S::Id>,
     id: &S::Id,
     request: &AcquireRequest,
-) -> Result<Option<Acquired>, SemError> {
-    let survey = survey(store, now_ms);
-    if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
-        return Err(SemError::KindMismatch { held });
-    }
-    if store.deadline(id).is_none_or(|d| d <= now_ms) {
-        return Ok(None);
+    deadline: i64,
+) -> Result<Acquired, SemError> {
+    if let Some(count) = request.count {
+        let held = store.weight(id)?;
+        if count != held {
+            return Err(SemError::CountMismatch { held });
+        }
     }
     let ticket = match request.kind {
         Kind::Plain => None,
@@ -259,42 +351,94 @@ pub fn renew<S: Store>(
                 .ok_or(SemError::InvalidTicket)?,
         ),
     };
-    prune(store, &survey);
-    store.put_holder(id, now_ms + request.lease_ms, Put::IfHeld);
-    Ok(Some(Acquired::Granted {
+    prune(store, survey);
+    store.put_holder(id, deadline, Put::IfHeld);
+    Ok(Acquired::Granted {
         ticket,
         renewed: true,
-    }))
+    })
 }
 
-/// SEM.REFRESH: moves a live holder's deadline to `now + lease`. A holder that had expired has
-/// lost its permit (another may have been granted it) and gets `false`.
-pub fn refresh<S: Store>(store: &mut S, now_ms: i64, id: &S::Id, lease_ms: i64) -> bool {
-    let survey = survey(store, now_ms);
+/// SEM.ACQUIRE / SEM.ACQUIREFAIR while others wait for the semaphore (see `queue.rs`): only a
+/// renewal happens now. `Ok(None)` when `id` holds no live permit, and then nothing changed.
+pub fn renew<S: Store>(
+    store: &mut S,
+    now_ms: i64,
+    id: &S::Id,
+    request: &AcquireRequest,
+) -> Result<Option<Acquired>, SemError> {
+    let survey = survey(store, now_ms)?;
+    if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
+        return Err(SemError::KindMismatch { held });
+    }
+    if store.deadline(id).is_none_or(|d| d <= now_ms) {
+        return Ok(None);
+    }
+    renew_holder(store, &survey, id, request, now_ms + request.lease_ms).map(Some)
+}
+
+/// SEM.REFRESH: moves a live holder's deadline to `now + lease`; it keeps its permits. A holder
+/// that had expired has lost them (another may have been granted them) and gets `false`.
+pub fn refresh<S: Store>(
+    store: &mut S,
+    now_ms: i64,
+    id: &S::Id,
+    lease_ms: i64,
+) -> Result<bool, SemError> {
+    let survey = survey(store, now_ms)?;
     prune(store, &survey);
-    match store.put_holder(id, now_ms + lease_ms, Put::IfHeld) {
+    Ok(match store.put_holder(id, now_ms + lease_ms, Put::IfHeld) {
         PutOutcome::Updated => true,
         PutOutcome::Added | PutOutcome::NotHeld => {
             store.remove(slice::from_ref(id));
             false
         }
+    })
+}
+
+/// SEM.RELEASE: gives back `count` of a live holder's permits (all without COUNT); the holder
+/// stays, with its deadline and ticket, while it holds any. An expired holder gets `false`: its
+/// critical section may have overlapped another holder's, which its caller should know.
+pub fn release<S: Store>(
+    store: &mut S,
+    now_ms: i64,
+    id: &S::Id,
+    count: Option<u64>,
+) -> Result<bool, SemError> {
+    let survey = survey(store, now_ms)?;
+    let weighted = store.has_weights();
+    if count.is_none() && !weighted {
+        // An expired `id` goes with the others, so what is left of it here was live.
+        prune(store, &survey);
+        return Ok(store.remove(slice::from_ref(id)) == 1);
     }
-}
-
-/// SEM.RELEASE: gives a live permit back. An expired holder gets `false`: its critical section
-/// may have overlapped another holder's, which its caller should know.
-pub fn release<S: Store>(store: &mut S, now_ms: i64, id: &S::Id) -> bool {
-    let survey = survey(store, now_ms);
-    // An expired `id` goes with the others, so what is left of it here was live.
+    if store.deadline(id).is_none_or(|d| d <= now_ms) {
+        prune(store, &survey);
+        store.remove(slice::from_ref(id));
+        return Ok(false);
+    }
+    let held = store.weight(id)?;
+    let giving = count.unwrap_or(held);
+    if giving > held {
+        return Err(SemError::CountTooLarge { held });
+    }
     prune(store, &survey);
-    store.remove(slice::from_ref(id)) == 1
+    let extra = survey.extra.saturating_sub(giving.min(held - 1));
+    if giving == held {
+        store.remove(slice::from_ref(id));
+        if held > 1 {
+            store.put_weights(None, &[id], extra);
+        }
+    } else {
+        store.put_weights(Some((id, held - giving)), &[], extra);
+    }
+    Ok(true)
 }
 
-/// SEM.GET: live holders, without removing anything (it runs on read-only replicas too).
-pub fn live_count<S: Store>(store: &S, now_ms: i64) -> u64 {
-    store
-        .holder_count()
-        .saturating_sub(store.expired(now_ms).len() as u64)
+/// SEM.GET: permits in use by live holders, without removing anything (it runs on read-only
+/// replicas too).
+pub fn in_use<S: Store>(store: &S, now_ms: i64) -> Result<u64, SemError> {
+    Ok(survey(store, now_ms)?.in_use())
 }
 
 /// One live holder as SEM.GET JSON shows it.
@@ -303,6 +447,7 @@ pub struct HolderView<Id> {
     pub id: Id,
     pub ms_left: i64,
     pub ticket: Option<u64>,
+    pub permits: u64,
 }
 
 /// SEM.GET JSON: the semaphore's state.
@@ -310,6 +455,7 @@ pub struct HolderView<Id> {
 pub struct Snapshot<Id> {
     pub fair: bool,
     pub counter: Option<u64>,
+    pub in_use: u64,
     /// Live holders in grant order: fair ones by ticket; plain ones, which keep no grant
     /// record, by deadline (after the fair ones, should another client have mixed them).
     pub holders: Vec<HolderView<Id>>,
@@ -317,7 +463,8 @@ pub struct Snapshot<Id> {
 
 /// SEM.GET JSON, without changing anything.
 pub fn snapshot<S: Store>(store: &S, now_ms: i64) -> Result<Snapshot<S::Id>, SemError> {
-    let fair = survey(store, now_ms).kind == Some(Kind::Fair);
+    let survey = survey(store, now_ms)?;
+    let fair = survey.kind == Some(Kind::Fair);
     let counter = store.counter()?;
     let mut holders = Vec::new();
     let mut listed = HashSet::new();
@@ -328,25 +475,30 @@ pub fn snapshot<S: Store>(store: &S, now_ms: i64) -> Result<Snapshot<S::Id>, Sem
             };
             let ticket = ticket_from_score(score).ok_or(SemError::InvalidTicket)?;
             listed.insert(id.id_bytes().to_vec());
+            let permits = store.weight(&id)?;
             holders.push(HolderView {
                 id,
                 ms_left: deadline - now_ms,
                 ticket: Some(ticket),
+                permits,
             });
         }
     }
     for (id, deadline) in store.live_by_deadline(now_ms) {
         if !listed.contains(id.id_bytes()) {
+            let permits = store.weight(&id)?;
             holders.push(HolderView {
                 id,
                 ms_left: deadline.saturating_sub(now_ms),
                 ticket: None,
+                permits,
             });
         }
     }
     Ok(Snapshot {
         fair,
         counter,
+        in_use: survey.in_use(),
         holders,
     })
 }

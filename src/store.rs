@@ -8,18 +8,18 @@ use std::io::Write;
 
 use redis_module::{raw, Context, RedisString};
 
-use crate::args::parse_counter;
+use crate::args::{parse_counter, parse_permits};
 use crate::error::SemError;
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
 use crate::types::deadline_ms;
 
-/// The names of a semaphore's keys for one call: `<name>`, `<name>:owner`, and
-/// `<name>:counter` when the command uses it.
+/// The names of a semaphore's keys for one call.
 pub struct SemKeys<'a> {
     pub name: &'a RedisString,
     pub owner: &'a RedisString,
-    pub counter: Option<&'a RedisString>,
+    pub counter: &'a RedisString,
+    pub permits: &'a RedisString,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +48,9 @@ pub struct RedisStore<'a> {
     access: Access,
     holders: Key<'a>,
     owners: Key<'a>,
-    counter_name: Option<&'a RedisString>,
+    counter_name: &'a RedisString,
     counter: OnceCell<Key<'a>>,
+    permits: Key<'a>,
     /// How this call moved the deadlines in `<name>`, so the keys' expiry can be settled.
     deadlines: DeadlineChange,
     /// Identifiers this call removed from `<name>`, when asked to keep them.
@@ -61,6 +62,7 @@ impl<'a> RedisStore<'a> {
     pub fn open(ctx: &'a Context, keys: &SemKeys<'a>, access: Access) -> Result<Self, SemError> {
         let holders = Key::open(ctx, keys.name, access, KeyType::SortedSet)?;
         let owners = Key::open(ctx, keys.owner, access, KeyType::SortedSet)?;
+        let permits = Key::open(ctx, keys.permits, access, KeyType::Hash)?;
         Ok(RedisStore {
             ctx,
             access,
@@ -68,6 +70,7 @@ impl<'a> RedisStore<'a> {
             owners,
             counter_name: keys.counter,
             counter: OnceCell::new(),
+            permits,
             deadlines: DeadlineChange::None,
             removed: None,
         })
@@ -90,16 +93,21 @@ impl<'a> RedisStore<'a> {
             .map(|(_, score)| deadline_ms(score))
     }
 
-    /// `<name>:counter`, opened on first use; `None` when the call has no counter key.
-    fn counter_key(&self) -> Result<Option<&Key<'a>>, SemError> {
-        let Some(name) = self.counter_name else {
-            return Ok(None);
-        };
+    /// `<name>:counter`, opened on first use.
+    fn counter_key(&self) -> Result<&Key<'a>, SemError> {
         if self.counter.get().is_none() {
-            let key = Key::open(self.ctx, name, self.access, KeyType::String)?;
+            let key = Key::open(self.ctx, self.counter_name, self.access, KeyType::String)?;
             let _ = self.counter.set(key);
         }
-        Ok(self.counter.get())
+        Ok(self.counter.get().expect("set above"))
+    }
+
+    /// A field of `<name>:permits` as a count; `None` when absent.
+    fn permits_field(&self, field: &RedisString) -> Result<Option<u64>, SemError> {
+        match self.permits.hget(field) {
+            None => Ok(None),
+            Some(value) => parse_permits(value.as_slice()).map(Some),
+        }
     }
 
     /// A holder identifier for this store.
@@ -126,6 +134,7 @@ impl<'a> RedisStore<'a> {
         };
         self.holders.expire_at(latest, current);
         self.owners.expire_at(latest, self.owners.expire_time());
+        self.permits.expire_at(latest, self.permits.expire_time());
     }
 }
 
@@ -170,9 +179,26 @@ impl Store for RedisStore<'_> {
     }
 
     fn counter(&self) -> Result<Option<u64>, SemError> {
-        self.counter_key()?
-            .and_then(|key| key.read_string(parse_counter))
-            .transpose()
+        self.counter_key()?.read_string(parse_counter).transpose()
+    }
+
+    fn has_weights(&self) -> bool {
+        !self.permits.is_empty()
+    }
+
+    fn weight(&self, id: &RedisString) -> Result<u64, SemError> {
+        if self.permits.is_empty() {
+            return Ok(1);
+        }
+        Ok(self.permits_field(id)?.unwrap_or(1))
+    }
+
+    fn extra(&self) -> Result<u64, SemError> {
+        if self.permits.is_empty() {
+            return Ok(0);
+        }
+        let total = RedisString::create_from_slice(self.ctx.ctx, b"");
+        Ok(self.permits_field(&total)?.unwrap_or(0))
     }
 
     fn live_by_deadline(&self, now_ms: i64) -> Vec<(RedisString, i64)> {
@@ -249,5 +275,40 @@ impl Store for RedisStore<'_> {
 
     fn clear_owners(&mut self) {
         self.owners.delete();
+    }
+
+    fn put_weights(
+        &mut self,
+        set: Option<(&RedisString, u64)>,
+        removed: &[&RedisString],
+        extra: u64,
+    ) {
+        let total = RedisString::create_from_slice(self.ctx.ctx, b"");
+        let extra_value =
+            RedisString::create_from_slice(self.ctx.ctx, extra.to_string().as_bytes());
+        let mut sets: Vec<(&RedisString, &RedisString)> = Vec::with_capacity(2);
+        let mut deletes: Vec<&RedisString> = removed.to_vec();
+        let set_value;
+        if let Some((id, permits)) = set {
+            if permits > 1 {
+                set_value =
+                    RedisString::create_from_slice(self.ctx.ctx, permits.to_string().as_bytes());
+                sets.push((id, &set_value));
+            } else {
+                deletes.push(id);
+            }
+        }
+        if extra > 0 {
+            sets.push((&total, &extra_value));
+        } else {
+            deletes.push(&total);
+        }
+        // A new key gets its expiry with the holders': weights are only written by calls that
+        // also add or remove a holder, or change a live holder's permits.
+        self.permits.hwrite(&sets, &deletes);
+    }
+
+    fn clear_weights(&mut self) {
+        self.permits.delete();
     }
 }

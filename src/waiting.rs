@@ -16,7 +16,7 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
 use crate::error::SemError;
 use crate::fencing;
-use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX};
+use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
 use crate::queue::{Ask, Binding, Due, Registry, SemKey, WaiterId};
 use crate::semaphore::{self, AcquireRequest, Acquired};
 use crate::server::block::{self, Blocked};
@@ -173,6 +173,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
             kind: ask.kind,
             limit: ask.limit,
             lease_ms: ask.lease_ms,
+            count: ask.count,
             ticket_margin: match ask.kind {
                 Kind::Fair => fencing::margin_for(&sem.name),
                 Kind::Plain => 0,
@@ -339,7 +340,7 @@ pub fn became_replica() {
 /// line is served after the command: another client may have deleted, overwritten or filled
 /// the keys.
 pub fn touched(arg: &[u8]) {
-    let name = [OWNER_SUFFIX, COUNTER_SUFFIX]
+    let name = [OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX]
         .iter()
         .find_map(|suffix| arg.strip_suffix(*suffix))
         .filter(|base| with(|s| s.registry.is_waited_name(base)))
@@ -420,13 +421,15 @@ fn with_store(
     };
     let owner = derived(OWNER_SUFFIX);
     let counter = derived(COUNTER_SUFFIX);
-    if !cluster_can_serve(ctx, &[&name, &owner, &counter]) {
+    let permits = derived(PERMITS_SUFFIX);
+    if !cluster_can_serve(ctx, &[&name, &owner, &counter, &permits]) {
         return Err(SemError::SlotMoved);
     }
     let keys = SemKeys {
         name: &name,
         owner: &owner,
-        counter: Some(&counter),
+        counter: &counter,
+        permits: &permits,
     };
     let mut store = RedisStore::open(ctx, &keys, Access::Write)?;
     work(&mut store);
@@ -460,6 +463,6 @@ fn serve_outside(ctx: &Context, sem: &SemKey, now_ms: i64) {
 fn give_back(ctx: &Context, binding: &Binding, now_ms: i64) {
     let _ = with_store(ctx, &binding.sem, |store| {
         let holder = store.id(&binding.holder);
-        semaphore::release(store, now_ms, &holder);
+        let _ = semaphore::release(store, now_ms, &holder, None);
     });
 }

@@ -278,7 +278,10 @@ fn get_json_describes_holders_in_grant_order() {
     assert_eq!(holders[1]["ticket"], 2);
     let left = holders[0]["ms_left"].as_i64().unwrap();
     assert!((29_000..=30_000).contains(&left), "{left}");
-    assert_eq!(holders[0].as_object().unwrap().len(), 3);
+    assert_eq!(holders[0]["permits"], 1);
+    assert_eq!(holders[0].as_object().unwrap().len(), 4);
+    assert_eq!(doc["in_use"], 2);
+    assert_eq!(doc["waiters"], 0);
 
     let _: String = run(&mut c, &["SEM.ACQUIRE", "plain", "5", "20", "ID", "x"]);
     let doc: String = run(&mut c, &["SEM.GET", "plain", "JSON"]);

@@ -11,6 +11,9 @@ struct MemoryStore {
     owners: HashMap<Vec<u8>, f64>,
     counter: Option<u64>,
     counter_is_garbage: bool,
+    /// `<name>:permits`: holders' permits beyond 1, and the `""` total.
+    weights: HashMap<Vec<u8>, u64>,
+    extra: Option<u64>,
     /// Every change, in order, as the effects a replica would receive.
     effects: Vec<String>,
 }
@@ -68,6 +71,41 @@ impl Store for MemoryStore {
     }
     fn owners_by_score(&self) -> Vec<(Vec<u8>, f64)> {
         sorted_by_score(&self.owners)
+    }
+    fn has_weights(&self) -> bool {
+        !self.weights.is_empty() || self.extra.is_some()
+    }
+    fn weight(&self, id: &Vec<u8>) -> Result<u64, SemError> {
+        Ok(self.weights.get(id).copied().unwrap_or(1))
+    }
+    fn extra(&self) -> Result<u64, SemError> {
+        Ok(self.extra.unwrap_or(0))
+    }
+    fn put_weights(&mut self, set: Option<(&Vec<u8>, u64)>, removed: &[&Vec<u8>], extra: u64) {
+        let mut changes = Vec::new();
+        if let Some((id, permits)) = set {
+            if permits > 1 {
+                self.weights.insert(id.clone(), permits);
+                changes.push(format!("{}={permits}", text(id)));
+            } else if self.weights.remove(id).is_some() {
+                changes.push(format!("-{}", text(id)));
+            }
+        }
+        for id in removed {
+            if self.weights.remove(*id).is_some() {
+                changes.push(format!("-{}", text(id)));
+            }
+        }
+        self.extra = (extra > 0).then_some(extra);
+        changes.push(format!("extra={extra}"));
+        self.effects.push(format!("P {}", changes.join(" ")));
+    }
+    fn clear_weights(&mut self) {
+        if self.has_weights() {
+            self.weights.clear();
+            self.extra = None;
+            self.effects.push("DEL p".into());
+        }
     }
 
     fn put_holder(&mut self, id: &Vec<u8>, deadline_ms: i64, put: Put) -> PutOutcome {
@@ -145,7 +183,15 @@ fn plain(limit: u64, lease_ms: i64) -> AcquireRequest {
         kind: Kind::Plain,
         limit,
         lease_ms,
+        count: None,
         ticket_margin: 0,
+    }
+}
+
+fn weighted(request: AcquireRequest, count: u64) -> AcquireRequest {
+    AcquireRequest {
+        count: Some(count),
+        ..request
     }
 }
 
@@ -451,7 +497,7 @@ fn owner_entries_without_holders_are_leftovers_removed_by_the_next_write() {
     store.owners.insert(id("ghost"), 9.0);
     assert!(snapshot(&store, T0).unwrap().fair);
     store.effects.clear();
-    assert!(!release(&mut store, T0 + 1, &id("nobody")));
+    assert_eq!(release(&mut store, T0 + 1, &id("nobody"), None), Ok(false));
     assert_eq!(store.effects, ["ZREM o ghost"]);
     assert_eq!(store.owners.len(), 1);
 
@@ -485,9 +531,9 @@ fn foreign_holder_scores_read_as_deadlines() {
     store.holders.insert(id("seconds"), 1_700_000_000.0); // the recipe's seconds: long expired
     store.holders.insert(id("forever"), f64::INFINITY);
     store.holders.insert(id("half"), (T0 + 10) as f64 + 0.5);
-    assert_eq!(live_count(&store, T0), 2);
-    assert_eq!(live_count(&store, T0 + 10), 2);
-    assert_eq!(live_count(&store, T0 + 11), 1);
+    assert_eq!(in_use(&store, T0), Ok(2));
+    assert_eq!(in_use(&store, T0 + 10), Ok(2));
+    assert_eq!(in_use(&store, T0 + 11), Ok(1));
     run_on(&mut store, &[(11, "a", plain(2, 100), Ok(granted(None)))]);
     assert!(!store.holders.contains_key(&id("seconds")));
     assert!(!store.holders.contains_key(&id("half")));
@@ -499,16 +545,17 @@ fn foreign_holder_scores_read_as_deadlines() {
 fn refresh_extends_only_live_holders() {
     let mut store = MemoryStore::default();
     run_on(&mut store, &[(0, "a", fair(3, 100), Ok(granted(Some(1))))]);
-    assert!(refresh(&mut store, T0 + 99, &id("a"), 500));
+    assert_eq!(refresh(&mut store, T0 + 99, &id("a"), 500), Ok(true));
     assert_eq!(store.holders[&id("a")], (T0 + 599) as f64);
     assert_eq!(store.owners[&id("a")], 1.0, "the ticket is kept");
-    assert!(
-        !refresh(&mut store, T0 + 599, &id("a"), 500),
+    assert_eq!(
+        refresh(&mut store, T0 + 599, &id("a"), 500),
+        Ok(false),
         "expired at its deadline"
     );
     assert!(store.holders.is_empty() && store.owners.is_empty());
     store.effects.clear();
-    assert!(!refresh(&mut store, T0, &id("never"), 500));
+    assert_eq!(refresh(&mut store, T0, &id("never"), 500), Ok(false));
     assert!(
         store.effects.is_empty(),
         "a refresh that finds nothing changes nothing"
@@ -519,7 +566,7 @@ fn refresh_extends_only_live_holders() {
 fn refresh_of_a_lost_holder_clears_what_is_left_of_it() {
     let mut store = MemoryStore::default();
     store.owners.insert(id("ghost"), 4.0);
-    assert!(!refresh(&mut store, T0, &id("ghost"), 500));
+    assert_eq!(refresh(&mut store, T0, &id("ghost"), 500), Ok(false));
     assert!(store.owners.is_empty());
 }
 
@@ -533,15 +580,23 @@ fn release_reports_whether_the_permit_was_still_held() {
             (0, "b", fair(3, 100), Ok(granted(Some(2)))),
         ],
     );
-    assert!(release(&mut store, T0 + 50, &id("a")));
-    assert!(!release(&mut store, T0 + 50, &id("a")), "released twice");
-    assert!(!release(&mut store, T0 + 100, &id("b")), "expired holder");
+    assert_eq!(release(&mut store, T0 + 50, &id("a"), None), Ok(true));
+    assert_eq!(
+        release(&mut store, T0 + 50, &id("a"), None),
+        Ok(false),
+        "released twice"
+    );
+    assert_eq!(
+        release(&mut store, T0 + 100, &id("b"), None),
+        Ok(false),
+        "expired holder"
+    );
     assert!(store.holders.is_empty() && store.owners.is_empty());
     assert_eq!(store.counter, Some(2), "the counter is never rolled back");
 }
 
 #[test]
-fn live_count_ignores_expired_holders_without_removing_them() {
+fn in_use_ignores_expired_holders_without_removing_them() {
     let mut store = MemoryStore::default();
     run_on(
         &mut store,
@@ -550,9 +605,9 @@ fn live_count_ignores_expired_holders_without_removing_them() {
             (0, "b", plain(3, 200), Ok(granted(None))),
         ],
     );
-    assert_eq!(live_count(&store, T0 + 99), 2);
-    assert_eq!(live_count(&store, T0 + 100), 1);
-    assert_eq!(live_count(&store, T0 + 200), 0);
+    assert_eq!(in_use(&store, T0 + 99), Ok(2));
+    assert_eq!(in_use(&store, T0 + 100), Ok(1));
+    assert_eq!(in_use(&store, T0 + 200), Ok(0));
     assert_eq!(store.holders.len(), 2);
 }
 
@@ -571,16 +626,19 @@ fn snapshot_lists_fair_holders_by_ticket() {
     let want = Snapshot {
         fair: true,
         counter: Some(3),
+        in_use: 2,
         holders: vec![
             HolderView {
                 id: id("a"),
                 ms_left: 840,
                 ticket: Some(1),
+                permits: 1,
             },
             HolderView {
                 id: id("b"),
                 ms_left: 40,
                 ticket: Some(2),
+                permits: 1,
             },
         ],
     };
@@ -636,4 +694,144 @@ fn while_others_wait_only_a_renewal_happens() {
         renew(&mut store, T0 + 3, &id("a"), &fair(5, 100)),
         Err(SemError::InvalidTicket)
     );
+}
+
+#[test]
+fn weighted_holders_take_all_their_permits_or_none() {
+    let mut store = run(&[
+        (0, "w", weighted(plain(8, 1000), 5), Ok(granted(None))),
+        (1, "a", weighted(plain(8, 1000), 4), Ok(Acquired::Full)),
+        (2, "b", weighted(plain(8, 1000), 3), Ok(granted(None))),
+        (3, "c", plain(8, 1000), Ok(Acquired::Full)),
+    ]);
+    assert_eq!(in_use(&store, T0 + 3), Ok(8));
+    assert_eq!(store.weights[&id("w")], 5);
+    assert_eq!(store.extra, Some(4 + 2));
+    // Renewing keeps the count; another COUNT is an error that changes nothing.
+    let effects = store.effects.len();
+    run_on(
+        &mut store,
+        &[(
+            4,
+            "w",
+            weighted(plain(8, 1000), 2),
+            Err(SemError::CountMismatch { held: 5 }),
+        )],
+    );
+    assert_eq!(store.effects.len(), effects);
+    run_on(
+        &mut store,
+        &[
+            (5, "w", plain(8, 1000), Ok(renewed(None))),
+            (6, "w", weighted(plain(8, 1000), 5), Ok(renewed(None))),
+        ],
+    );
+    assert_eq!(store.weights[&id("w")], 5);
+}
+
+#[test]
+fn one_permit_holders_keep_todays_layout() {
+    let store = run(&[
+        (0, "a", weighted(plain(8, 1000), 1), Ok(granted(None))),
+        (0, "b", plain(8, 1000), Ok(granted(None))),
+    ]);
+    assert!(
+        !store.has_weights(),
+        "no permits key for holders of one permit"
+    );
+    let store = run(&[(0, "c", weighted(fair(8, 1000), 1), Ok(granted(Some(1))))]);
+    assert!(!store.has_weights());
+}
+
+#[test]
+fn partial_release_keeps_the_holder_and_its_ticket() {
+    let mut store = run(&[(0, "w", weighted(fair(10, 1000), 6), Ok(granted(Some(1))))]);
+    assert_eq!(
+        release(&mut store, T0 + 1, &id("w"), Some(7)),
+        Err(SemError::CountTooLarge { held: 6 })
+    );
+    assert_eq!(release(&mut store, T0 + 1, &id("w"), Some(4)), Ok(true));
+    assert_eq!(store.weights[&id("w")], 2);
+    assert_eq!(store.extra, Some(1));
+    assert_eq!(store.owners[&id("w")], 1.0, "the ticket stays");
+    assert_eq!(in_use(&store, T0 + 1), Ok(2));
+    assert_eq!(release(&mut store, T0 + 2, &id("w"), Some(1)), Ok(true));
+    assert!(!store.has_weights(), "one permit left: no field");
+    assert_eq!(in_use(&store, T0 + 2), Ok(1));
+    assert_eq!(release(&mut store, T0 + 3, &id("w"), None), Ok(true));
+    assert!(store.holders.is_empty() && store.owners.is_empty());
+    // COUNT on a holder of one permit, and on a non-holder.
+    run_on(
+        &mut store,
+        &[(4, "x", fair(10, 1000), Ok(granted(Some(2))))],
+    );
+    assert_eq!(
+        release(&mut store, T0 + 5, &id("x"), Some(2)),
+        Err(SemError::CountTooLarge { held: 1 })
+    );
+    assert_eq!(
+        release(&mut store, T0 + 5, &id("nobody"), Some(2)),
+        Ok(false)
+    );
+}
+
+#[test]
+fn an_expired_weighted_holder_frees_all_its_permits() {
+    let mut store = run(&[
+        (0, "w", weighted(plain(10, 100), 6), Ok(granted(None))),
+        (0, "v", weighted(plain(10, 1000), 3), Ok(granted(None))),
+        (1, "a", weighted(plain(10, 1000), 2), Ok(Acquired::Full)),
+    ]);
+    assert_eq!(
+        in_use(&store, T0 + 100),
+        Ok(3),
+        "w's six permits are free at its deadline"
+    );
+    store.effects.clear();
+    run_on(
+        &mut store,
+        &[(100, "a", weighted(plain(10, 1000), 7), Ok(granted(None)))],
+    );
+    assert_eq!(
+        store.effects,
+        [
+            "ZREM h w",
+            "P -w extra=2",
+            "ZADD h 1700000001100 a",
+            "P a=7 extra=8"
+        ]
+    );
+    assert_eq!(in_use(&store, T0 + 100), Ok(10));
+    // When no holder is left, the permits key goes with them.
+    run_on(
+        &mut store,
+        &[(5000, "b", plain(10, 1000), Ok(granted(None)))],
+    );
+    assert!(!store.has_weights());
+}
+
+#[test]
+fn a_large_request_at_the_head_is_measured_against_permits_in_use() {
+    // Readers hold one permit each; a writer asks for the whole limit.
+    let mut store = run(&[
+        (0, "r1", fair(4, 1000), Ok(granted(Some(1)))),
+        (0, "r2", fair(4, 1000), Ok(granted(Some(2)))),
+        (1, "writer", weighted(fair(4, 1000), 4), Ok(Acquired::Full)),
+    ]);
+    release(&mut store, T0 + 2, &id("r1"), None).unwrap();
+    run_on(
+        &mut store,
+        &[(2, "writer", weighted(fair(4, 1000), 4), Ok(Acquired::Full))],
+    );
+    release(&mut store, T0 + 3, &id("r2"), None).unwrap();
+    run_on(
+        &mut store,
+        &[(
+            3,
+            "writer",
+            weighted(fair(4, 1000), 4),
+            Ok(granted(Some(3))),
+        )],
+    );
+    run_on(&mut store, &[(4, "r3", fair(4, 1000), Ok(Acquired::Full))]);
 }

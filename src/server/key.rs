@@ -24,6 +24,7 @@ pub enum Access {
 pub enum KeyType {
     SortedSet,
     String,
+    Hash,
 }
 
 impl KeyType {
@@ -31,6 +32,7 @@ impl KeyType {
         match self {
             KeyType::SortedSet => raw::REDISMODULE_KEYTYPE_ZSET,
             KeyType::String => raw::REDISMODULE_KEYTYPE_STRING,
+            KeyType::Hash => raw::REDISMODULE_KEYTYPE_HASH,
         }
     }
 }
@@ -300,17 +302,7 @@ impl<'a> Key<'a> {
             }
         };
         if !removed.is_empty() {
-            // SAFETY: `v` takes an array of strings and its length; the strings outlive the call.
-            unsafe {
-                raw::RedisModule_Replicate.unwrap()(
-                    self.ctx,
-                    c"ZREM".as_ptr(),
-                    c"sv".as_ptr(),
-                    self.name.inner,
-                    removed.as_ptr(),
-                    removed.len(),
-                );
-            }
+            self.replicate_vector(c"ZREM", removed);
             self.changed(raw::REDISMODULE_NOTIFY_ZSET, c"zrem");
             if self.is_empty() {
                 self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"del");
@@ -363,6 +355,86 @@ impl<'a> Key<'a> {
             );
         }
         self.changed(raw::REDISMODULE_NOTIFY_GENERIC, c"expire");
+    }
+
+    /// A hash field's value (a copy: reading changes nothing in the key).
+    pub fn hget(&self, field: &RedisString) -> Option<RedisString> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut value: *mut raw::RedisModuleString = ptr::null_mut();
+        // SAFETY: an open hash key; the argument list is a field, a place for its value, and
+        // the NULL terminator. The value is a new string this call owns.
+        unsafe {
+            raw::RedisModule_HashGet.unwrap()(
+                self.handle,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field.inner,
+                &mut value as *mut *mut raw::RedisModuleString,
+                ptr::null_mut::<raw::RedisModuleString>(),
+            );
+        }
+        (!value.is_null()).then(|| RedisString::from_redis_module_string(ptr::null_mut(), value))
+    }
+
+    /// Sets the `set` fields and deletes the `delete` ones, propagated as one `HSET` and one
+    /// `HDEL` (of the fields that were there). Redis deletes the key with its last field.
+    pub fn hwrite(&self, set: &[(&RedisString, &RedisString)], delete: &[&RedisString]) {
+        // REDISMODULE_HASH_DELETE: the value (the address 1) that makes HashSet delete a field.
+        let delete_marker = ptr::without_provenance_mut::<raw::RedisModuleString>(1);
+        let hash_set = |field: &RedisString, value: *mut raw::RedisModuleString| {
+            // SAFETY: a key opened for writing, missing or a hash; one field and value, then
+            // the NULL terminator.
+            unsafe {
+                raw::RedisModule_HashSet.unwrap()(
+                    self.handle,
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    field.inner,
+                    value,
+                    ptr::null_mut::<raw::RedisModuleString>(),
+                )
+            }
+        };
+        let mut set_args = Vec::with_capacity(set.len() * 2);
+        for (field, value) in set {
+            hash_set(field, value.inner);
+            set_args.extend([field.inner, value.inner]);
+        }
+        if !set_args.is_empty() {
+            self.replicate_vector(c"HSET", &set_args);
+            self.changed(raw::REDISMODULE_NOTIFY_HASH, c"hset");
+        }
+        let deleted: Vec<*mut raw::RedisModuleString> = if self.is_empty() {
+            Vec::new()
+        } else {
+            delete
+                .iter()
+                .filter(|field| hash_set(field, delete_marker) > 0)
+                .map(|field| field.inner)
+                .collect()
+        };
+        if !deleted.is_empty() {
+            self.replicate_vector(c"HDEL", &deleted);
+            self.changed(raw::REDISMODULE_NOTIFY_HASH, c"hdel");
+            if self.is_empty() {
+                self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"del");
+            }
+        }
+    }
+
+    /// Propagates `<command> <this key> <args...>`.
+    fn replicate_vector(&self, command: &CStr, args: &[*mut raw::RedisModuleString]) {
+        // SAFETY: `v` takes an array of strings and its length; the strings outlive the call.
+        unsafe {
+            raw::RedisModule_Replicate.unwrap()(
+                self.ctx,
+                command.as_ptr(),
+                c"sv".as_ptr(),
+                self.name.inner,
+                args.as_ptr(),
+                args.len(),
+            );
+        }
     }
 
     /// Calls `read` with a string key's value, or `None` when the key is missing. Through a
