@@ -43,12 +43,13 @@ pub fn parse_release_count(arg: &[u8]) -> Result<u64, SemError> {
     parse_limit(arg).map_err(|_| SemError::InvalidCount)
 }
 
-/// `lease`, in milliseconds: see the module documentation.
-pub fn parse_lease_ms(arg: &[u8]) -> Result<i64, SemError> {
+/// `lease`, in milliseconds, at most `max_ms` (`sem.max-lease`): see the module
+/// documentation.
+pub fn parse_lease_ms(arg: &[u8], max_ms: i64) -> Result<i64, SemError> {
     seconds_ms(arg)
-        .filter(|&ms| (1..=MAX_LEASE_MS as u64).contains(&ms))
+        .filter(|&ms| (1..=max_ms as u64).contains(&ms))
         .map(|ms| ms as i64)
-        .ok_or(SemError::InvalidLease)
+        .ok_or(SemError::InvalidLease { max_ms })
 }
 
 /// `WAIT seconds`, in milliseconds: the lease rule, and 0 (wait without limit) allowed.
@@ -165,9 +166,18 @@ mod tests {
             ("1.-5", None),
         ];
         for (input, want) in table {
-            let got = parse_lease_ms(input.as_bytes()).ok();
+            let got = parse_lease_ms(input.as_bytes(), MAX_LEASE_MS).ok();
             assert_eq!(got, *want, "lease {input:?}");
         }
+    }
+
+    #[test]
+    fn leases_obey_the_configured_maximum() {
+        assert_eq!(parse_lease_ms(b"60", 60_000), Ok(60_000));
+        assert_eq!(
+            parse_lease_ms(b"60.001", 60_000),
+            Err(SemError::InvalidLease { max_ms: 60_000 })
+        );
     }
 
     #[test]

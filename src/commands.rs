@@ -11,16 +11,18 @@ use serde_json::{json, Value};
 use crate::args::{
     non_empty, parse_count, parse_lease_ms, parse_limit, parse_release_count, parse_wait_ms,
 };
+use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{has_hash_tag, is_derived, Command};
 use crate::queue::{arrival, Arrival, Ask, Binding, SemKey};
-use crate::semaphore::{self, AcquireRequest, Acquired, Snapshot};
+use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot};
 use crate::server::block::can_block;
 use crate::server::command::{run, Arg};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
 use crate::server::{is_keys_position_request, key_at, now_ms, selected_db};
+use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
 use crate::waiting;
@@ -69,12 +71,17 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
 fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let [id, lease] = call.exact_args()?;
     let id = identifier(id)?;
-    let lease_ms = parse_lease_ms(lease.as_slice())?;
+    let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
     let mut store = open_for_write(ctx, call)?;
     let now = now_ms();
     let refreshed = semaphore::refresh(&mut store, now, id, lease_ms)?;
+    match refreshed {
+        Holder::Live => stats::count(&COUNTERS.refreshed),
+        Holder::Expired => lost(&store),
+        Holder::Absent => {}
+    }
     after_write(ctx, call, &mut store, now);
-    Ok(RedisValue::Integer(refreshed.into()))
+    Ok(RedisValue::Integer(refreshed.reply()))
 }
 
 /// `SEM.RELEASE name identifier [COUNT k]`
@@ -91,8 +98,22 @@ fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let mut store = open_for_write(ctx, call)?;
     let now = now_ms();
     let released = semaphore::release(&mut store, now, id, count)?;
+    match released {
+        Holder::Live => {
+            stats::count(&COUNTERS.released);
+            store.notify(c"sem.release");
+        }
+        Holder::Expired => lost(&store),
+        Holder::Absent => {}
+    }
     after_write(ctx, call, &mut store, now);
-    Ok(RedisValue::Integer(released.into()))
+    Ok(RedisValue::Integer(released.reply()))
+}
+
+/// A refresh or release found its holder's lease run out.
+fn lost(store: &RedisStore) {
+    stats::count(&COUNTERS.lost);
+    store.notify(c"sem.lost");
 }
 
 /// Opens a writer's keys; while some connection holds BOUND permits, the store keeps the
@@ -147,7 +168,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
         return Err(SemError::Arity(command.name()));
     };
     let limit = parse_limit(limit.as_slice())?;
-    let lease_ms = parse_lease_ms(lease.as_slice())?;
+    let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
     let mut given_id = None;
     let mut with_ticket = false;
     let mut wait_ms = None;
@@ -221,13 +242,23 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
                 };
                 let next_deadline = store.next_deadline(now);
                 waiting::wait(ctx, call.sem(ctx), ask, now, wait_ms, next_deadline)?;
+                stats::count(&COUNTERS.waits_started);
                 RedisValue::NoReply
             }
-            None => RedisValue::Null,
+            None => {
+                stats::count(&COUNTERS.refused);
+                RedisValue::Null
+            }
         },
         Acquired::Granted { ticket, renewed } => {
-            if !renewed && request.ticket_margin > 0 {
-                fencing::moved(name);
+            if renewed {
+                stats::count(&COUNTERS.renewed);
+            } else {
+                stats::count(&COUNTERS.acquired);
+                store.notify(c"sem.acquire");
+                if request.ticket_margin > 0 {
+                    fencing::moved(name);
+                }
             }
             if bound {
                 let holder = id.as_slice().to_vec();

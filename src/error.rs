@@ -15,7 +15,10 @@ pub enum SemError {
     /// The wrong number of arguments for `command` (lower case, as Redis names it).
     Arity(&'static str),
     InvalidLimit,
-    InvalidLease,
+    /// The lease is malformed, or longer than `max_ms` (`sem.max-lease`).
+    InvalidLease {
+        max_ms: i64,
+    },
     InvalidWait,
     /// `COUNT` of an acquire outside 1..=limit, or of a release outside 1..=4294967295.
     InvalidCount,
@@ -46,6 +49,11 @@ pub enum SemError {
     },
     /// In Redis Cluster, a name without a hash tag would spread its keys over several slots.
     NeedsHashTag,
+    /// Waiting would pass `sem.max-waiters-per-semaphore` (`per_semaphore`) or `sem.max-waiters`.
+    TooManyWaiters {
+        per_semaphore: bool,
+        max: i64,
+    },
     /// The server became a replica while the command waited: it grants nothing any more.
     BecameReplica,
     /// In Redis Cluster, the semaphore's slot left this node (or is leaving) while the command
@@ -65,12 +73,14 @@ impl fmt::Display for SemError {
             SemError::InvalidLimit => {
                 write!(f, "ERR limit must be an integer from 1 to {MAX_LIMIT}")
             }
-            SemError::InvalidLease => write!(
-                f,
-                "ERR lease must be a number of seconds greater than 0 and at most {}, \
-                 with at most 3 decimals",
-                MAX_LEASE_MS / 1000
-            ),
+            SemError::InvalidLease { max_ms } => {
+                let max = *max_ms as f64 / 1000.0;
+                write!(
+                    f,
+                    "ERR lease must be a number of seconds greater than 0 and at most {max}, \
+                     with at most 3 decimals"
+                )
+            }
             SemError::InvalidWait => write!(
                 f,
                 "ERR WAIT must be a number of seconds from 0 (no limit) to {}, \
@@ -118,6 +128,20 @@ impl fmt::Display for SemError {
                 "ERR in Redis Cluster the semaphore name needs a hash tag, e.g. {name}, \
                  so that name, name:owner and name:counter share one slot",
             ),
+            SemError::TooManyWaiters {
+                per_semaphore: true,
+                max,
+            } => write!(
+                f,
+                "ERR {max} clients already wait for this semaphore (sem.max-waiters-per-semaphore)"
+            ),
+            SemError::TooManyWaiters {
+                per_semaphore: false,
+                max,
+            } => write!(
+                f,
+                "ERR {max} clients already wait for permits on this server (sem.max-waiters)"
+            ),
             SemError::BecameReplica => f.write_str(
                 "READONLY the server became a replica while the command waited for a permit",
             ),
@@ -148,7 +172,7 @@ mod tests {
             SemError::Syntax,
             SemError::Arity("sem.get"),
             SemError::InvalidLimit,
-            SemError::InvalidLease,
+            SemError::InvalidLease { max_ms: 1000 },
             SemError::InvalidWait,
             SemError::InvalidCount,
             SemError::CountMismatch { held: 4 },
@@ -163,6 +187,14 @@ mod tests {
             SemError::KindMismatch { held: Kind::Fair },
             SemError::KindMismatch { held: Kind::Plain },
             SemError::NeedsHashTag,
+            SemError::TooManyWaiters {
+                per_semaphore: true,
+                max: 1,
+            },
+            SemError::TooManyWaiters {
+                per_semaphore: false,
+                max: 1,
+            },
             SemError::BecameReplica,
             SemError::SlotMoved,
             SemError::Internal,

@@ -5,17 +5,16 @@
 //! replica (or its AOF) before it dies; the node that takes over holds an older counter and would
 //! hand the same tickets out again. So whenever this node's data may be behind what clients were
 //! told (it finished loading data at startup, or it became a primary), the next fair grant of each
-//! name first moves that name's counter [`MARGIN`] further: past any grant a lost primary could
-//! have made. The names already moved are kept in memory until the next such event, so the cost
+//! name first moves that name's counter by the margin (`sem.fencing-margin`, 10^9 by default:
+//! more fair grants than one name can receive while a primary's writes are unreplicated, at a
+//! million grants a second more than 16 minutes of them, while leaving room for 9 million such
+//! jumps below 2^53) further: past any grant a lost primary could have made. The names already moved are kept in memory until the next such event, so the cost
 //! is one ordered-set lookup per fair grant and memory for the names used since.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-/// How far a counter jumps: more fair grants than one name can receive while a primary's
-/// writes are unreplicated (at a million grants a second, more than 16 minutes of them), while
-/// leaving room for 9 million such jumps below 2^53.
-pub const MARGIN: u64 = 1_000_000_000;
+use crate::config::FENCING_MARGIN;
 
 struct State {
     armed: bool,
@@ -41,12 +40,12 @@ pub fn arm() {
     state.moved.clear();
 }
 
-/// The margin the next fair grant of `name` must add to its counter: [`MARGIN`] once per name
-/// after [`arm`], otherwise 0.
+/// The margin the next fair grant of `name` must add to its counter: the configured margin
+/// once per name after [`arm`], otherwise 0.
 pub fn margin_for(name: &[u8]) -> u64 {
     let state = state();
     if state.armed && !state.moved.contains(name) {
-        MARGIN
+        FENCING_MARGIN.get() as u64
     } else {
         0
     }
@@ -74,15 +73,16 @@ mod tests {
     fn each_name_jumps_once_after_each_arming() {
         assert_eq!(margin_for(b"a"), 0, "nothing jumps before the first arming");
         arm();
-        assert_eq!(margin_for(b"a"), MARGIN);
+        let margin = FENCING_MARGIN.get() as u64;
+        assert_eq!(margin_for(b"a"), margin);
         moved(b"a");
         assert_eq!(margin_for(b"a"), 0);
-        assert_eq!(margin_for(b"b"), MARGIN);
+        assert_eq!(margin_for(b"b"), margin);
         assert_eq!(moved_count(), 1);
         arm();
         assert_eq!(
             margin_for(b"a"),
-            MARGIN,
+            margin,
             "a new arming moves every name again"
         );
         assert_eq!(moved_count(), 0);

@@ -3,12 +3,14 @@
 
 mod args;
 mod commands;
+mod config;
 mod error;
 mod fencing;
 mod keys;
 mod queue;
 mod semaphore;
 mod server;
+mod stats;
 mod store;
 mod types;
 mod waiting;
@@ -33,8 +35,8 @@ fn flags(command: Command) -> &'static str {
 }
 
 /// Refuses a server that lacks what redsem needs, then creates the commands and declares their
-/// keys, the command filter and the server events.
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+/// keys, the settings, the command filter and the server events.
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
     let missing = server::missing_api();
     if !missing.is_empty() {
         ctx.log_warning(&format!(
@@ -43,13 +45,17 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         ));
         return Status::Err;
     }
-    let registered = Command::ALL
-        .into_iter()
-        .try_for_each(|command| {
-            server::command::create(ctx.ctx, command.name(), commands::entry, flags(command))
+    let module_args: Vec<&[u8]> = args.iter().map(|arg| arg.as_slice()).collect();
+    let registered = config::apply_module_args(&module_args)
+        .and_then(|()| server::config::register(ctx.ctx))
+        .and_then(|()| {
+            Command::ALL.into_iter().try_for_each(|command| {
+                server::command::create(ctx.ctx, command.name(), commands::entry, flags(command))
+            })
         })
         .and_then(|()| server::command_info::register(ctx.ctx))
         .and_then(|()| server::timer::init(ctx.ctx))
+        .and_then(|()| server::info::register(ctx.ctx))
         .and_then(|()| server::filter::register(ctx.ctx))
         .and_then(|()| server::events::subscribe(ctx.ctx));
     if let Err(reason) = registered {

@@ -254,6 +254,11 @@ impl<H> Registry<H> {
         slot
     }
 
+    /// How many due times are scheduled (wait ends and lease ends).
+    pub fn scheduled(&self) -> usize {
+        self.schedule.len()
+    }
+
     /// The earliest due time, if any.
     pub fn next_due_ms(&self) -> Option<i64> {
         self.schedule.first_key_value().map(|((at, _), _)| *at)

@@ -73,6 +73,26 @@ pub trait Store {
     fn put_weights(&mut self, set: Option<(&Self::Id, u64)>, removed: &[&Self::Id], extra: u64);
     /// Deletes `<name>:permits`.
     fn clear_weights(&mut self);
+    /// `count` expired holders were just removed (for counters and events).
+    fn expired_removed(&mut self, _count: usize) {}
+}
+
+/// What the identifier of a refresh or a release was when the call came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// A live holder: it kept (refresh) or gave back (release) its permits.
+    Live,
+    /// Its lease had run out: it lost its permits.
+    Expired,
+    /// Not a holder at all.
+    Absent,
+}
+
+impl Holder {
+    /// The command's reply: 1 for a live holder, else 0.
+    pub fn reply(self) -> i64 {
+        i64::from(self == Holder::Live)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,10 +174,19 @@ struct Survey<Id> {
     weights: Weights,
 }
 
-impl<Id> Survey<Id> {
+impl<Id: IdBytes> Survey<Id> {
     /// Permits in use by live holders.
     fn in_use(&self) -> u64 {
         self.live.saturating_add(self.extra)
+    }
+
+    /// What `id` was, given that it is not a live holder.
+    fn lost_or_absent(&self, id: &Id) -> Holder {
+        if self.expired.iter().any(|e| e.id_bytes() == id.id_bytes()) {
+            Holder::Expired
+        } else {
+            Holder::Absent
+        }
     }
 }
 
@@ -230,6 +259,9 @@ fn survey<S: Store>(store: &S, now_ms: i64) -> Result<Survey<S::Id>, SemError> {
 /// The first change of every writing rule: expired holders and leftovers go.
 fn prune<S: Store>(store: &mut S, survey: &Survey<S::Id>) {
     store.remove(&survey.expired);
+    if !survey.expired.is_empty() {
+        store.expired_removed(survey.expired.len());
+    }
     match &survey.leftovers {
         Leftovers::None => {}
         Leftovers::All => store.clear_owners(),
@@ -378,44 +410,48 @@ pub fn renew<S: Store>(
 }
 
 /// SEM.REFRESH: moves a live holder's deadline to `now + lease`; it keeps its permits. A holder
-/// that had expired has lost them (another may have been granted them) and gets `false`.
+/// that had expired has lost them (another may have been granted them).
 pub fn refresh<S: Store>(
     store: &mut S,
     now_ms: i64,
     id: &S::Id,
     lease_ms: i64,
-) -> Result<bool, SemError> {
+) -> Result<Holder, SemError> {
     let survey = survey(store, now_ms)?;
     prune(store, &survey);
     Ok(match store.put_holder(id, now_ms + lease_ms, Put::IfHeld) {
-        PutOutcome::Updated => true,
+        PutOutcome::Updated => Holder::Live,
         PutOutcome::Added | PutOutcome::NotHeld => {
             store.remove(slice::from_ref(id));
-            false
+            survey.lost_or_absent(id)
         }
     })
 }
 
 /// SEM.RELEASE: gives back `count` of a live holder's permits (all without COUNT); the holder
-/// stays, with its deadline and ticket, while it holds any. An expired holder gets `false`: its
+/// stays, with its deadline and ticket, while it holds any. An expired holder is told so: its
 /// critical section may have overlapped another holder's, which its caller should know.
 pub fn release<S: Store>(
     store: &mut S,
     now_ms: i64,
     id: &S::Id,
     count: Option<u64>,
-) -> Result<bool, SemError> {
+) -> Result<Holder, SemError> {
     let survey = survey(store, now_ms)?;
     let weighted = store.has_weights();
     if count.is_none() && !weighted {
         // An expired `id` goes with the others, so what is left of it here was live.
         prune(store, &survey);
-        return Ok(store.remove(slice::from_ref(id)) == 1);
+        return Ok(if store.remove(slice::from_ref(id)) == 1 {
+            Holder::Live
+        } else {
+            survey.lost_or_absent(id)
+        });
     }
     if store.deadline(id).is_none_or(|d| d <= now_ms) {
         prune(store, &survey);
         store.remove(slice::from_ref(id));
-        return Ok(false);
+        return Ok(survey.lost_or_absent(id));
     }
     let held = store.weight(id)?;
     let giving = count.unwrap_or(held);
@@ -432,7 +468,7 @@ pub fn release<S: Store>(
     } else {
         store.put_weights(Some((id, held - giving)), &[], extra);
     }
-    Ok(true)
+    Ok(Holder::Live)
 }
 
 /// SEM.GET: permits in use by live holders, without removing anything (it runs on read-only

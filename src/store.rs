@@ -4,6 +4,7 @@
 //! forget it.
 
 use std::cell::OnceCell;
+use std::ffi::CStr;
 use std::io::Write;
 
 use redis_module::{raw, Context, RedisString};
@@ -12,6 +13,7 @@ use crate::args::{parse_counter, parse_permits};
 use crate::error::SemError;
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
+use crate::stats::{self, COUNTERS};
 use crate::types::deadline_ms;
 
 /// The names of a semaphore's keys for one call.
@@ -108,6 +110,11 @@ impl<'a> RedisStore<'a> {
             None => Ok(None),
             Some(value) => parse_permits(value.as_slice()).map(Some),
         }
+    }
+
+    /// Fires a `sem.*` keyspace event (module class) on `<name>`.
+    pub fn notify(&self, event: &CStr) {
+        self.holders.notify_module(event);
     }
 
     /// A holder identifier for this store.
@@ -310,5 +317,10 @@ impl Store for RedisStore<'_> {
 
     fn clear_weights(&mut self) {
         self.permits.delete();
+    }
+
+    fn expired_removed(&mut self, count: usize) {
+        stats::add(&COUNTERS.expired, count as u64);
+        self.notify(c"sem.expire");
     }
 }

@@ -14,14 +14,16 @@ use std::sync::{Mutex, MutexGuard};
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
+use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
 use crate::queue::{Ask, Binding, Due, Registry, SemKey, WaiterId};
-use crate::semaphore::{self, AcquireRequest, Acquired};
+use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
 use crate::server::key::Access;
 use crate::server::{cluster_can_serve, is_primary, now_ms, select_db, timer};
+use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
 
@@ -106,6 +108,25 @@ pub fn line(sem: &SemKey, now_ms: i64) -> (usize, Option<i64>) {
     })
 }
 
+/// The gauges of `INFO sem`.
+pub fn gauges() -> Vec<(&'static str, u64)> {
+    let (semaphores, waiters, scheduled, bound) = with(|s| {
+        (
+            s.registry.waited(None).len(),
+            s.registry.total_waiters(),
+            s.registry.scheduled(),
+            s.registry.bound_count(),
+        )
+    });
+    vec![
+        ("semaphores_with_waiters", semaphores as u64),
+        ("waiters", waiters as u64),
+        ("scheduled_wakeups", scheduled as u64),
+        ("armed_timers", u64::from(timer::is_armed())),
+        ("bound_holders", bound as u64),
+    ]
+}
+
 /// Whether some connection holds BOUND permits.
 pub fn any_bindings() -> bool {
     BINDINGS.load(Ordering::Relaxed) > 0
@@ -121,6 +142,23 @@ pub fn wait(
     wait_ms: i64,
     next_deadline: Option<i64>,
 ) -> Result<(), SemError> {
+    with(|s| {
+        let per_semaphore = config::MAX_WAITERS_PER_SEMAPHORE.get();
+        let total = config::MAX_WAITERS.get();
+        if s.registry.queued(&sem) as i64 >= per_semaphore {
+            Err(SemError::TooManyWaiters {
+                per_semaphore: true,
+                max: per_semaphore,
+            })
+        } else if s.registry.total_waiters() as i64 >= total {
+            Err(SemError::TooManyWaiters {
+                per_semaphore: false,
+                max: total,
+            })
+        } else {
+            Ok(())
+        }
+    })?;
     let blocked = block::block(ctx).ok_or(SemError::Internal)?;
     let key = blocked.key();
     let client = block::client_id(ctx);
@@ -182,8 +220,15 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
         let outcome = match semaphore::acquire(store, now_ms, &holder, &request) {
             Ok(Acquired::Full) | Err(SemError::KindMismatch { .. }) => break,
             Ok(Acquired::Granted { ticket, renewed }) => {
-                if !renewed && request.ticket_margin > 0 {
-                    fencing::moved(&sem.name);
+                stats::count(&COUNTERS.waits_granted);
+                if renewed {
+                    stats::count(&COUNTERS.renewed);
+                } else {
+                    stats::count(&COUNTERS.acquired);
+                    store.notify(c"sem.acquire");
+                    if request.ticket_margin > 0 {
+                        fencing::moved(&sem.name);
+                    }
                 }
                 let binding = Binding {
                     sem: sem.clone(),
@@ -371,6 +416,7 @@ pub fn on_timer(ctx: &Context) {
         match item {
             Due::Timeout(id) => {
                 let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
+                stats::count(&COUNTERS.waits_timed_out);
                 answer(id, Outcome::TimedOut);
                 to_serve.extend(sem);
             }
@@ -459,10 +505,14 @@ fn serve_outside(ctx: &Context, sem: &SemKey, now_ms: i64) {
     }
 }
 
-/// Gives `binding`'s permit back, if it is still held.
+/// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
+/// grant never reached the client.
 fn give_back(ctx: &Context, binding: &Binding, now_ms: i64) {
     let _ = with_store(ctx, &binding.sem, |store| {
         let holder = store.id(&binding.holder);
-        let _ = semaphore::release(store, now_ms, &holder, None);
+        if let Ok(Holder::Live) = semaphore::release(store, now_ms, &holder, None) {
+            stats::count(&COUNTERS.bound_released);
+            store.notify(c"sem.release");
+        }
     });
 }

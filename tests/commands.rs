@@ -593,7 +593,7 @@ fn changes_fire_the_keyspace_events_of_the_equivalent_commands() {
     let id: String = run(&mut c, &["SEM.ACQUIREFAIR", "ks", "1", "10"]);
     let _: i64 = run(&mut c, &["SEM.RELEASE", "ks", &id]);
     let mut events = Vec::new();
-    while events.len() < 9 {
+    while events.len() < 11 {
         let message = pubsub.get_message().expect("a keyspace event");
         let key = message
             .get_channel_name()
@@ -607,12 +607,38 @@ fn changes_fire_the_keyspace_events_of_the_equivalent_commands() {
             "ks zadd",
             "ks:counter set",
             "ks:owner zadd",
+            "ks sem.acquire",
             "ks expire",
             "ks:owner expire",
             "ks zrem",
             "ks del",
             "ks:owner zrem",
             "ks:owner del",
+            "ks sem.release",
+        ]
+    );
+
+    // The module class alone (`d`): what auditors and dashboards follow.
+    let _: String = run(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "Kd"]);
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "ks", "1", "0.1", "ID", "short"]);
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "ks", "2", "10", "ID", "long"]);
+    sleep(Duration::from_millis(150));
+    let _: i64 = run(&mut c, &["SEM.REFRESH", "ks", "short", "10"]);
+    let _: i64 = run(&mut c, &["SEM.RELEASE", "ks", "long"]);
+    let mut events = Vec::new();
+    while events.len() < 5 {
+        let message = pubsub.get_message().expect("a module keyspace event");
+        let event: String = message.get_payload().unwrap();
+        events.push(event);
+    }
+    assert_eq!(
+        events,
+        [
+            "sem.acquire",
+            "sem.acquire",
+            "sem.expire",
+            "sem.lost",
+            "sem.release"
         ]
     );
 }

@@ -497,7 +497,10 @@ fn owner_entries_without_holders_are_leftovers_removed_by_the_next_write() {
     store.owners.insert(id("ghost"), 9.0);
     assert!(snapshot(&store, T0).unwrap().fair);
     store.effects.clear();
-    assert_eq!(release(&mut store, T0 + 1, &id("nobody"), None), Ok(false));
+    assert_eq!(
+        release(&mut store, T0 + 1, &id("nobody"), None),
+        Ok(Holder::Absent)
+    );
     assert_eq!(store.effects, ["ZREM o ghost"]);
     assert_eq!(store.owners.len(), 1);
 
@@ -545,17 +548,23 @@ fn foreign_holder_scores_read_as_deadlines() {
 fn refresh_extends_only_live_holders() {
     let mut store = MemoryStore::default();
     run_on(&mut store, &[(0, "a", fair(3, 100), Ok(granted(Some(1))))]);
-    assert_eq!(refresh(&mut store, T0 + 99, &id("a"), 500), Ok(true));
+    assert_eq!(
+        refresh(&mut store, T0 + 99, &id("a"), 500),
+        Ok(Holder::Live)
+    );
     assert_eq!(store.holders[&id("a")], (T0 + 599) as f64);
     assert_eq!(store.owners[&id("a")], 1.0, "the ticket is kept");
     assert_eq!(
         refresh(&mut store, T0 + 599, &id("a"), 500),
-        Ok(false),
+        Ok(Holder::Expired),
         "expired at its deadline"
     );
     assert!(store.holders.is_empty() && store.owners.is_empty());
     store.effects.clear();
-    assert_eq!(refresh(&mut store, T0, &id("never"), 500), Ok(false));
+    assert_eq!(
+        refresh(&mut store, T0, &id("never"), 500),
+        Ok(Holder::Absent)
+    );
     assert!(
         store.effects.is_empty(),
         "a refresh that finds nothing changes nothing"
@@ -566,7 +575,10 @@ fn refresh_extends_only_live_holders() {
 fn refresh_of_a_lost_holder_clears_what_is_left_of_it() {
     let mut store = MemoryStore::default();
     store.owners.insert(id("ghost"), 4.0);
-    assert_eq!(refresh(&mut store, T0, &id("ghost"), 500), Ok(false));
+    assert_eq!(
+        refresh(&mut store, T0, &id("ghost"), 500),
+        Ok(Holder::Absent)
+    );
     assert!(store.owners.is_empty());
 }
 
@@ -580,15 +592,18 @@ fn release_reports_whether_the_permit_was_still_held() {
             (0, "b", fair(3, 100), Ok(granted(Some(2)))),
         ],
     );
-    assert_eq!(release(&mut store, T0 + 50, &id("a"), None), Ok(true));
     assert_eq!(
         release(&mut store, T0 + 50, &id("a"), None),
-        Ok(false),
+        Ok(Holder::Live)
+    );
+    assert_eq!(
+        release(&mut store, T0 + 50, &id("a"), None),
+        Ok(Holder::Absent),
         "released twice"
     );
     assert_eq!(
         release(&mut store, T0 + 100, &id("b"), None),
-        Ok(false),
+        Ok(Holder::Expired),
         "expired holder"
     );
     assert!(store.holders.is_empty() && store.owners.is_empty());
@@ -750,15 +765,24 @@ fn partial_release_keeps_the_holder_and_its_ticket() {
         release(&mut store, T0 + 1, &id("w"), Some(7)),
         Err(SemError::CountTooLarge { held: 6 })
     );
-    assert_eq!(release(&mut store, T0 + 1, &id("w"), Some(4)), Ok(true));
+    assert_eq!(
+        release(&mut store, T0 + 1, &id("w"), Some(4)),
+        Ok(Holder::Live)
+    );
     assert_eq!(store.weights[&id("w")], 2);
     assert_eq!(store.extra, Some(1));
     assert_eq!(store.owners[&id("w")], 1.0, "the ticket stays");
     assert_eq!(in_use(&store, T0 + 1), Ok(2));
-    assert_eq!(release(&mut store, T0 + 2, &id("w"), Some(1)), Ok(true));
+    assert_eq!(
+        release(&mut store, T0 + 2, &id("w"), Some(1)),
+        Ok(Holder::Live)
+    );
     assert!(!store.has_weights(), "one permit left: no field");
     assert_eq!(in_use(&store, T0 + 2), Ok(1));
-    assert_eq!(release(&mut store, T0 + 3, &id("w"), None), Ok(true));
+    assert_eq!(
+        release(&mut store, T0 + 3, &id("w"), None),
+        Ok(Holder::Live)
+    );
     assert!(store.holders.is_empty() && store.owners.is_empty());
     // COUNT on a holder of one permit, and on a non-holder.
     run_on(
@@ -771,7 +795,7 @@ fn partial_release_keeps_the_holder_and_its_ticket() {
     );
     assert_eq!(
         release(&mut store, T0 + 5, &id("nobody"), Some(2)),
-        Ok(false)
+        Ok(Holder::Absent)
     );
 }
 

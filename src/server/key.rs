@@ -501,6 +501,12 @@ impl<'a> Key<'a> {
         self.changed(raw::REDISMODULE_NOTIFY_STRING, c"set");
     }
 
+    /// Fires a keyspace event of the module class (`notify-keyspace-events` with `d`) on this
+    /// key.
+    pub fn notify_module(&self, event: &CStr) {
+        self.notify(raw::REDISMODULE_NOTIFY_MODULE, event);
+    }
+
     /// Records a change: the keyspace event now, the modified-key signal when the key closes.
     fn changed(&self, class: c_int, event: &CStr) {
         self.changed.set(true);

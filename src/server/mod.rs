@@ -6,8 +6,10 @@
 pub mod block;
 pub mod command;
 pub mod command_info;
+pub mod config;
 pub mod events;
 pub mod filter;
+pub mod info;
 pub mod key;
 pub mod timer;
 
@@ -75,6 +77,11 @@ pub fn missing_api() -> Vec<&'static str> {
         RedisModule_StopTimer,
         RedisModule_GetDetachedThreadSafeContext,
         RedisModule_SelectDb,
+        RedisModule_RegisterInfoFunc,
+        RedisModule_RegisterNumericConfig,
+        RedisModule_LoadConfigs,
+        RedisModule_InfoAddSection,
+        RedisModule_InfoAddFieldULongLong,
         RedisModule_GetSelectedDb,
     );
     required

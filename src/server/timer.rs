@@ -22,6 +22,11 @@ fn armed() -> std::sync::MutexGuard<'static, Option<(raw::RedisModuleTimerID, i6
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Whether the timer is armed.
+pub fn is_armed() -> bool {
+    armed().is_some()
+}
+
 /// Called once at load.
 pub fn init(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     // SAFETY: the OnLoad context; the detached context lives as long as the module.

@@ -1,0 +1,115 @@
+//! The module's settings: `CONFIG SET/GET sem.<name>`, `loadmodule ... <name> <value>`, and
+//! `sem.<name>` lines in redis.conf. Read on the hot path as relaxed atomics.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use crate::types::MAX_LEASE_MS;
+
+/// One numeric setting: its name (after `sem.`), bounds, and current value (the default until
+/// set).
+pub struct Setting {
+    pub name: &'static str,
+    pub min: i64,
+    pub max: i64,
+    pub value: AtomicI64,
+}
+
+impl Setting {
+    const fn new(name: &'static str, min: i64, max: i64, default: i64) -> Self {
+        Setting {
+            name,
+            min,
+            max,
+            value: AtomicI64::new(default),
+        }
+    }
+
+    pub fn get(&self) -> i64 {
+        self.value.load(Ordering::Relaxed)
+    }
+
+    /// Sets the value when it is within bounds.
+    pub fn set(&self, value: i64) -> Result<(), String> {
+        if (self.min..=self.max).contains(&value) {
+            self.value.store(value, Ordering::Relaxed);
+            Ok(())
+        } else {
+            Err(format!(
+                "sem.{} must be an integer from {} to {}",
+                self.name, self.min, self.max
+            ))
+        }
+    }
+}
+
+/// The longest lease, in seconds.
+pub static MAX_LEASE: Setting =
+    Setting::new("max-lease", 1, MAX_LEASE_MS / 1000, MAX_LEASE_MS / 1000);
+/// How many clients may wait for one semaphore.
+pub static MAX_WAITERS_PER_SEMAPHORE: Setting =
+    Setting::new("max-waiters-per-semaphore", 1, 1_000_000_000, 100_000);
+/// How many clients may wait in all.
+pub static MAX_WAITERS: Setting = Setting::new("max-waiters", 1, 1_000_000_000, 1_000_000);
+/// How far fair tickets jump after a restart or a failover (`fencing.rs`).
+pub static FENCING_MARGIN: Setting =
+    Setting::new("fencing-margin", 0, 1_000_000_000_000, 1_000_000_000);
+
+pub static SETTINGS: [&Setting; 4] = [
+    &MAX_LEASE,
+    &MAX_WAITERS_PER_SEMAPHORE,
+    &MAX_WAITERS,
+    &FENCING_MARGIN,
+];
+
+/// The longest lease allowed now, in milliseconds.
+pub fn max_lease_ms() -> i64 {
+    MAX_LEASE.get().saturating_mul(1000)
+}
+
+/// Applies `loadmodule` arguments: `<name> <value>` pairs.
+pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
+    if !args.len().is_multiple_of(2) {
+        return Err("module arguments come in pairs: <name> <value>".into());
+    }
+    for pair in args.chunks(2) {
+        let name = String::from_utf8_lossy(pair[0]);
+        let name = name.strip_prefix("sem.").unwrap_or(&name);
+        let setting = SETTINGS
+            .iter()
+            .find(|s| s.name.eq_ignore_ascii_case(name))
+            .ok_or_else(|| format!("unknown module argument {name}"))?;
+        let value = std::str::from_utf8(pair[1])
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .ok_or_else(|| format!("sem.{} must be an integer", setting.name))?;
+        setting.set(value)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_refuse_values_out_of_bounds() {
+        let setting = Setting::new("x", 1, 10, 5);
+        assert_eq!(setting.get(), 5);
+        assert!(setting.set(11).is_err());
+        assert!(setting.set(0).is_err());
+        assert_eq!(setting.get(), 5);
+        setting.set(10).unwrap();
+        assert_eq!(setting.get(), 10);
+    }
+
+    #[test]
+    fn module_arguments_come_in_pairs_of_known_names() {
+        assert!(apply_module_args(&[b"max-lease"]).is_err());
+        assert!(apply_module_args(&[b"nonsense", b"1"]).is_err());
+        assert!(apply_module_args(&[b"max-waiters", b"many"]).is_err());
+        assert!(apply_module_args(&[b"max-waiters", b"0"]).is_err());
+        apply_module_args(&[b"sem.max-waiters", b"77"]).unwrap();
+        assert_eq!(MAX_WAITERS.get(), 77);
+        MAX_WAITERS.set(1_000_000).unwrap();
+    }
+}

@@ -1,0 +1,31 @@
+//! `INFO sem`: the module's section of INFO, filled from `stats.rs`.
+
+use std::ffi::CString;
+use std::os::raw::c_int;
+
+use redis_module::raw;
+
+use crate::stats;
+
+/// Registers the INFO callback (replacing the crate's empty one).
+pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    // SAFETY: the OnLoad context; the callback is a plain function.
+    let status = unsafe { raw::RedisModule_RegisterInfoFunc.unwrap()(ctx, Some(fill)) };
+    if status == raw::REDISMODULE_OK as c_int {
+        Ok(())
+    } else {
+        Err("the server refused the INFO callback".into())
+    }
+}
+
+extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    // SAFETY: the INFO context Redis passes; the section name and field names are C strings
+    // that live through each call. The section is the module's own ("sem").
+    unsafe {
+        raw::RedisModule_InfoAddSection.unwrap()(ctx, std::ptr::null_mut());
+        for (name, value) in stats::fields() {
+            let name = CString::new(name).expect("no NUL in field names");
+            raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, name.as_ptr().cast_mut(), value);
+        }
+    }
+}

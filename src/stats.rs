@@ -1,0 +1,54 @@
+//! What `INFO sem` reports: counters since the module loaded, and gauges read from the waiting
+//! side when asked. A counter is one relaxed atomic add, so counting costs nothing measurable.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::waiting;
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal,)*) => {
+        /// Every counter, in the order INFO lists them.
+        pub struct Counters {
+            $(#[doc = $doc] pub $name: AtomicU64,)*
+        }
+
+        pub static COUNTERS: Counters = Counters {
+            $($name: AtomicU64::new(0),)*
+        };
+
+        fn each_counter() -> Vec<(&'static str, u64)> {
+            vec![$((stringify!($name), COUNTERS.$name.load(Ordering::Relaxed)),)*]
+        }
+    };
+}
+
+counters! {
+    acquired: "New holders granted, at once or after waiting.",
+    renewed: "Acquires by an identifier that already held a live permit.",
+    refused: "Acquires answered nil at once (the semaphore was full, or others waited).",
+    refreshed: "Refreshes of a live holder.",
+    released: "Releases of a live holder (all or part of its permits).",
+    lost: "Refreshes and releases of a holder whose lease had run out.",
+    expired: "Expired holders removed.",
+    waits_started: "Callers that started waiting.",
+    waits_granted: "Waiters granted a permit.",
+    waits_timed_out: "Waits that ended without a permit.",
+    bound_released: "Permits given back because their BOUND connection closed.",
+}
+
+/// Adds one to `counter`.
+pub fn count(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adds `n` to `counter`.
+pub fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The fields of `INFO sem`: the counters, then the gauges.
+pub fn fields() -> Vec<(&'static str, u64)> {
+    let mut fields = each_counter();
+    fields.extend(waiting::gauges());
+    fields
+}
