@@ -4,6 +4,7 @@
 mod args;
 mod commands;
 mod config;
+mod docs;
 mod error;
 mod fencing;
 mod keys;
@@ -24,16 +25,6 @@ use std::alloc::System as Allocator;
 use keys::Command;
 use redis_module::{redis_module, Context, RedisString, Status};
 
-/// The flags of each command. Release and refresh never grow memory, so they are not
-/// `deny-oom`: giving a permit back must work exactly when memory is tight.
-fn flags(command: Command) -> &'static str {
-    match command {
-        Command::Acquire | Command::AcquireFair => "write deny-oom getkeys-api",
-        Command::Refresh | Command::Release => "write getkeys-api",
-        Command::Get => "readonly getkeys-api",
-    }
-}
-
 /// Refuses a server that lacks what redsem needs, then creates the commands and declares their
 /// keys, the settings, the command filter and the server events.
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
@@ -50,7 +41,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         .and_then(|()| server::config::register(ctx.ctx))
         .and_then(|()| {
             Command::ALL.into_iter().try_for_each(|command| {
-                server::command::create(ctx.ctx, command.name(), commands::entry, flags(command))
+                let flags = docs::command(command.name()).module_flags();
+                server::command::create(ctx.ctx, command.name(), commands::entry, &flags)
             })
         })
         .and_then(|()| server::command_info::register(ctx.ctx))

@@ -1,110 +1,89 @@
-//! What `COMMAND INFO` and `COMMAND DOCS` say of each SEM.* command: arity and key specs
+//! What `COMMAND INFO` and `COMMAND DOCS` say of each SEM.* command, built from
+//! `commands.json` (`docs.rs`): summary, complexity, arity, key specs and arguments
 //! (`RedisModule_SetCommandInfo`, Redis 7.0+), and ACL categories where the server has module
-//! ACL categories (7.2+, Valkey).
+//! ACL categories (7.2+, Valkey), with a `semaphore` category of their own where the server can
+//! add one.
 //!
 //! Two key specs per command: the name at position 1, and the derived keys the command filter
 //! inserts after it, as an "unknown" spec. That one sends Redis to the command's own
 //! keys-position reply (`getkeys-api`) for ACL checks, Cluster routing and COMMAND GETKEYS,
-//! which names exactly the keys of the arguments it is given, with these flags: `%R~` users may
-//! call SEM.GET only.
+//! which names exactly the keys of the arguments it is given, with the spec's flags: `%R~`
+//! users may call SEM.GET only.
 
 use std::ffi::CString;
 use std::os::raw::c_int;
 
 use redis_module::raw;
 
+use crate::docs::{self, ArgDoc, CommandDoc};
 use crate::keys::Command;
 
-struct Description {
-    /// Negative: at least that many arguments, command name included. The filter inserts the
-    /// derived keys, so no SEM.* command has an exact arity as far as Redis can see.
-    arity: c_int,
-    /// How the command uses `<name>`, and the derived keys.
-    name_flags: u32,
-    derived_flags: u32,
-    summary: &'static str,
-    complexity: &'static str,
-    acl_categories: &'static str,
-}
-
-// As Redis flags its own commands (INSERT, UPDATE and DELETE exclude each other): an acquire
-// updates and returns data (the ticket), as INCR does; a release deletes, as ZREM does. Any write
-// may grant a waiter, which updates the owner set and the counter.
-const ACQUIRES: u32 =
-    raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
-const UPDATES: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE;
-const READS: u32 = raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS;
-
-fn describe(command: Command) -> Description {
-    let prune = "O((1 + E) log N) for N holders and E expired holders removed";
-    match command {
-        Command::Acquire => Description {
-            arity: -4,
-            name_flags: ACQUIRES,
-            derived_flags: ACQUIRES,
-            summary: "Takes a permit of a counting semaphore, or replies nil when it is full",
-            complexity: prune,
-            acl_categories: "write",
-        },
-        Command::AcquireFair => Description {
-            arity: -4,
-            name_flags: ACQUIRES,
-            derived_flags: ACQUIRES,
-            summary: "Takes a permit of a fair counting semaphore with a fencing ticket",
-            complexity: prune,
-            acl_categories: "write",
-        },
-        Command::Refresh => Description {
-            arity: -4,
-            name_flags: UPDATES,
-            derived_flags: UPDATES,
-            summary: "Extends a live permit's lease",
-            complexity: prune,
-            acl_categories: "write",
-        },
-        Command::Release => Description {
-            arity: -3,
-            name_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
-            derived_flags: UPDATES,
-            summary: "Gives a permit back",
-            complexity: prune,
-            acl_categories: "write",
-        },
-        Command::Get => Description {
-            arity: -2,
-            name_flags: READS,
-            derived_flags: READS,
-            summary: "Counts the live holders of a semaphore, or describes them as JSON",
-            complexity: "O(log N + E) for N holders and E expired ones; O(N log N) with JSON",
-            acl_categories: "read",
-        },
-    }
+/// The `REDISMODULE_CMD_KEY_*` bits of commands.json's key-spec flags.
+fn key_flag_bits(flags: &[String]) -> u32 {
+    flags
+        .iter()
+        .map(|flag| match flag.as_str() {
+            "RO" => raw::REDISMODULE_CMD_KEY_RO,
+            "RW" => raw::REDISMODULE_CMD_KEY_RW,
+            "OW" => raw::REDISMODULE_CMD_KEY_OW,
+            "RM" => raw::REDISMODULE_CMD_KEY_RM,
+            "ACCESS" => raw::REDISMODULE_CMD_KEY_ACCESS,
+            "UPDATE" => raw::REDISMODULE_CMD_KEY_UPDATE,
+            "INSERT" => raw::REDISMODULE_CMD_KEY_INSERT,
+            "DELETE" => raw::REDISMODULE_CMD_KEY_DELETE,
+            other => panic!("unknown key-spec flag {other} in commands.json"),
+        })
+        .fold(0, |bits, bit| bits | bit)
 }
 
 /// The flags of `<name>` and of the derived keys, as `command`'s key specs and keys-position
 /// replies say.
 pub fn key_flags(command: Command) -> (u32, u32) {
-    let description = describe(command);
-    (description.name_flags, description.derived_flags)
+    let doc = docs::command(command.name());
+    (
+        key_flag_bits(&doc.key_specs[0].flags),
+        key_flag_bits(&doc.key_specs[1].flags),
+    )
 }
 
-/// Registers every command's info. Fails (with the reason logged) when the server refuses it.
+/// The ACL category redsem adds where the server can (`RedisModule_AddACLCategory`).
+const CATEGORY: &str = "semaphore";
+
+/// Registers every command's info. Fails (with the reason) when the server refuses it.
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    // SAFETY: plain reads of function pointers filled in at load (newer servers only).
+    let (add_category, set_categories) = unsafe {
+        (
+            raw::RedisModule_AddACLCategory,
+            raw::RedisModule_SetCommandACLCategories,
+        )
+    };
+    let own_category = match add_category {
+        Some(add) => {
+            let name = CString::new(CATEGORY).expect("no NUL");
+            // SAFETY: the OnLoad context and a C string.
+            (unsafe { add(ctx, name.as_ptr()) } == raw::REDISMODULE_OK as c_int).then_some(CATEGORY)
+        }
+        None => None,
+    };
     for command in Command::ALL {
-        let description = describe(command);
+        let doc = docs::command(command.name());
         let name = CString::new(command.name()).expect("no NUL in command names");
         // SAFETY: GetCommand takes the context of OnLoad and a command this module created.
         let handle = unsafe { raw::RedisModule_GetCommand.unwrap()(ctx, name.as_ptr()) };
         if handle.is_null() {
             return Err(format!("{} is not registered", command.name()));
         }
-        set_info(handle, &description)
+        set_info(handle, doc)
             .map_err(|()| format!("the server refused the command info of {}", command.name()))?;
-        if let Some(set_categories) =
-            // SAFETY: a plain read of a function pointer filled in at load (7.2+ only).
-            unsafe { raw::RedisModule_SetCommandACLCategories }
-        {
-            let categories = CString::new(description.acl_categories).expect("no NUL");
+        if let Some(set_categories) = set_categories {
+            let mut categories: Vec<String> = doc
+                .acl_categories
+                .iter()
+                .map(|c| c.to_lowercase())
+                .collect();
+            categories.extend(own_category.map(str::to_string));
+            let categories = CString::new(categories.join(" ")).expect("no NUL");
             // SAFETY: a command of this module, during OnLoad, and a valid C string.
             if unsafe { set_categories(handle, categories.as_ptr()) }
                 != raw::REDISMODULE_OK as c_int
@@ -119,32 +98,86 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     Ok(())
 }
 
-fn set_info(handle: *mut raw::RedisModuleCommand, description: &Description) -> Result<(), ()> {
-    let summary = CString::new(description.summary).expect("no NUL");
-    let complexity = CString::new(description.complexity).expect("no NUL");
-    let since = c"0.1.0";
-    let notes =
-        c"<name>:owner and <name>:counter, inserted after the name by the module's command filter";
-    let name_flags = u64::from(description.name_flags);
-    let derived_flags = u64::from(description.derived_flags);
+/// C strings that must live until `SetCommandInfo` returns (Redis copies what it keeps).
+#[derive(Default)]
+struct Strings(Vec<CString>);
+
+impl Strings {
+    fn keep(&mut self, text: &str) -> *const std::os::raw::c_char {
+        let string = CString::new(text).expect("no NUL in commands.json");
+        let ptr = string.as_ptr();
+        self.0.push(string);
+        ptr
+    }
+}
+
+fn arg_type(kind: &str) -> raw::RedisModuleCommandArgType {
+    match kind {
+        "key" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+        "string" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+        "integer" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+        "double" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+        "pure-token" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+        other => panic!("unknown argument type {other} in commands.json"),
+    }
+}
+
+fn command_arg(arg: &ArgDoc, strings: &mut Strings) -> raw::RedisModuleCommandArg {
+    // SAFETY: an all-zero argument is valid (null strings, no subarguments).
+    let mut out: raw::RedisModuleCommandArg = unsafe { std::mem::zeroed() };
+    out.name = strings.keep(&arg.name);
+    out.type_ = arg_type(&arg.kind);
+    out.key_spec_index = arg.key_spec_index.unwrap_or(-1);
+    if let Some(token) = &arg.token {
+        out.token = strings.keep(token);
+    }
+    if arg.optional {
+        out.flags = raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int;
+    }
+    out
+}
+
+fn set_info(handle: *mut raw::RedisModuleCommand, doc: &CommandDoc) -> Result<(), ()> {
+    let mut strings = Strings::default();
+    let summary = strings.keep(&doc.summary);
+    let complexity = strings.keep(&doc.complexity);
+    let since = strings.keep(&doc.since);
     // SAFETY: zeroed key specs are the array terminator the API expects; the unions are
     // written with the variant their search and find types name.
-    let mut key_specs: [raw::RedisModuleCommandKeySpec; 3] = unsafe { std::mem::zeroed() };
-    key_specs[0].flags = name_flags;
-    key_specs[0].begin_search_type =
-        raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-    key_specs[0].bs.index.pos = 1;
-    key_specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    key_specs[0].fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
-        lastkey: 0,
-        keystep: 1,
-        limit: 0,
-    };
-    key_specs[1].notes = notes.as_ptr();
-    key_specs[1].flags = derived_flags;
-    key_specs[1].begin_search_type =
-        raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_UNKNOWN;
-    key_specs[1].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_UNKNOWN;
+    let mut key_specs: Vec<raw::RedisModuleCommandKeySpec> =
+        vec![unsafe { std::mem::zeroed() }; doc.key_specs.len() + 1];
+    for (spec, out) in doc.key_specs.iter().zip(&mut key_specs) {
+        out.flags = u64::from(key_flag_bits(&spec.flags));
+        if let Some(notes) = &spec.notes {
+            out.notes = strings.keep(notes);
+        }
+        match spec.index {
+            Some(pos) => {
+                out.begin_search_type =
+                    raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+                out.bs.index.pos = pos;
+                out.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+                out.fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                    lastkey: 0,
+                    keystep: 1,
+                    limit: 0,
+                };
+            }
+            None => {
+                out.begin_search_type =
+                    raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_UNKNOWN;
+                out.find_keys_type =
+                    raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_UNKNOWN;
+            }
+        }
+    }
+    let mut args: Vec<raw::RedisModuleCommandArg> = doc
+        .arguments
+        .iter()
+        .map(|arg| command_arg(arg, &mut strings))
+        .collect();
+    // SAFETY: the zeroed terminator.
+    args.push(unsafe { std::mem::zeroed() });
     let version = raw::RedisModuleCommandInfoVersion {
         version: 1,
         sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
@@ -153,14 +186,14 @@ fn set_info(handle: *mut raw::RedisModuleCommand, description: &Description) -> 
     };
     let info = raw::RedisModuleCommandInfo {
         version: &version,
-        summary: summary.as_ptr(),
-        complexity: complexity.as_ptr(),
-        since: since.as_ptr(),
+        summary,
+        complexity,
+        since,
         history: std::ptr::null_mut(),
         tips: std::ptr::null(),
-        arity: description.arity,
+        arity: doc.arity,
         key_specs: key_specs.as_mut_ptr(),
-        args: std::ptr::null_mut(),
+        args: args.as_mut_ptr(),
     };
     // SAFETY: every pointer in `info` is valid for the call; Redis copies what it keeps.
     let status = unsafe { raw::RedisModule_SetCommandInfo.unwrap()(handle, &info) };

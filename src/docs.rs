@@ -1,0 +1,222 @@
+//! The commands' own description, from `commands.json` (Redis's schema for its command docs):
+//! the one source of their syntax, flags, key specs and documentation. Registration
+//! (`server::command_info`) builds `COMMAND INFO` and `COMMAND DOCS` from it, and a test keeps
+//! the README's command reference in step with it.
+
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+const COMMANDS_JSON: &str = include_str!("../commands.json");
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandDoc {
+    pub name: String,
+    pub summary: String,
+    pub complexity: String,
+    pub since: String,
+    pub arity: i32,
+    /// `WRITE`, `DENYOOM`, `READONLY`.
+    pub command_flags: Vec<String>,
+    /// `WRITE`, `READ`.
+    pub acl_categories: Vec<String>,
+    pub key_specs: Vec<KeySpecDoc>,
+    pub arguments: Vec<ArgDoc>,
+    pub reply: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpecDoc {
+    pub notes: Option<String>,
+    /// `RW`, `RO`, `ACCESS`, `UPDATE`, `INSERT`, `DELETE`.
+    pub flags: Vec<String>,
+    /// An index spec (the name at this position), or an unknown one (the derived keys).
+    pub index: Option<i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgDoc {
+    pub name: String,
+    /// `key`, `string`, `integer`, `double`, `pure-token`.
+    pub kind: String,
+    pub token: Option<String>,
+    pub optional: bool,
+    pub key_spec_index: Option<i32>,
+}
+
+/// Every command, in the file's order.
+pub fn all() -> &'static [CommandDoc] {
+    static DOCS: OnceLock<Vec<CommandDoc>> = OnceLock::new();
+    DOCS.get_or_init(|| parse(COMMANDS_JSON).expect("commands.json is valid (tested)"))
+}
+
+/// The description of `name` (as registered, case-insensitive).
+pub fn command(name: &str) -> &'static CommandDoc {
+    all()
+        .iter()
+        .find(|doc| doc.name.eq_ignore_ascii_case(name))
+        .expect("every command is in commands.json (tested)")
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| item.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn text(value: &Value, field: &str) -> Result<String, String> {
+    value[field]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("missing \"{field}\""))
+}
+
+fn parse(json: &str) -> Result<Vec<CommandDoc>, String> {
+    let root: serde_json::Map<String, Value> =
+        serde_json::from_str(json).map_err(|e| e.to_string())?;
+    root.into_iter()
+        .map(|(name, doc)| {
+            let key_specs = doc["key_specs"]
+                .as_array()
+                .ok_or("missing key_specs")?
+                .iter()
+                .map(|spec| KeySpecDoc {
+                    notes: spec["notes"].as_str().map(str::to_string),
+                    flags: strings(&spec["flags"]),
+                    index: spec["begin_search"]["index"]["pos"]
+                        .as_i64()
+                        .map(|pos| pos as i32),
+                })
+                .collect();
+            let arguments = doc["arguments"]
+                .as_array()
+                .ok_or("missing arguments")?
+                .iter()
+                .map(|arg| {
+                    Ok(ArgDoc {
+                        name: text(arg, "name")?,
+                        kind: text(arg, "type")?,
+                        token: arg["token"].as_str().map(str::to_string),
+                        optional: arg["optional"].as_bool().unwrap_or(false),
+                        key_spec_index: arg["key_spec_index"].as_i64().map(|i| i as i32),
+                    })
+                })
+                .collect::<Result<_, String>>()?;
+            Ok(CommandDoc {
+                summary: text(&doc, "summary")?,
+                complexity: text(&doc, "complexity")?,
+                since: text(&doc, "since")?,
+                arity: doc["arity"].as_i64().ok_or("missing arity")? as i32,
+                command_flags: strings(&doc["command_flags"]),
+                acl_categories: strings(&doc["acl_categories"]),
+                key_specs,
+                arguments,
+                reply: text(&doc, "reply")?,
+                name,
+            })
+        })
+        .collect()
+}
+
+impl CommandDoc {
+    /// The syntax line, as the README's headings and redis-cli's hints show it:
+    /// `SEM.GET name [JSON]`.
+    #[cfg(test)]
+    pub fn syntax(&self) -> String {
+        let mut line = self.name.clone();
+        for arg in &self.arguments {
+            let word = match (&arg.token, arg.kind.as_str()) {
+                (Some(token), "pure-token") => token.clone(),
+                (Some(token), _) => format!("{token} {}", arg.name),
+                (None, _) => arg.name.clone(),
+            };
+            line.push(' ');
+            if arg.optional {
+                line.push_str(&format!("[{word}]"));
+            } else {
+                line.push_str(&word);
+            }
+        }
+        line
+    }
+
+    /// The flags string of `RedisModule_CreateCommand`. Every command reports its keys itself
+    /// (`getkeys-api`: see `keys.rs`). SEM.RELEASE and SEM.REFRESH never grow memory, so they
+    /// are not `deny-oom`: giving a permit back must work exactly when memory is tight.
+    pub fn module_flags(&self) -> String {
+        let mut flags: Vec<&str> = self
+            .command_flags
+            .iter()
+            .map(|flag| match flag.as_str() {
+                "WRITE" => "write",
+                "READONLY" => "readonly",
+                "DENYOOM" => "deny-oom",
+                other => panic!("unknown command flag {other} in commands.json"),
+            })
+            .collect();
+        flags.push("getkeys-api");
+        flags.join(" ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Command;
+
+    #[test]
+    fn every_command_is_described_once() {
+        let names: Vec<&str> = all().iter().map(|doc| doc.name.as_str()).collect();
+        assert_eq!(names.len(), Command::ALL.len());
+        for each in Command::ALL {
+            let doc = command(each.name());
+            assert_eq!(doc.key_specs.len(), 2, "{}", doc.name);
+            assert_eq!(doc.key_specs[0].index, Some(1));
+            assert_eq!(doc.arguments[0].key_spec_index, Some(0));
+        }
+    }
+
+    #[test]
+    fn syntax_lines() {
+        assert_eq!(command("sem.get").syntax(), "SEM.GET name [JSON]");
+        assert_eq!(
+            command("sem.release").syntax(),
+            "SEM.RELEASE name identifier [COUNT k]"
+        );
+        assert_eq!(command("sem.get").module_flags(), "readonly getkeys-api");
+        assert_eq!(
+            command("sem.acquire").module_flags(),
+            "write deny-oom getkeys-api"
+        );
+    }
+
+    /// The README's command reference cannot drift from commands.json: each command's section
+    /// heading is its syntax line.
+    #[test]
+    fn the_readme_shows_every_syntax_line() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+            .expect("README.md");
+        let headings: Vec<&str> = readme
+            .lines()
+            .filter_map(|line| line.strip_prefix("### SEM."))
+            .collect();
+        for doc in all() {
+            let syntax = doc.syntax();
+            assert!(
+                headings.iter().any(|h| format!("SEM.{h}") == syntax),
+                "README.md has no heading `### {syntax}`"
+            );
+        }
+        assert_eq!(
+            headings.len(),
+            all().len(),
+            "a README heading names no command"
+        );
+    }
+}
