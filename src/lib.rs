@@ -58,11 +58,25 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     Status::Ok
 }
 
+/// `MODULE UNLOAD`: refused while a connection holds BOUND permits, which would otherwise never
+/// be given back on disconnect. (Redis itself refuses while clients wait or a timer is armed.)
+fn deinit(ctx: &Context) -> Status {
+    if waiting::queued_anywhere() || waiting::any_bindings() {
+        ctx.log_warning(
+            "redsem: not unloading while clients wait for permits or hold BOUND permits",
+        );
+        return Status::Err;
+    }
+    server::timer::shutdown();
+    Status::Ok
+}
+
 redis_module! {
     name: "sem",
     version: 1,
     allocator: (Allocator, Allocator),
     data_types: [],
     init: init,
+    deinit: deinit,
     commands: [],
 }

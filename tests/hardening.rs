@@ -533,3 +533,37 @@ fn command_info_declares_keys_arity_and_flags() {
     );
     assert_eq!(keys, ["jobs"]);
 }
+
+#[test]
+fn module_unload_waits_until_no_connection_holds_bound_permits() {
+    let server = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--enable-module-command",
+        "yes",
+    ]);
+    let mut admin = server.connection();
+    let mut bound = server.connection();
+    let _: String = run(&mut bound, &["SEM.ACQUIRE", "b", "1", "30", "BOUND"]);
+    let err = error_of(&mut admin, &["MODULE", "UNLOAD", "sem"]);
+    assert!(err.starts_with("ERR Error unloading module"), "{err}");
+    let count: i64 = run(&mut admin, &["SEM.GET", "b"]);
+    assert_eq!(count, 1, "the module is still there");
+    drop(bound);
+    wait_until(
+        "the BOUND permit came back",
+        Duration::from_secs(10),
+        || run::<i64>(&mut admin, &["SEM.GET", "b"]) == 0,
+    );
+    let ok: String = run(&mut admin, &["MODULE", "UNLOAD", "sem"]);
+    assert_eq!(ok, "OK");
+    let ok: String = run(
+        &mut admin,
+        &["MODULE", "LOAD", module_path().to_str().unwrap()],
+    );
+    assert_eq!(ok, "OK");
+    let id: Option<String> = run(&mut admin, &["SEM.ACQUIRE", "b", "1", "30"]);
+    assert!(id.is_some(), "works again after a reload");
+}

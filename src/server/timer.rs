@@ -62,6 +62,16 @@ pub fn arm(at_ms: i64, now_ms: i64) {
     }
 }
 
+/// Frees the module's own context, as the module unloads (Redis refuses to unload it while the
+/// timer is armed).
+pub fn shutdown() {
+    let ctx = DETACHED.swap(std::ptr::null_mut(), Ordering::Relaxed);
+    if !ctx.is_null() {
+        // SAFETY: the detached context `init` made, freed once.
+        unsafe { raw::RedisModule_FreeThreadSafeContext.unwrap()(ctx) };
+    }
+}
+
 unsafe extern "C" fn fired(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     armed().take();
     waiting::on_timer(&Context::new(ctx));
