@@ -508,6 +508,7 @@ fn serve_outside(ctx: &Context, sem: &SemKey, now_ms: i64) {
 /// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
 /// grant never reached the client.
 fn give_back(ctx: &Context, binding: &Binding, now_ms: i64) {
+    with(|s| s.registry.unbind(binding));
     let _ = with_store(ctx, &binding.sem, |store| {
         let holder = store.id(&binding.holder);
         if let Ok(Holder::Live) = semaphore::release(store, now_ms, &holder, None) {
