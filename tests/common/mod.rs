@@ -219,8 +219,12 @@ pub fn start_replica_of(primary: &Server) -> Server {
     replica
 }
 
-/// Waits until the one replica has processed everything the primary did so far.
+/// Waits until the one replica has processed everything the primary did so far, whichever
+/// connection did it. `WAIT` covers its own connection's last write only, so this connection
+/// writes last (a key it deletes again: nothing is left of it).
 pub fn wait_for_replica(primary: &mut redis::Connection) {
+    let _: () = run(primary, &["SET", "__redsem_test_sync", "1"]);
+    let _: () = run(primary, &["DEL", "__redsem_test_sync"]);
     let acked: i64 = run(primary, &["WAIT", "1", "5000"]);
     assert_eq!(acked, 1, "the replica did not acknowledge in time");
 }
