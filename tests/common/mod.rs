@@ -13,6 +13,15 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// How a server is started beyond its port and directory.
+#[derive(Default)]
+struct Launch {
+    /// A redis.conf, given first on the command line.
+    config_file: Option<PathBuf>,
+    /// Arguments to the module, after its path.
+    module_args: Vec<String>,
+}
+
 pub struct Server {
     child: Child,
     pub port: u16,
@@ -56,24 +65,40 @@ impl Server {
     /// A server with the module loaded and extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> Server {
         let port = free_port();
-        Server::start_in(scratch_dir(port), port, extra)
+        Server::start_in(scratch_dir(port), port, &Launch::default(), extra)
+    }
+
+    /// A server that reads `config` as its redis.conf (in its directory, so CONFIG REWRITE can
+    /// write it), loads the module with `module_args`, then takes `extra` arguments.
+    pub fn start_configured(config: &str, module_args: &[&str], extra: &[&str]) -> Server {
+        let port = free_port();
+        let dir = scratch_dir(port);
+        let config_file = dir.join("redis.conf");
+        std::fs::write(&config_file, config).expect("cannot write redis.conf");
+        let launch = Launch {
+            config_file: Some(config_file),
+            module_args: module_args.iter().map(|a| a.to_string()).collect(),
+        };
+        Server::start_in(dir, port, &launch, extra)
     }
 
     /// Starts again in the same directory (to reload an AOF or RDB), on a new port.
     pub fn restart_in(dir: &Path, extra: &[&str]) -> Server {
-        Server::start_in(dir.to_path_buf(), free_port(), extra)
+        Server::start_in(dir.to_path_buf(), free_port(), &Launch::default(), extra)
     }
 
-    fn start_in(dir: PathBuf, port: u16, extra: &[&str]) -> Server {
+    fn start_in(dir: PathBuf, port: u16, launch: &Launch, extra: &[&str]) -> Server {
         let redis_server = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let log = std::fs::File::create(dir.join("redis.log")).expect("cannot create the log");
         let child = Command::new(redis_server)
+            .args(&launch.config_file)
             .arg("--port")
             .arg(port.to_string())
             .args(["--bind", "127.0.0.1", "--dir"])
             .arg(&dir)
             .arg("--loadmodule")
             .arg(module_path())
+            .args(&launch.module_args)
             .args(extra)
             .stdout(Stdio::from(log.try_clone().expect("log handle")))
             .stderr(Stdio::from(log))

@@ -1,0 +1,193 @@
+//! What makes the module feel native: COMMAND DOCS from commands.json, INFO sem, the sem.*
+//! configs (CONFIG SET/GET, loadmodule arguments, redis.conf, CONFIG REWRITE).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use redis::Value;
+
+fn info_sem(conn: &mut redis::Connection) -> BTreeMap<String, u64> {
+    let info: String = run(conn, &["INFO", "sem"]);
+    info.lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().parse().expect("a number")))
+        .collect()
+}
+
+#[test]
+fn command_docs_come_from_commands_json() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/commands.json")).unwrap(),
+    )
+    .unwrap();
+    for (name, doc) in spec.as_object().unwrap() {
+        let docs: Vec<Value> = run(&mut c, &["COMMAND", "DOCS", name]);
+        let text = format!("{docs:?}");
+        let summary = doc["summary"].as_str().unwrap();
+        assert!(text.contains(summary), "{name}: {text}");
+        for arg in doc["arguments"].as_array().unwrap() {
+            let arg_name = arg["name"].as_str().unwrap();
+            assert!(
+                text.contains(&format!("\"{arg_name}\"")),
+                "{name} lacks {arg_name}"
+            );
+            if let Some(token) = arg["token"].as_str() {
+                assert!(
+                    text.contains(&format!("\"{token}\"")),
+                    "{name} lacks {token}"
+                );
+            }
+        }
+        let info: Vec<Vec<Value>> = run(&mut c, &["COMMAND", "INFO", name]);
+        assert_eq!(
+            info[0][1],
+            Value::Int(doc["arity"].as_i64().unwrap()),
+            "{name} arity"
+        );
+    }
+}
+
+#[test]
+fn info_sem_counts_what_happened() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "i", "1", "0.1", "ID", "short"]);
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "i", "2", "30", "ID", "long"]);
+    let _: Option<String> = run(&mut c, &["SEM.ACQUIREFAIR", "i", "2", "30", "ID", "third"]);
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "i", "2", "30", "ID", "long"]);
+    std::thread::sleep(Duration::from_millis(150));
+    let _: i64 = run(&mut c, &["SEM.REFRESH", "i", "short", "10"]);
+    let _: i64 = run(&mut c, &["SEM.REFRESH", "i", "long", "10"]);
+    let _: i64 = run(&mut c, &["SEM.RELEASE", "i", "long"]);
+    let info = info_sem(&mut c);
+    let want = [
+        ("sem_acquired", 2),
+        ("sem_renewed", 1),
+        ("sem_refused", 1),
+        ("sem_refreshed", 1),
+        ("sem_released", 1),
+        ("sem_lost", 1),
+        ("sem_expired", 1),
+        ("sem_waits_started", 0),
+        ("sem_waiters", 0),
+        ("sem_bound_holders", 0),
+    ];
+    for (field, value) in want {
+        assert_eq!(info.get(field), Some(&value), "{field} in {info:?}");
+    }
+
+    // A wait that times out, and a BOUND permit.
+    let mut holder = server.connection();
+    let _: String = run(&mut holder, &["SEM.ACQUIRE", "w", "1", "10", "BOUND"]);
+    let none: Option<String> = run(&mut c, &["SEM.ACQUIRE", "w", "1", "10", "WAIT", "0.05"]);
+    assert_eq!(none, None);
+    let info = info_sem(&mut c);
+    assert_eq!(info["sem_waits_started"], 1);
+    assert_eq!(info["sem_waits_timed_out"], 1);
+    assert_eq!(info["sem_bound_holders"], 1);
+    drop(holder);
+    wait_until(
+        "the BOUND permit came back",
+        Duration::from_secs(10),
+        || info_sem(&mut c)["sem_bound_released"] == 1,
+    );
+    assert_eq!(info_sem(&mut c)["sem_bound_holders"], 0);
+}
+
+#[test]
+fn settings_are_module_configs() {
+    let server = Server::start_configured(
+        "sem.max-waiters-per-semaphore 1\n",
+        &[],
+        &["--save", "", "--appendonly", "no"],
+    );
+    let mut c = server.connection();
+    let max: Vec<String> = run(&mut c, &["CONFIG", "GET", "sem.max-waiters-per-semaphore"]);
+    assert_eq!(max, ["sem.max-waiters-per-semaphore", "1"]);
+
+    // The maximum lease.
+    let _: String = run(&mut c, &["CONFIG", "SET", "sem.max-lease", "60"]);
+    let err = error_of(&mut c, &["SEM.ACQUIRE", "l", "1", "60.001"]);
+    assert!(
+        err.starts_with("ERR lease must be") && err.contains("at most 60,"),
+        "{err}"
+    );
+    let id: Option<String> = run(&mut c, &["SEM.ACQUIRE", "l", "1", "60"]);
+    assert!(id.is_some());
+    let err = error_of(&mut c, &["CONFIG", "SET", "sem.max-lease", "0"]);
+    assert!(err.contains("between 1 and 31536000"), "{err}");
+    let err = error_of(&mut c, &["CONFIG", "SET", "sem.max-lease", "soon"]);
+    assert!(err.starts_with("ERR"), "{err}");
+
+    // One waiter per semaphore: a second one gets a clear error and changes nothing.
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "w", "1", "30", "ID", "h"]);
+    let mut waiting = server.connection();
+    let blocked = std::thread::spawn(move || -> Option<String> {
+        run(&mut waiting, &["SEM.ACQUIRE", "w", "1", "30", "WAIT", "5"])
+    });
+    wait_until("one waiter", Duration::from_secs(5), || {
+        info_sem(&mut c)["sem_waiters"] == 1
+    });
+    let err = error_of(&mut c, &["SEM.ACQUIRE", "w", "1", "30", "WAIT", "5"]);
+    assert!(
+        err.starts_with("ERR 1 clients already wait for this semaphore"),
+        "{err}"
+    );
+    assert_eq!(info_sem(&mut c)["sem_waiters"], 1);
+    let _: i64 = run(&mut c, &["SEM.RELEASE", "w", "h"]);
+    assert!(blocked.join().unwrap().is_some(), "the waiter was served");
+
+    // CONFIG REWRITE writes them into redis.conf.
+    let _: String = run(&mut c, &["CONFIG", "SET", "sem.max-waiters", "1234"]);
+    let _: String = run(&mut c, &["CONFIG", "REWRITE"]);
+    let written = std::fs::read_to_string(server.dir.join("redis.conf")).unwrap();
+    assert!(written.contains("sem.max-waiters 1234"), "{written}");
+    assert!(written.contains("sem.max-lease 60"), "{written}");
+}
+
+#[test]
+fn module_arguments_set_the_configs_and_bad_ones_refuse_to_load() {
+    let server = Server::start_configured(
+        "",
+        &["max-lease", "30", "fencing-margin", "7"],
+        &["--save", "", "--appendonly", "no"],
+    );
+    let mut c = server.connection();
+    let all: Vec<String> = run(&mut c, &["CONFIG", "GET", "sem.*"]);
+    let all: BTreeMap<String, String> = all
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect();
+    assert_eq!(all["sem.max-lease"], "30");
+    assert_eq!(all["sem.fencing-margin"], "7");
+    assert_eq!(all["sem.max-waiters"], "1000000");
+
+    let redis_server = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    let dir = std::env::temp_dir().join(format!("redsem-badargs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .unwrap()
+        .port()
+        .to_string();
+    let out = std::process::Command::new(redis_server)
+        .args(["--bind", "127.0.0.1", "--port", &port, "--dir"])
+        .arg(&dir)
+        .arg("--loadmodule")
+        .arg(module_path())
+        .args(["max-lease", "0"])
+        .output()
+        .expect("redis-server");
+    assert!(!out.status.success(), "a bad argument must refuse to load");
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        log.contains("sem.max-lease must be an integer from 1 to"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
