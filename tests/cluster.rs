@@ -1118,3 +1118,91 @@ fn failover_never_repeats_a_ticket() {
         );
     }
 }
+
+#[test]
+fn waiters_are_answered_when_their_slot_leaves_the_node() {
+    let _one = one_cluster_at_a_time();
+    let cluster = Cluster::start(3, 0, &[]);
+    let slot = cluster.slot_of("{w}");
+    let src = cluster.owner_of_slot(slot);
+    let dst = *cluster.primaries().iter().find(|&&p| p != src).unwrap();
+    let (src_id, dst_id) = (cluster.id(src).to_string(), cluster.id(dst).to_string());
+    let slot_arg = slot.to_string();
+    let mut on_src = cluster.connection(src);
+    let mut on_dst = cluster.connection(dst);
+    let _: String = run(
+        &mut on_src,
+        &["SEM.ACQUIREFAIR", "{w}", "1", "30", "ID", "h"],
+    );
+
+    let mut waiter = cluster.connection(src);
+    let waiting = thread::spawn(move || {
+        let started = Instant::now();
+        let reply = try_run::<Option<String>>(
+            &mut waiter,
+            &["SEM.ACQUIREFAIR", "{w}", "1", "30", "WAIT", "10"],
+        );
+        (reply.map_err(|err| error_text(&err)), started.elapsed())
+    });
+    let waiters = |conn: &mut redis::Connection| -> i64 {
+        let doc: String = run(conn, &["SEM.GET", "{w}", "JSON"]);
+        serde_json::from_str::<Json>(&doc).unwrap()["waiters"]
+            .as_i64()
+            .unwrap()
+    };
+    wait_until("the waiter is in line", Duration::from_secs(5), || {
+        waiters(&mut on_src) == 1
+    });
+
+    // The slot starts to leave. Redis serves a call on a moving slot only where every key it
+    // names exists, and `{w}:permits` does not: the waiter is answered at once with TRYAGAIN,
+    // as a new call would be, and its client retries until the slot has moved.
+    let _: String = run(
+        &mut on_dst,
+        &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &src_id],
+    );
+    let _: String = run(
+        &mut on_src,
+        &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &dst_id],
+    );
+    let (reply, waited) = waiting.join().unwrap();
+    let err = reply.expect_err("no permit is granted on a slot that is leaving");
+    assert!(err.starts_with("TRYAGAIN "), "{err}");
+    assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    let err = error_of(
+        &mut on_src,
+        &["SEM.ACQUIREFAIR", "{w}", "1", "30", "WAIT", "10"],
+    );
+    assert!(err.starts_with("TRYAGAIN "), "a new call: {err}");
+
+    let moved: String = run(
+        &mut on_src,
+        &[
+            "MIGRATE",
+            "127.0.0.1",
+            &cluster.port(dst).to_string(),
+            "",
+            "0",
+            "5000",
+            "KEYS",
+            "{w}",
+            "{w}:owner",
+            "{w}:counter",
+        ],
+    );
+    assert_eq!(moved, "OK");
+    assert!(
+        cluster.keys_on(src).is_empty(),
+        "nothing was created on the source"
+    );
+
+    for node in [dst, src] {
+        let mut conn = cluster.connection(node);
+        let _: String = run(
+            &mut conn,
+            &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &dst_id],
+        );
+    }
+    let holders = zset(&mut on_dst, "{w}");
+    assert_eq!(holders.len(), 1, "the holder moved with its keys");
+}
