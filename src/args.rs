@@ -40,7 +40,7 @@ pub fn parse_count(arg: &[u8], limit: u64) -> Result<u64, SemError> {
 
 /// `COUNT k` of a release: as `limit`.
 pub fn parse_release_count(arg: &[u8]) -> Result<u64, SemError> {
-    parse_limit(arg).map_err(|_| SemError::InvalidCount)
+    parse_limit(arg).map_err(|_| SemError::InvalidReleaseCount)
 }
 
 /// `lease`, in milliseconds, at most `max_ms` (`sem.max-lease`): see the module
@@ -188,7 +188,10 @@ mod tests {
         assert_eq!(parse_count(b"0", 10), Err(SemError::InvalidCount));
         assert_eq!(parse_count(b"-1", 10), Err(SemError::InvalidCount));
         assert_eq!(parse_release_count(b"4294967295"), Ok(4_294_967_295));
-        assert_eq!(parse_release_count(b"0"), Err(SemError::InvalidCount));
+        assert_eq!(
+            parse_release_count(b"0"),
+            Err(SemError::InvalidReleaseCount)
+        );
     }
 
     #[test]

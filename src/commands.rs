@@ -91,7 +91,7 @@ fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         [id, option, count] if option.as_slice().eq_ignore_ascii_case(b"COUNT") => {
             (id, Some(parse_release_count(count.as_slice())?))
         }
-        [_, _, _] => return Err(SemError::Syntax),
+        [_, _] | [_, _, _] => return Err(SemError::Syntax),
         _ => return Err(SemError::Arity(call.command.name())),
     };
     let id = identifier(id)?;

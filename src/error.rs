@@ -20,8 +20,10 @@ pub enum SemError {
         max_ms: i64,
     },
     InvalidWait,
-    /// `COUNT` of an acquire outside 1..=limit, or of a release outside 1..=4294967295.
+    /// `COUNT` of an acquire outside 1..=limit.
     InvalidCount,
+    /// `COUNT` of a release outside 1..=4294967295.
+    InvalidReleaseCount,
     /// `COUNT` of an acquire by a live holder that holds another number of permits.
     CountMismatch {
         held: u64,
@@ -89,6 +91,9 @@ impl fmt::Display for SemError {
             ),
             SemError::InvalidCount => {
                 f.write_str("ERR COUNT must be an integer from 1 to the limit (at most 4294967295)")
+            }
+            SemError::InvalidReleaseCount => {
+                write!(f, "ERR COUNT must be an integer from 1 to {MAX_LIMIT}")
             }
             SemError::CountMismatch { held } => write!(
                 f,
@@ -175,6 +180,7 @@ mod tests {
             SemError::InvalidLease { max_ms: 1000 },
             SemError::InvalidWait,
             SemError::InvalidCount,
+            SemError::InvalidReleaseCount,
             SemError::CountMismatch { held: 4 },
             SemError::CountTooLarge { held: 4 },
             SemError::PermitsCorrupt,

@@ -10,6 +10,8 @@ pub enum Contents {
     /// they are whole (deadlines in Unix ms, tickets).
     SortedSet(Vec<(String, i64)>),
     Text(String),
+    /// Fields and values, sorted by field.
+    Hash(Vec<(String, String)>),
 }
 
 /// One key as the module leaves it: its value and its absolute expiry.
@@ -31,6 +33,11 @@ pub fn snapshot_of_all_keys(conn: &mut redis::Connection) -> BTreeMap<String, Ke
             let contents = match kind.as_str() {
                 "zset" => Contents::SortedSet(zset(conn, &name)),
                 "string" => Contents::Text(run(conn, &["GET", &name])),
+                "hash" => {
+                    let mut fields: Vec<(String, String)> = run(conn, &["HGETALL", &name]);
+                    fields.sort_by(|a, b| a.0.cmp(&b.0));
+                    Contents::Hash(fields)
+                }
                 other => panic!("{name} has unexpected type {other}"),
             };
             let expire_at_ms = run(conn, &["PEXPIRETIME", &name]);
