@@ -77,18 +77,24 @@ fn seconds_ms(arg: &[u8]) -> Option<u64> {
 
 /// `<name>:counter`: see the module documentation.
 pub fn parse_counter(value: &[u8]) -> Result<u64, SemError> {
-    let canonical = value == b"0" || value.first().is_some_and(|&d| (b'1'..=b'9').contains(&d));
-    decimal(value)
-        .filter(|&counter| canonical && counter <= MAX_TICKET)
-        .ok_or(SemError::CounterNotInteger)
+    redis_integer(value, 0, MAX_TICKET).ok_or(SemError::CounterNotInteger)
 }
 
-/// A field of `<name>:permits`: an integer in Redis's syntax, as the module writes it.
-pub fn parse_permits(value: &[u8]) -> Result<u64, SemError> {
+/// An integer in Redis's syntax (no sign, no leading zero, no spaces) from `min` to `max`.
+fn redis_integer(value: &[u8], min: u64, max: u64) -> Option<u64> {
     let canonical = value == b"0" || value.first().is_some_and(|&d| (b'1'..=b'9').contains(&d));
-    decimal(value)
-        .filter(|_| canonical && value.len() <= 20)
-        .ok_or(SemError::PermitsCorrupt)
+    decimal(value).filter(|n| canonical && value.len() <= 20 && (min..=max).contains(n))
+}
+
+/// A holder's field of `<name>:permits`: the module writes only counts of 2 or more (a holder of
+/// one permit has no field), at most [`MAX_LIMIT`].
+pub fn parse_weight(value: &[u8]) -> Result<u64, SemError> {
+    redis_integer(value, 2, MAX_LIMIT).ok_or(SemError::PermitsCorrupt)
+}
+
+/// The `""` field of `<name>:permits`: the permits held beyond one per holder.
+pub fn parse_extra(value: &[u8]) -> Result<u64, SemError> {
+    redis_integer(value, 0, u64::MAX).ok_or(SemError::PermitsCorrupt)
 }
 
 /// A semaphore name or an identifier: any bytes but the empty string.
@@ -240,6 +246,22 @@ mod tests {
             let got = parse_counter(input.as_bytes()).ok();
             assert_eq!(got, *want, "counter {input:?}");
         }
+    }
+
+    #[test]
+    fn permits_fields_hold_only_what_the_module_writes() {
+        for (input, want) in [("2", Some(2)), ("4294967295", Some(4_294_967_295))] {
+            assert_eq!(parse_weight(input.as_bytes()).ok(), want, "{input}");
+        }
+        for input in ["0", "1", "-3", "4294967296", "x", "", "02"] {
+            assert_eq!(
+                parse_weight(input.as_bytes()),
+                Err(SemError::PermitsCorrupt),
+                "{input}"
+            );
+        }
+        assert_eq!(parse_extra(b"0"), Ok(0));
+        assert_eq!(parse_extra(b"-1"), Err(SemError::PermitsCorrupt));
     }
 
     #[test]

@@ -17,11 +17,11 @@ use crate::fencing;
 use crate::keys::{has_hash_tag, is_derived, Command};
 use crate::queue::{arrival, Arrival, Ask, Binding, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot};
-use crate::server::block::can_block;
+use crate::server::block::{can_block, in_script};
 use crate::server::command::{run, Arg};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
-use crate::server::{is_keys_position_request, key_at, now_ms, selected_db};
+use crate::server::{guard, is_keys_position_request, key_at, now_ms, selected_db};
 use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
@@ -33,7 +33,9 @@ pub extern "C" fn entry(
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    run(ctx, argv, argc, dispatch)
+    guard(raw::REDISMODULE_ERR as c_int, || {
+        run(ctx, argv, argc, dispatch)
+    })
 }
 
 /// Runs the command named by `args[0]`. Answers the server's keys-position requests
@@ -132,8 +134,8 @@ fn open_for_write<'a>(ctx: &'a Context, call: &Call<'a>) -> Result<RedisStore<'a
 fn after_write(ctx: &Context, call: &Call, store: &mut RedisStore, now_ms: i64) {
     if waiting::queued_anywhere() || waiting::any_bindings() {
         let sem = call.sem(ctx);
+        waiting::forget_gone(store, &sem);
         waiting::serve(store, &sem, now_ms);
-        waiting::unbind(&sem, &store.take_removed());
     }
 }
 
@@ -193,6 +195,9 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
         }
     }
 
+    if bound && in_script(ctx) {
+        return Err(SemError::BoundInScript);
+    }
     let keys = call.keys();
     let name = keys.name.as_slice();
     let mut store = open_for_write(ctx, call)?;
@@ -260,6 +265,10 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
                     fencing::moved(name);
                 }
             }
+            // After the call's own removals are forgotten (an expired permit of the same
+            // identifier may be among them): a BOUND grant binds the new permit; another new
+            // grant of an identifier ends an old binding of it, whose permit is gone.
+            after_write(ctx, call, &mut store, now);
             if bound {
                 let holder = id.as_slice().to_vec();
                 waiting::bind(
@@ -269,6 +278,8 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
                         holder,
                     },
                 );
+            } else if !renewed && waiting::any_bindings() {
+                waiting::unbind(&call.sem(ctx), std::slice::from_ref(id));
             }
             let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
             match ticket {
@@ -279,7 +290,9 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             }
         }
     };
-    after_write(ctx, call, &mut store, now);
+    if !matches!(outcome, Acquired::Granted { .. }) {
+        after_write(ctx, call, &mut store, now);
+    }
     Ok(reply)
 }
 

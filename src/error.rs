@@ -56,6 +56,8 @@ pub enum SemError {
         per_semaphore: bool,
         max: i64,
     },
+    /// BOUND from a script: the script's connection is not the caller's, and never closes.
+    BoundInScript,
     /// The server became a replica while the command waited: it grants nothing any more.
     BecameReplica,
     /// In Redis Cluster, the semaphore's slot left this node (or is leaving) while the command
@@ -147,6 +149,10 @@ impl fmt::Display for SemError {
                 f,
                 "ERR {max} clients already wait for permits on this server (sem.max-waiters)"
             ),
+            SemError::BoundInScript => f.write_str(
+                "ERR BOUND cannot be used from a script or function: its connection is not the \
+                 client's",
+            ),
             SemError::BecameReplica => f.write_str(
                 "READONLY the server became a replica while the command waited for a permit",
             ),
@@ -201,6 +207,7 @@ mod tests {
                 per_semaphore: false,
                 max: 1,
             },
+            SemError::BoundInScript,
             SemError::BecameReplica,
             SemError::SlotMoved,
             SemError::Internal,

@@ -113,6 +113,8 @@ pub struct Registry<H> {
     timeouts: HashMap<WaiterId, (i64, u64)>,
     bound: HashMap<u64, HashSet<Binding>>,
     bound_by: HashMap<Binding, u64>,
+    /// Each semaphore's bound holders, to forget them all when its keys vanished.
+    bound_in: HashMap<SemKey, HashSet<Vec<u8>>>,
 }
 
 impl<H> Default for Registry<H> {
@@ -128,6 +130,7 @@ impl<H> Default for Registry<H> {
             timeouts: HashMap::new(),
             bound: HashMap::new(),
             bound_by: HashMap::new(),
+            bound_in: HashMap::new(),
         }
     }
 }
@@ -294,26 +297,46 @@ impl<H> Registry<H> {
 
     /// Records that `client`'s connection holds `binding`'s permit.
     pub fn bind(&mut self, client: u64, binding: Binding) {
-        if let Some(previous) = self.bound_by.insert(binding.clone(), client) {
-            if let Some(set) = self.bound.get_mut(&previous) {
-                set.remove(&binding);
-                if set.is_empty() {
-                    self.bound.remove(&previous);
-                }
-            }
-        }
+        self.unbind(&binding);
+        self.bound_in
+            .entry(binding.sem.clone())
+            .or_default()
+            .insert(binding.holder.clone());
+        self.bound_by.insert(binding.clone(), client);
         self.bound.entry(client).or_default().insert(binding);
     }
 
     /// Forgets `binding` (its permit was given back or lost).
     pub fn unbind(&mut self, binding: &Binding) {
-        if let Some(client) = self.bound_by.remove(binding) {
-            if let Some(set) = self.bound.get_mut(&client) {
-                set.remove(binding);
-                if set.is_empty() {
-                    self.bound.remove(&client);
-                }
+        let Some(client) = self.bound_by.remove(binding) else {
+            return;
+        };
+        if let Some(set) = self.bound.get_mut(&client) {
+            set.remove(binding);
+            if set.is_empty() {
+                self.bound.remove(&client);
             }
+        }
+        if let Some(holders) = self.bound_in.get_mut(&binding.sem) {
+            holders.remove(&binding.holder);
+            if holders.is_empty() {
+                self.bound_in.remove(&binding.sem);
+            }
+        }
+    }
+
+    /// Forgets every binding of `sem`: its holders are gone (its key expired or was deleted).
+    pub fn unbind_all(&mut self, sem: &SemKey) {
+        let holders: Vec<Vec<u8>> = self
+            .bound_in
+            .get(sem)
+            .map(|holders| holders.iter().cloned().collect())
+            .unwrap_or_default();
+        for holder in holders {
+            self.unbind(&Binding {
+                sem: sem.clone(),
+                holder,
+            });
         }
     }
 
@@ -325,11 +348,11 @@ impl<H> Registry<H> {
     pub fn take_bindings(&mut self, client: u64) -> Vec<Binding> {
         let mut bindings: Vec<Binding> = self
             .bound
-            .remove(&client)
-            .map(|set| set.into_iter().collect())
+            .get(&client)
+            .map(|set| set.iter().cloned().collect())
             .unwrap_or_default();
         for binding in &bindings {
-            self.bound_by.remove(binding);
+            self.unbind(binding);
         }
         bindings.sort_by(|a, b| (&a.sem, &a.holder).cmp(&(&b.sem, &b.holder)));
         bindings
@@ -524,5 +547,14 @@ mod tests {
         r.bind(1, binding("s", "a"));
         r.drop_bindings(Some(0));
         assert_eq!(r.bound_count(), 0);
+
+        // A semaphore whose keys vanished forgets all its bindings, and only its own.
+        r.bind(1, binding("s", "a"));
+        r.bind(2, binding("s", "b"));
+        r.bind(2, binding("t", "c"));
+        r.unbind_all(&sem("s"));
+        assert_eq!(r.bound_count(), 1);
+        assert_eq!(r.take_bindings(2), [binding("t", "c")]);
+        assert_eq!(r.take_bindings(1), []);
     }
 }

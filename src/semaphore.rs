@@ -350,7 +350,11 @@ pub fn acquire<S: Store>(
         store.put_owner(id, ticket);
     }
     if permits > 1 {
-        store.put_weights(Some((id, permits)), &[], survey.extra + (permits - 1));
+        store.put_weights(
+            Some((id, permits)),
+            &[],
+            survey.extra.saturating_add(permits - 1),
+        );
     }
     Ok(Acquired::Granted {
         ticket,
@@ -459,14 +463,16 @@ pub fn release<S: Store>(
         return Err(SemError::CountTooLarge { held });
     }
     prune(store, &survey);
-    let extra = survey.extra.saturating_sub(giving.min(held - 1));
+    let extra = survey
+        .extra
+        .saturating_sub(giving.min(held.saturating_sub(1)));
     if giving == held {
         store.remove(slice::from_ref(id));
         if held > 1 {
             store.put_weights(None, &[id], extra);
         }
     } else {
-        store.put_weights(Some((id, held - giving)), &[], extra);
+        store.put_weights(Some((id, held.saturating_sub(giving))), &[], extra);
     }
     Ok(Holder::Live)
 }

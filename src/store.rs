@@ -9,7 +9,7 @@ use std::io::Write;
 
 use redis_module::{raw, Context, RedisString};
 
-use crate::args::{parse_counter, parse_permits};
+use crate::args::{parse_counter, parse_extra, parse_weight};
 use crate::error::SemError;
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
@@ -57,6 +57,9 @@ pub struct RedisStore<'a> {
     deadlines: DeadlineChange,
     /// Identifiers this call removed from `<name>`, when asked to keep them.
     removed: Option<Vec<RedisString>>,
+    /// Whether `<name>` was missing when opened: every holder it had is gone (its key expired,
+    /// or another client deleted it).
+    opened_empty: bool,
 }
 
 impl<'a> RedisStore<'a> {
@@ -65,6 +68,7 @@ impl<'a> RedisStore<'a> {
         let holders = Key::open(ctx, keys.name, access, KeyType::SortedSet)?;
         let owners = Key::open(ctx, keys.owner, access, KeyType::SortedSet)?;
         let permits = Key::open(ctx, keys.permits, access, KeyType::Hash)?;
+        let opened_empty = holders.is_empty();
         Ok(RedisStore {
             ctx,
             access,
@@ -75,7 +79,14 @@ impl<'a> RedisStore<'a> {
             permits,
             deadlines: DeadlineChange::None,
             removed: None,
+            opened_empty,
         })
+    }
+
+    /// Whether `<name>` was missing when the store opened it, asked once: later calls answer
+    /// false (the holders since are the store's own).
+    pub fn take_opened_empty(&mut self) -> bool {
+        std::mem::take(&mut self.opened_empty)
     }
 
     /// Keeps the identifiers the following calls remove from `<name>` (some may not have been
@@ -104,11 +115,15 @@ impl<'a> RedisStore<'a> {
         Ok(self.counter.get().expect("set above"))
     }
 
-    /// A field of `<name>:permits` as a count; `None` when absent.
-    fn permits_field(&self, field: &RedisString) -> Result<Option<u64>, SemError> {
+    /// A field of `<name>:permits`, parsed; `None` when absent.
+    fn permits_field(
+        &self,
+        field: &RedisString,
+        parse: fn(&[u8]) -> Result<u64, SemError>,
+    ) -> Result<Option<u64>, SemError> {
         match self.permits.hget(field) {
             None => Ok(None),
-            Some(value) => parse_permits(value.as_slice()).map(Some),
+            Some(value) => parse(value.as_slice()).map(Some),
         }
     }
 
@@ -197,7 +212,7 @@ impl Store for RedisStore<'_> {
         if self.permits.is_empty() {
             return Ok(1);
         }
-        Ok(self.permits_field(id)?.unwrap_or(1))
+        Ok(self.permits_field(id, parse_weight)?.unwrap_or(1))
     }
 
     fn extra(&self) -> Result<u64, SemError> {
@@ -205,7 +220,7 @@ impl Store for RedisStore<'_> {
             return Ok(0);
         }
         let total = RedisString::create_from_slice(self.ctx.ctx, b"");
-        Ok(self.permits_field(&total)?.unwrap_or(0))
+        Ok(self.permits_field(&total, parse_extra)?.unwrap_or(0))
     }
 
     fn live_by_deadline(&self, now_ms: i64) -> Vec<(RedisString, i64)> {

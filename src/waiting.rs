@@ -183,6 +183,23 @@ pub fn bind(ctx: &Context, binding: Binding) {
     with(|s| s.registry.bind(client, binding));
 }
 
+/// Forgets the bindings of permits a write found gone: every binding of the semaphore when its
+/// holder set was missing (its key expired, or another client deleted it), else those the write
+/// removed (released, lost, or pruned as expired).
+pub fn forget_gone(store: &mut RedisStore, sem: &SemKey) {
+    // Taken even when nothing is bound: what they tell is about this moment only.
+    let removed = store.take_removed();
+    let opened_empty = store.take_opened_empty();
+    if !any_bindings() {
+        return;
+    }
+    if opened_empty {
+        with(|s| s.registry.unbind_all(sem));
+    } else {
+        unbind(sem, &removed);
+    }
+}
+
 /// Forgets the bindings of permits that are gone: released, lost, or pruned as expired.
 pub fn unbind(sem: &SemKey, holders: &[RedisString]) {
     if !any_bindings() {
@@ -204,8 +221,8 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
     if queued(sem) == 0 {
         return;
     }
-    store.keep_removed();
     while let Some((id, ask)) = with(|s| s.registry.head(sem).map(|w| (w.id, w.ask.clone()))) {
+        store.keep_removed();
         let holder = store.id(&ask.holder);
         let request = AcquireRequest {
             kind: ask.kind,
@@ -217,7 +234,11 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
                 Kind::Plain => 0,
             },
         };
-        let outcome = match semaphore::acquire(store, now_ms, &holder, &request) {
+        let result = semaphore::acquire(store, now_ms, &holder, &request);
+        // Bindings of permits this step removed go first: one may be an expired permit of the
+        // identifier granted now.
+        forget_gone(store, sem);
+        let outcome = match result {
             Ok(Acquired::Full) | Err(SemError::KindMismatch { .. }) => break,
             Ok(Acquired::Granted { ticket, renewed }) => {
                 stats::count(&COUNTERS.waits_granted);
@@ -234,12 +255,12 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
                     sem: sem.clone(),
                     holder: ask.holder.clone(),
                 };
-                if ask.bound {
-                    let client = with(|s| s.registry.waiter(id).map(|w| w.client));
-                    if let Some(client) = client {
-                        with(|s| s.registry.bind(client, binding.clone()));
-                    }
-                }
+                let client = with(|s| s.registry.waiter(id).map(|w| w.client));
+                with(|s| match client {
+                    Some(client) if ask.bound => s.registry.bind(client, binding.clone()),
+                    _ if !renewed => s.registry.unbind(&binding),
+                    _ => {}
+                });
                 Outcome::Granted {
                     binding,
                     ticket,
@@ -251,8 +272,6 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
         };
         answer(id, outcome);
     }
-    let removed = store.take_removed();
-    unbind(sem, &removed);
     let next = store.next_deadline(now_ms);
     let due = with(|s| {
         if s.registry.queued(sem) > 0 {
@@ -478,7 +497,9 @@ fn with_store(
         permits: &permits,
     };
     let mut store = RedisStore::open(ctx, &keys, Access::Write)?;
+    store.keep_removed();
     work(&mut store);
+    forget_gone(&mut store, sem);
     Ok(())
 }
 

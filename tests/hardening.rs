@@ -567,3 +567,88 @@ fn module_unload_waits_until_no_connection_holds_bound_permits() {
     let id: Option<String> = run(&mut admin, &["SEM.ACQUIRE", "b", "1", "30"]);
     assert!(id.is_some(), "works again after a reload");
 }
+
+/// A foreign `HSET <name>:permits <id> 0` once made a release underflow; from the timer that
+/// gives BOUND permits back, the panic aborted redis-server.
+#[test]
+fn foreign_permits_values_are_errors_never_a_crash() {
+    let server = debug_server();
+    let mut c = server.connection();
+    let mut bound = server.connection();
+    let _: String = run(
+        &mut bound,
+        &["SEM.ACQUIRE", "s", "5", "100", "ID", "x", "BOUND"],
+    );
+    let _: i64 = run(&mut c, &["HSET", "s:permits", "x", "0"]);
+    drop(bound);
+    std::thread::sleep(Duration::from_millis(200));
+    let pong: String = run(&mut c, &["PING"]);
+    assert_eq!(pong, "PONG", "the server survived");
+
+    // Through a command: an error that changes nothing, not a pruning first and an error after.
+    let _: () = run(&mut c, &["FLUSHALL"]);
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "s", "5", "0.05", "ID", "old"]);
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "s", "5", "100", "ID", "x"]);
+    let _: i64 = run(&mut c, &["HSET", "s:permits", "x", "0"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let before = fingerprint(&mut c, "s");
+    let err = error_of(&mut c, &["SEM.RELEASE", "s", "x"]);
+    assert!(err.starts_with("ERR the semaphore's permits key"), "{err}");
+    assert_eq!(fingerprint(&mut c, "s"), before);
+    assert_no_empty_key(&mut c);
+}
+
+fn bound_holders(conn: &mut Connection) -> i64 {
+    let info: String = run(conn, &["INFO", "sem"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("sem_bound_holders:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("sem_bound_holders")
+}
+
+#[test]
+fn bindings_follow_the_permits_they_bind() {
+    let server = debug_server();
+    let mut c = server.connection();
+    // Re-acquiring an identifier whose permit just expired binds the new permit.
+    let _: String = run(
+        &mut c,
+        &["SEM.ACQUIRE", "s", "5", "100", "ID", "other", "BOUND"],
+    );
+    let _: String = run(
+        &mut c,
+        &["SEM.ACQUIRE", "s", "5", "0.05", "ID", "x", "BOUND"],
+    );
+    let _: () = run(&mut c, &["DEBUG", "SLEEP", "0.1"]);
+    let _: String = run(
+        &mut c,
+        &["SEM.ACQUIRE", "s", "5", "100", "ID", "x", "BOUND"],
+    );
+    assert_eq!(bound_holders(&mut c), 2);
+
+    // When another client deletes the holders, their bindings end at the next write; a later
+    // holder of the same identifier, acquired without BOUND, is not given back on disconnect.
+    let mut other = server.connection();
+    let _: i64 = run(&mut other, &["DEL", "s"]);
+    let _: String = run(&mut other, &["SEM.ACQUIRE", "s", "5", "100", "ID", "x"]);
+    assert_eq!(bound_holders(&mut other), 0);
+    drop(c);
+    std::thread::sleep(Duration::from_millis(200));
+    let count: i64 = run(&mut other, &["SEM.GET", "s"]);
+    assert_eq!(
+        count, 1,
+        "x, acquired without BOUND, survived the other connection"
+    );
+
+    // BOUND from a script is refused: the script's connection never closes.
+    let err = error_of(
+        &mut other,
+        &[
+            "EVAL",
+            "return redis.call('SEM.ACQUIRE', KEYS[1], 5, 10, 'BOUND')",
+            "1",
+            "s",
+        ],
+    );
+    assert!(err.contains("BOUND cannot be used from a script"), "{err}");
+}

@@ -8,6 +8,8 @@ use std::ptr::NonNull;
 
 use redis_module::{raw, Context, RedisValue};
 
+use crate::error::SemError;
+use crate::server::guard;
 use crate::waiting;
 
 /// A blocked client, as the module holds it until it calls [`finish`] on it.
@@ -34,6 +36,13 @@ pub fn can_block(ctx: &Context) -> bool {
     // SAFETY: the command's own context.
     let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
     flags & deny == 0
+}
+
+/// Whether the caller is a script or function (whose connection is not the client's).
+pub fn in_script(ctx: &Context) -> bool {
+    // SAFETY: the command's own context.
+    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
+    flags & raw::REDISMODULE_CTX_FLAGS_LUA != 0
 }
 
 /// The id of the caller's connection (`CLIENT ID`).
@@ -91,10 +100,13 @@ unsafe extern "C" fn on_reply(
     let outcome = unsafe {
         raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx).cast::<waiting::Outcome>()
     };
-    let reply = match unsafe { outcome.as_mut() } {
-        Some(outcome) => waiting::reply(outcome),
-        None => Ok(RedisValue::Null),
-    };
+    let reply = guard(Err(SemError::Internal.into()), || {
+        // SAFETY: as above; nothing else uses the outcome while the callback runs.
+        match unsafe { outcome.as_mut() } {
+            Some(outcome) => waiting::reply(outcome),
+            None => Ok(RedisValue::Null),
+        }
+    });
     context.reply(reply) as c_int
 }
 
@@ -106,7 +118,7 @@ unsafe extern "C" fn on_unblock_request(
 ) -> c_int {
     // SAFETY: the context of the blocked client's timeout.
     let bc = unsafe { raw::RedisModule_GetBlockedClientHandle.unwrap()(ctx) };
-    waiting::left(bc as usize);
+    guard((), || waiting::left(bc as usize));
     finish(bc);
     Context::new(ctx).reply(Ok(RedisValue::Null)) as c_int
 }
@@ -116,7 +128,7 @@ unsafe extern "C" fn on_disconnect(
     _ctx: *mut raw::RedisModuleCtx,
     bc: *mut raw::RedisModuleBlockedClient,
 ) {
-    waiting::left(bc as usize);
+    guard((), || waiting::left(bc as usize));
     finish(bc);
 }
 
@@ -125,5 +137,5 @@ unsafe extern "C" fn on_free(ctx: *mut raw::RedisModuleCtx, privdata: *mut c_voi
     let outcome = unsafe { Box::from_raw(privdata.cast::<waiting::Outcome>()) };
     // SAFETY: the context Redis passes to free callbacks.
     let disconnected = unsafe { raw::RedisModule_BlockedClientDisconnected.unwrap()(ctx) } != 0;
-    waiting::free(*outcome, disconnected);
+    guard((), || waiting::free(*outcome, disconnected));
 }

@@ -7,6 +7,7 @@ use std::os::raw::{c_char, c_int, c_longlong, c_void};
 use redis_module::raw;
 
 use crate::config::{Setting, SETTINGS};
+use crate::server::guard;
 
 /// Registers every setting, then loads the values given in redis.conf or on the command line.
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
@@ -46,7 +47,8 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
 
 unsafe extern "C" fn get(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
     // SAFETY: the private data is the `Setting` registered above.
-    unsafe { &*privdata.cast::<Setting>() }.get()
+    let setting = unsafe { &*privdata.cast::<Setting>() };
+    guard(0, || setting.get())
 }
 
 unsafe extern "C" fn set(
@@ -57,8 +59,8 @@ unsafe extern "C" fn set(
 ) -> c_int {
     // SAFETY: the private data is the `Setting` registered above. Redis checked the bounds.
     let setting = unsafe { &*privdata.cast::<Setting>() };
-    match setting.set(value) {
+    guard(raw::REDISMODULE_ERR as c_int, || match setting.set(value) {
         Ok(()) => raw::REDISMODULE_OK as c_int,
         Err(_) => raw::REDISMODULE_ERR as c_int,
-    }
+    })
 }

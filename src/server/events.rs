@@ -7,6 +7,7 @@ use std::os::raw::c_void;
 
 use redis_module::raw;
 
+use crate::server::guard;
 use crate::{fencing, waiting};
 
 /// Subscribes to the events.
@@ -40,8 +41,10 @@ extern "C" fn on_loading(
     _data: *mut c_void,
 ) {
     if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
-        fencing::arm();
-        waiting::recheck_all();
+        guard((), || {
+            fencing::arm();
+            waiting::recheck_all();
+        });
     }
 }
 
@@ -51,11 +54,13 @@ extern "C" fn on_role_changed(
     subevent: u64,
     _data: *mut c_void,
 ) {
-    if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
-        fencing::arm();
-    } else if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
-        waiting::became_replica();
-    }
+    guard((), || {
+        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+            fencing::arm();
+        } else if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
+            waiting::became_replica();
+        }
+    });
 }
 
 extern "C" fn on_client_change(
@@ -70,7 +75,7 @@ extern "C" fn on_client_change(
     // SAFETY: for this event Redis passes a RedisModuleClientInfo (version 1 or later, whose
     // layout starts with version, flags, id).
     let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
-    waiting::connection_closed(info.id);
+    guard((), || waiting::connection_closed(info.id));
 }
 
 extern "C" fn on_flush(
@@ -84,7 +89,9 @@ extern "C" fn on_flush(
     }
     // SAFETY: for this event Redis passes a RedisModuleFlushInfo.
     let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
-    waiting::flushed((info.dbnum >= 0).then_some(info.dbnum));
+    guard((), || {
+        waiting::flushed((info.dbnum >= 0).then_some(info.dbnum))
+    });
 }
 
 extern "C" fn on_swap(
@@ -98,5 +105,5 @@ extern "C" fn on_swap(
     }
     // SAFETY: for this event Redis passes a RedisModuleSwapDbInfo.
     let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
-    waiting::swapped(info.dbnum_first, info.dbnum_second);
+    guard((), || waiting::swapped(info.dbnum_first, info.dbnum_second));
 }

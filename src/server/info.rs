@@ -5,6 +5,7 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
+use crate::server::guard;
 use crate::stats;
 
 /// Registers the INFO callback (replacing the crate's empty one).
@@ -21,9 +22,10 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
 extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
     // SAFETY: the INFO context Redis passes; the section name and field names are C strings
     // that live through each call. The section is the module's own ("sem").
+    let fields = guard(Vec::new(), stats::fields);
     unsafe {
         raw::RedisModule_InfoAddSection.unwrap()(ctx, std::ptr::null_mut());
-        for (name, value) in stats::fields() {
+        for (name, value) in fields {
             let name = CString::new(name).expect("no NUL in field names");
             raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, name.as_ptr().cast_mut(), value);
         }

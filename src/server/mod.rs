@@ -17,6 +17,12 @@ use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisString};
 
+/// Runs `work` for a callback Redis makes into the module; a panic (a bug) returns `fallback`
+/// instead of unwinding into redis-server, which would abort it.
+pub fn guard<T>(fallback: T, work: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or(fallback)
+}
+
 /// The module API functions redsem calls; a server without one of them is refused at load.
 pub fn missing_api() -> Vec<&'static str> {
     macro_rules! presence {

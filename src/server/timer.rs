@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use redis_module::{raw, Context};
 
+use crate::server::guard;
 use crate::waiting;
 
 /// A context of the module's own, for arming the timer where Redis passes none (the command
@@ -41,6 +42,7 @@ pub fn init(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
 /// Makes sure the timer fires at `at_ms` (Unix ms) or earlier.
 pub fn arm(at_ms: i64, now_ms: i64) {
     let mut armed = armed();
+    let at_ms = at_ms.min(now_ms.saturating_add(3_600_000));
     if armed.is_some_and(|(_, at)| at <= at_ms) {
         return;
     }
@@ -54,8 +56,10 @@ pub fn arm(at_ms: i64, now_ms: i64) {
             raw::RedisModule_StopTimer.unwrap()(ctx, id, std::ptr::null_mut());
         }
         // One millisecond late rather than early: the server's timers and its clock may
-        // disagree by a fraction of one.
-        let period = (at_ms - now_ms).max(0) + 1;
+        // disagree by a fraction of one. At most an hour ahead (a deadline another client wrote
+        // may be years away, and Redis computes the timer in microseconds): a timer that fires
+        // early finds nothing due and is armed again.
+        let period = at_ms.saturating_sub(now_ms).clamp(0, 3_600_000) + 1;
         let id =
             raw::RedisModule_CreateTimer.unwrap()(ctx, period, Some(fired), std::ptr::null_mut());
         *armed = Some((id, at_ms));
@@ -74,5 +78,5 @@ pub fn shutdown() {
 
 unsafe extern "C" fn fired(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     armed().take();
-    waiting::on_timer(&Context::new(ctx));
+    guard((), || waiting::on_timer(&Context::new(ctx)));
 }

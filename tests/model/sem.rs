@@ -1,0 +1,1149 @@
+//! The model of the SEM.* commands: argument parsing (args.rs), error precedence (commands.rs),
+//! the rules (semaphore.rs) and key expiry (store.rs), over the model's keyspace. Written from
+//! the documented rules; every error is decided before the first change, as in the module.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::json;
+
+use super::keyspace::{Bytes, Entry, Keyspace, Value, ZSet};
+use super::wire::Reply;
+
+pub const MAX_LIMIT: u64 = u32::MAX as u64;
+/// `sem.max-lease` at its default: one year.
+pub const MAX_LEASE_MS: u64 = 365 * 24 * 3600 * 1000;
+pub const MAX_TICKET: u64 = 1 << 53;
+/// How far a name's counter jumps at its first fair grant after the server loaded data
+/// (`sem.fencing-margin` at its default).
+pub const MARGIN: u64 = 1_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Plain,
+    Fair,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cmd {
+    Acquire,
+    AcquireFair,
+    Refresh,
+    Release,
+    Get,
+}
+
+impl Cmd {
+    pub const ALL: [Cmd; 5] = [
+        Cmd::Acquire,
+        Cmd::AcquireFair,
+        Cmd::Refresh,
+        Cmd::Release,
+        Cmd::Get,
+    ];
+
+    pub fn lower(self) -> &'static str {
+        match self {
+            Cmd::Acquire => "sem.acquire",
+            Cmd::AcquireFair => "sem.acquirefair",
+            Cmd::Refresh => "sem.refresh",
+            Cmd::Release => "sem.release",
+            Cmd::Get => "sem.get",
+        }
+    }
+
+    pub fn from_name(name: &[u8]) -> Option<Cmd> {
+        Cmd::ALL
+            .into_iter()
+            .find(|c| c.lower().as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// The arity Redis checks (negative in COMMAND INFO: at least this many arguments, the
+    /// command name and the inserted keys included).
+    fn redis_min_args(self) -> usize {
+        match self {
+            Cmd::Acquire | Cmd::AcquireFair | Cmd::Refresh => 4,
+            Cmd::Release => 3,
+            Cmd::Get => 2,
+        }
+    }
+}
+
+/// The key names the module's command filter inserts after the name, for every command.
+pub const DERIVED: [&[u8]; 3] = [b":owner", b":counter", b":permits"];
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SemErr {
+    Syntax,
+    Arity(Cmd),
+    InvalidLimit,
+    InvalidLease,
+    InvalidWait,
+    InvalidCount,
+    InvalidReleaseCount,
+    BoundInScript,
+    CountMismatch(u64),
+    CountTooLarge(u64),
+    PermitsCorrupt,
+    EmptyName,
+    EmptyIdentifier,
+    WrongType,
+    CounterNotInteger,
+    CounterExhausted,
+    InvalidTicket,
+    KindMismatch(Kind),
+}
+
+impl SemErr {
+    pub fn text(&self) -> String {
+        match self {
+            SemErr::Syntax => "ERR syntax error".into(),
+            SemErr::Arity(cmd) => arity_text(*cmd),
+            SemErr::InvalidLimit => "ERR limit must be an integer from 1 to 4294967295".into(),
+            SemErr::InvalidLease => "ERR lease must be a number of seconds greater than 0 and \
+                                     at most 31536000, with at most 3 decimals"
+                .into(),
+            SemErr::InvalidWait => "ERR WAIT must be a number of seconds from 0 (no limit) to \
+                                    31536000, with at most 3 decimals"
+                .into(),
+            SemErr::InvalidCount => {
+                "ERR COUNT must be an integer from 1 to the limit (at most 4294967295)".into()
+            }
+            SemErr::InvalidReleaseCount => {
+                "ERR COUNT must be an integer from 1 to 4294967295".into()
+            }
+            SemErr::BoundInScript => "ERR BOUND cannot be used from a script or function: its \
+                                      connection is not the client's"
+                .into(),
+            SemErr::CountMismatch(held) => {
+                format!("ERR the holder holds {held} permits: renew with that COUNT, or none")
+            }
+            SemErr::CountTooLarge(held) => {
+                format!("ERR COUNT is more than the {held} permits the holder holds")
+            }
+            SemErr::PermitsCorrupt => "ERR the semaphore's permits key holds a value that is \
+                                       not a count of permits"
+                .into(),
+            SemErr::EmptyName => "ERR semaphore name must not be empty".into(),
+            SemErr::EmptyIdentifier => "ERR identifier must not be empty".into(),
+            SemErr::WrongType => {
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into()
+            }
+            SemErr::CounterNotInteger => "ERR the semaphore's counter key does not hold an \
+                                          integer from 0 to 9007199254740992 (2^53)"
+                .into(),
+            SemErr::CounterExhausted => "ERR the semaphore's counter reached 2^53: no ticket \
+                                         is left that a sorted-set score holds exactly"
+                .into(),
+            SemErr::InvalidTicket => "ERR the holder has no valid ticket in the semaphore's \
+                                      owner set (a whole number from 1 to 2^53)"
+                .into(),
+            SemErr::KindMismatch(Kind::Fair) => "ERR the semaphore has live fair holders: use \
+                                                 SEM.ACQUIREFAIR until they are gone"
+                .into(),
+            SemErr::KindMismatch(Kind::Plain) => "ERR the semaphore has live plain holders: \
+                                                  use SEM.ACQUIRE until they are gone"
+                .into(),
+        }
+    }
+
+    /// A short label for the run's statistics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            SemErr::Syntax => "syntax",
+            SemErr::Arity(_) => "arity (module)",
+            SemErr::InvalidLimit => "limit",
+            SemErr::InvalidLease => "lease",
+            SemErr::InvalidWait => "wait",
+            SemErr::InvalidCount => "count",
+            SemErr::InvalidReleaseCount => "release count",
+            SemErr::BoundInScript => "BOUND in a script",
+            SemErr::CountMismatch(_) => "count mismatch",
+            SemErr::CountTooLarge(_) => "count too large",
+            SemErr::PermitsCorrupt => "permits corrupt",
+            SemErr::EmptyName => "empty name",
+            SemErr::EmptyIdentifier => "empty identifier",
+            SemErr::WrongType => "WRONGTYPE",
+            SemErr::CounterNotInteger => "counter not an integer",
+            SemErr::CounterExhausted => "counter exhausted",
+            SemErr::InvalidTicket => "invalid ticket",
+            SemErr::KindMismatch(Kind::Fair) => "fair holders live",
+            SemErr::KindMismatch(Kind::Plain) => "plain holders live",
+        }
+    }
+}
+
+/// Redis's own arity error, which the module's uses too.
+pub fn arity_text(cmd: Cmd) -> String {
+    format!(
+        "ERR wrong number of arguments for '{}' command",
+        cmd.lower()
+    )
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Acquire {
+        kind: Kind,
+        limit: u64,
+        lease_ms: i64,
+        /// `None`: the server makes a UUID.
+        id: Option<Bytes>,
+        with_ticket: bool,
+        /// WAIT, in ms (0: no limit); no wait inside MULTI/EXEC or a script.
+        wait_ms: Option<i64>,
+        bound: bool,
+        /// COUNT n: the permits asked for.
+        count: Option<u64>,
+    },
+    Refresh {
+        id: Bytes,
+        lease_ms: i64,
+    },
+    Release {
+        id: Bytes,
+        count: Option<u64>,
+    },
+    Get {
+        json: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub name: Bytes,
+    pub op: Op,
+}
+
+/// What a SEM.* command line means before any key is looked at.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Interp {
+    /// Refused by Redis itself (too few arguments), before the module runs: inside MULTI this
+    /// is a queueing error that aborts the transaction.
+    RedisArity(Cmd),
+    /// Refused by the module's argument checks.
+    Refused(SemErr),
+    Call(Call),
+}
+
+fn digits_value(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(digits.iter().fold(0u64, |acc, d| {
+        acc.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    }))
+}
+
+pub fn parse_limit(arg: &[u8]) -> Option<u64> {
+    digits_value(arg).filter(|v| (1..=MAX_LIMIT).contains(v))
+}
+
+/// `digits[.d[d[d]]]` seconds in ms, saturating; `None` when malformed.
+fn seconds_ms(arg: &[u8]) -> Option<u64> {
+    let (whole, fraction) = match arg.iter().position(|&b| b == b'.') {
+        Some(dot) => (&arg[..dot], Some(&arg[dot + 1..])),
+        None => (arg, None),
+    };
+    let seconds = digits_value(whole)?;
+    let millis = match fraction {
+        None => 0,
+        Some(f) if (1..=3).contains(&f.len()) => digits_value(f)? * [100, 10, 1][f.len() - 1],
+        Some(_) => return None,
+    };
+    Some(seconds.saturating_mul(1000).saturating_add(millis))
+}
+
+pub fn parse_lease_ms(arg: &[u8]) -> Option<i64> {
+    seconds_ms(arg)
+        .filter(|ms| (1..=MAX_LEASE_MS).contains(ms))
+        .map(|ms| ms as i64)
+}
+
+/// `WAIT seconds`: the lease rule, and 0 (no limit) allowed.
+pub fn parse_wait_ms(arg: &[u8]) -> Option<i64> {
+    seconds_ms(arg)
+        .filter(|&ms| ms <= MAX_LEASE_MS)
+        .map(|ms| ms as i64)
+}
+
+/// Redis integer syntax (no sign, no leading zero but "0"), 0 to 2^53.
+pub fn parse_counter(value: &[u8]) -> Option<u64> {
+    let canonical = value == b"0" || value.first().is_some_and(|d| (b'1'..=b'9').contains(d));
+    digits_value(value).filter(|&v| canonical && v <= MAX_TICKET)
+}
+
+/// A field of `<name>:permits`: Redis integer syntax, at most 20 digits (saturating).
+/// A field of `<name>:permits`: Redis's integer syntax; a holder's field from 2 to 4294967295
+/// (the module writes none for one permit), the `""` total any count.
+pub fn parse_permits(field: &[u8], value: &[u8]) -> Option<u64> {
+    let canonical = value == b"0" || value.first().is_some_and(|d| (b'1'..=b'9').contains(d));
+    let (min, max) = if field.is_empty() {
+        (0, u64::MAX)
+    } else {
+        (2, 4_294_967_295)
+    };
+    digits_value(value).filter(|n| canonical && value.len() <= 20 && (min..=max).contains(n))
+}
+
+pub fn interpret(args: &[Bytes]) -> Interp {
+    let cmd = Cmd::from_name(&args[0]).expect("a SEM.* command");
+    let seen_by_redis = if args.len() >= 2 {
+        args.len() + DERIVED.len()
+    } else {
+        args.len()
+    };
+    if seen_by_redis < cmd.redis_min_args() {
+        return Interp::RedisArity(cmd);
+    }
+    match parse_call(cmd, args) {
+        Ok(call) => Interp::Call(call),
+        Err(err) => Interp::Refused(err),
+    }
+}
+
+fn identifier(id: &[u8]) -> Result<Bytes, SemErr> {
+    if id.is_empty() {
+        Err(SemErr::EmptyIdentifier)
+    } else {
+        Ok(id.to_vec())
+    }
+}
+
+fn parse_call(cmd: Cmd, args: &[Bytes]) -> Result<Call, SemErr> {
+    let name = args[1].clone();
+    if name.is_empty() {
+        return Err(SemErr::EmptyName);
+    }
+    let rest = &args[2..];
+    let op = match cmd {
+        Cmd::Acquire | Cmd::AcquireFair => {
+            let kind = if cmd == Cmd::Acquire {
+                Kind::Plain
+            } else {
+                Kind::Fair
+            };
+            let [limit, lease, options @ ..] = rest else {
+                return Err(SemErr::Arity(cmd));
+            };
+            let limit = parse_limit(limit).ok_or(SemErr::InvalidLimit)?;
+            let lease_ms = parse_lease_ms(lease).ok_or(SemErr::InvalidLease)?;
+            let mut id = None;
+            let mut with_ticket = false;
+            let mut wait_ms = None;
+            let mut bound = false;
+            let mut count = None;
+            let mut i = 0;
+            while i < options.len() {
+                let option = &options[i];
+                let value = options.get(i + 1).ok_or(SemErr::Syntax);
+                if option.eq_ignore_ascii_case(b"ID") && id.is_none() {
+                    id = Some(identifier(value?)?);
+                    i += 2;
+                } else if option.eq_ignore_ascii_case(b"WITHTICKET")
+                    && kind == Kind::Fair
+                    && !with_ticket
+                {
+                    with_ticket = true;
+                    i += 1;
+                } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
+                    wait_ms = Some(parse_wait_ms(value?).ok_or(SemErr::InvalidWait)?);
+                    i += 2;
+                } else if option.eq_ignore_ascii_case(b"BOUND") && !bound {
+                    bound = true;
+                    i += 1;
+                } else if option.eq_ignore_ascii_case(b"COUNT") && count.is_none() {
+                    let n = parse_limit(value?)
+                        .filter(|&n| n <= limit)
+                        .ok_or(SemErr::InvalidCount)?;
+                    count = Some(n);
+                    i += 2;
+                } else {
+                    return Err(SemErr::Syntax);
+                }
+            }
+            Op::Acquire {
+                kind,
+                limit,
+                lease_ms,
+                id,
+                with_ticket,
+                wait_ms,
+                bound,
+                count,
+            }
+        }
+        Cmd::Refresh => {
+            let [id, lease] = rest else {
+                return Err(SemErr::Arity(cmd));
+            };
+            let id = identifier(id)?;
+            let lease_ms = parse_lease_ms(lease).ok_or(SemErr::InvalidLease)?;
+            Op::Refresh { id, lease_ms }
+        }
+        Cmd::Release => {
+            // The count is read before the identifier is checked.
+            let (id, count) = match rest {
+                [id] => (id, None),
+                [id, option, k] if option.eq_ignore_ascii_case(b"COUNT") => {
+                    (id, Some(parse_limit(k).ok_or(SemErr::InvalidReleaseCount)?))
+                }
+                [_, _] | [_, _, _] => return Err(SemErr::Syntax),
+                _ => return Err(SemErr::Arity(cmd)),
+            };
+            Op::Release {
+                id: identifier(id)?,
+                count,
+            }
+        }
+        Cmd::Get => match rest {
+            [] => Op::Get { json: false },
+            [option] if option.eq_ignore_ascii_case(b"JSON") => Op::Get { json: true },
+            [_] => return Err(SemErr::Syntax),
+            _ => return Err(SemErr::Arity(cmd)),
+        },
+    };
+    Ok(Call { name, op })
+}
+
+/// The names whose counters jump at their next fair grant (fencing after a load).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Fencing {
+    pub armed: bool,
+    pub moved: BTreeSet<Bytes>,
+}
+
+impl Fencing {
+    fn margin(&self, name: &[u8]) -> u64 {
+        if self.armed && !self.moved.contains(name) {
+            MARGIN
+        } else {
+            0
+        }
+    }
+}
+
+/// The connection a BOUND permit is bound to: the model's main client (directly or in
+/// MULTI/EXEC), or the fake client Lua scripts run on, which never disconnects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Client {
+    Main,
+    Script,
+}
+
+/// Everything a command can change.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct World {
+    pub keys: Keyspace,
+    pub fencing: Fencing,
+    /// BOUND permits: (name, identifier) and the connection that holds them. A binding ends
+    /// when its permit is removed by a writing command (released, lost, or pruned as expired),
+    /// by a flush, or when its connection closes (the permit is then given back).
+    pub bindings: BTreeMap<(Bytes, Bytes), Client>,
+}
+
+impl World {
+    /// This world with other keys.
+    pub fn with_keys(&self, keys: Keyspace) -> World {
+        World {
+            keys,
+            fencing: self.fencing.clone(),
+            bindings: self.bindings.clone(),
+        }
+    }
+}
+
+pub fn derived_key(name: &[u8], which: usize) -> Bytes {
+    [name, DERIVED[which]].concat()
+}
+
+pub fn owner_key(name: &[u8]) -> Bytes {
+    derived_key(name, 0)
+}
+
+pub fn counter_key(name: &[u8]) -> Bytes {
+    derived_key(name, 1)
+}
+
+pub fn permits_key(name: &[u8]) -> Bytes {
+    derived_key(name, 2)
+}
+
+/// A deadline in whole ms, rounded up and saturating (scores that are no deadline).
+pub fn deadline_ms(score: f64) -> i64 {
+    score.ceil() as i64
+}
+
+pub fn ticket_from_score(score: f64) -> Option<u64> {
+    (score >= 1.0 && score <= MAX_TICKET as f64 && score.fract() == 0.0).then_some(score as u64)
+}
+
+fn check_type(keys: &Keyspace, key: &[u8], want: &str) -> Result<(), SemErr> {
+    match keys.get(key) {
+        Some(entry) if entry.value.type_name() != want => Err(SemErr::WrongType),
+        _ => Ok(()),
+    }
+}
+
+fn read_counter(keys: &Keyspace, key: &[u8]) -> Result<Option<u64>, SemErr> {
+    match keys.get(key).map(|e| &e.value) {
+        None => Ok(None),
+        Some(Value::Str(s)) => parse_counter(s).map(Some).ok_or(SemErr::CounterNotInteger),
+        Some(_) => Err(SemErr::WrongType),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum DeadlineChange {
+    None,
+    Raised(i64),
+    Unknown,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Put {
+    Upsert,
+    IfHeld,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PutOutcome {
+    Added,
+    Updated,
+    NotHeld,
+}
+
+enum Leftovers {
+    None,
+    All,
+    Some(Vec<Bytes>),
+}
+
+/// What the next write does to `<name>:permits`.
+enum Weights {
+    Keep,
+    /// No live holder is left: the key goes.
+    Clear,
+    /// These expired weighted holders lose their fields.
+    Prune(Vec<Bytes>),
+}
+
+struct Survey {
+    expired: Vec<Bytes>,
+    live: u64,
+    /// Permits held beyond one per live holder.
+    extra: u64,
+    kind: Option<Kind>,
+    leftovers: Leftovers,
+    weights: Weights,
+}
+
+impl Survey {
+    fn in_use(&self) -> u64 {
+        self.live.saturating_add(self.extra)
+    }
+}
+
+fn is_live(score: f64, now: i64) -> bool {
+    deadline_ms(score) > now
+}
+
+/// One semaphore's keys during a call; `finish` settles the expiry (store.rs) and writes them
+/// back.
+struct Sets {
+    name: Bytes,
+    holders: ZSet,
+    holders_expire: Option<i64>,
+    owners: ZSet,
+    owners_expire: Option<i64>,
+    /// `<name>:permits`: id -> permits (only beyond 1), "" -> the extra total.
+    permits: BTreeMap<Bytes, Bytes>,
+    permits_expire: Option<i64>,
+    change: DeadlineChange,
+    /// Every identifier the call removed (or tried to) from both sets: their bindings end.
+    removed: Vec<Bytes>,
+}
+
+impl Sets {
+    fn load(keys: &Keyspace, name: &[u8]) -> Sets {
+        let zset = |key: &[u8]| match keys.get(key) {
+            Some(Entry {
+                value: Value::ZSet(z),
+                expire,
+            }) => (z.clone(), *expire),
+            _ => (ZSet::default(), None),
+        };
+        let (holders, holders_expire) = zset(name);
+        let (owners, owners_expire) = zset(&owner_key(name));
+        let (permits, permits_expire) = match keys.get(&permits_key(name)) {
+            Some(Entry {
+                value: Value::Hash(h),
+                expire,
+            }) => (h.iter().cloned().collect(), *expire),
+            _ => (BTreeMap::new(), None),
+        };
+        Sets {
+            name: name.to_vec(),
+            holders,
+            holders_expire,
+            owners,
+            owners_expire,
+            permits,
+            permits_expire,
+            change: DeadlineChange::None,
+            removed: Vec::new(),
+        }
+    }
+
+    fn permits_field(&self, field: &[u8]) -> Result<Option<u64>, SemErr> {
+        match self.permits.get(field) {
+            None => Ok(None),
+            Some(v) => parse_permits(field, v)
+                .map(Some)
+                .ok_or(SemErr::PermitsCorrupt),
+        }
+    }
+
+    /// The permits `id` holds: its field, 1 without one.
+    fn weight(&self, id: &[u8]) -> Result<u64, SemErr> {
+        Ok(self.permits_field(id)?.unwrap_or(1))
+    }
+
+    fn survey(&self, now: i64) -> Result<Survey, SemErr> {
+        let (holders, owners) = (&self.holders, &self.owners);
+        let expired: Vec<Bytes> = holders
+            .iter()
+            .filter(|(_, s)| !is_live(*s, now))
+            .map(|(m, _)| m.clone())
+            .collect();
+        let live = (holders.len() - expired.len()) as u64;
+        let owner_count = owners.len() as u64;
+        let (kind, leftovers) = if owner_count == 0 {
+            ((live > 0).then_some(Kind::Plain), Leftovers::None)
+        } else if live == 0 {
+            (None, Leftovers::All)
+        } else {
+            let expired_owners = expired.iter().filter(|id| owners.contains(id)).count() as u64;
+            if owner_count - expired_owners == live {
+                (Some(Kind::Fair), Leftovers::None)
+            } else {
+                let mut owned_live = 0;
+                let mut orphans = Vec::new();
+                for (id, _) in owners.iter() {
+                    match holders.score(id) {
+                        None => orphans.push(id.clone()),
+                        Some(s) if is_live(s, now) => owned_live += 1,
+                        Some(_) => {}
+                    }
+                }
+                if owned_live == 0 {
+                    (Some(Kind::Plain), Leftovers::All)
+                } else if orphans.is_empty() {
+                    (Some(Kind::Fair), Leftovers::None)
+                } else {
+                    (Some(Kind::Fair), Leftovers::Some(orphans))
+                }
+            }
+        };
+        let (extra, weights) = if self.permits.is_empty() {
+            (0, Weights::Keep)
+        } else if live == 0 {
+            (0, Weights::Clear)
+        } else {
+            let mut extra = self.permits_field(b"")?.unwrap_or(0);
+            let mut pruned = Vec::new();
+            for id in &expired {
+                let permits = self.weight(id)?;
+                if permits > 1 {
+                    extra = extra.saturating_sub(permits - 1);
+                    pruned.push(id.clone());
+                }
+            }
+            let weights = if pruned.is_empty() {
+                Weights::Keep
+            } else {
+                Weights::Prune(pruned)
+            };
+            (extra, weights)
+        };
+        Ok(Survey {
+            expired,
+            live,
+            extra,
+            kind,
+            leftovers,
+            weights,
+        })
+    }
+
+    /// Removes `ids` from both sets; how many were holders. A set that empties is deleted (a
+    /// later add creates it again, without expiry).
+    fn remove(&mut self, ids: &[Bytes]) -> usize {
+        self.removed.extend(ids.iter().cloned());
+        let removed = ids.iter().filter(|id| self.holders.remove(id)).count();
+        for id in ids {
+            self.owners.remove(id);
+        }
+        if self.holders.is_empty() {
+            self.holders_expire = None;
+        }
+        if self.owners.is_empty() {
+            self.owners_expire = None;
+        }
+        if removed > 0 {
+            self.change = DeadlineChange::Unknown;
+        }
+        removed
+    }
+
+    fn clear_owners(&mut self) {
+        self.owners = ZSet::default();
+        self.owners_expire = None;
+    }
+
+    /// One write of `<name>:permits`: `set`'s field (deleted for 1 permit), `removed` fields
+    /// gone, the extra total ("" deleted at 0). A key that empties is deleted.
+    fn put_weights(&mut self, set: Option<(&[u8], u64)>, removed: &[Bytes], extra: u64) {
+        let mut deletes: Vec<Bytes> = removed.to_vec();
+        if let Some((id, permits)) = set {
+            if permits > 1 {
+                self.permits
+                    .insert(id.to_vec(), permits.to_string().into_bytes());
+            } else {
+                deletes.push(id.to_vec());
+            }
+        }
+        if extra > 0 {
+            self.permits
+                .insert(Vec::new(), extra.to_string().into_bytes());
+        } else {
+            deletes.push(Vec::new());
+        }
+        for field in deletes {
+            self.permits.remove(&field);
+        }
+        if self.permits.is_empty() {
+            self.permits_expire = None;
+        }
+    }
+
+    fn clear_weights(&mut self) {
+        self.permits.clear();
+        self.permits_expire = None;
+    }
+
+    fn prune(&mut self, survey: &Survey) {
+        self.remove(&survey.expired);
+        match &survey.leftovers {
+            Leftovers::None => {}
+            Leftovers::All => self.clear_owners(),
+            Leftovers::Some(ids) => {
+                for id in ids {
+                    self.owners.remove(id);
+                }
+                if self.owners.is_empty() {
+                    self.owners_expire = None;
+                }
+            }
+        }
+        match &survey.weights {
+            Weights::Keep => {}
+            Weights::Clear => self.clear_weights(),
+            Weights::Prune(ids) => self.put_weights(None, ids, survey.extra),
+        }
+    }
+
+    fn put_holder(&mut self, id: &[u8], deadline: i64, put: Put) -> PutOutcome {
+        let held = self.holders.contains(id);
+        if !held && put == Put::IfHeld {
+            return PutOutcome::NotHeld;
+        }
+        self.holders.insert(id, deadline as f64);
+        if held {
+            self.change = DeadlineChange::Unknown;
+            PutOutcome::Updated
+        } else {
+            self.change = match self.change {
+                DeadlineChange::None => DeadlineChange::Raised(deadline),
+                DeadlineChange::Raised(d) => DeadlineChange::Raised(d.max(deadline)),
+                DeadlineChange::Unknown => DeadlineChange::Unknown,
+            };
+            PutOutcome::Added
+        }
+    }
+
+    fn put_owner(&mut self, id: &[u8], ticket: u64) {
+        self.owners.insert(id, ticket as f64);
+    }
+
+    /// Settles the expiry (the sets and the permits expire at the latest deadline) and writes
+    /// the keys back; returns the identifiers the call removed.
+    fn finish(mut self, keys: &mut Keyspace) -> Vec<Bytes> {
+        if self.change != DeadlineChange::None {
+            const NO_EXPIRE: i64 = -1;
+            let current = self.holders_expire.unwrap_or(NO_EXPIRE);
+            let latest = match self.change {
+                DeadlineChange::Raised(added) if current != NO_EXPIRE => Some(current.max(added)),
+                _ => self.holders.highest_score().map(deadline_ms),
+            };
+            if let Some(latest) = latest {
+                if !self.holders.is_empty() {
+                    self.holders_expire = Some(latest);
+                }
+                if !self.owners.is_empty() {
+                    self.owners_expire = Some(latest);
+                }
+                if !self.permits.is_empty() {
+                    self.permits_expire = Some(latest);
+                }
+            }
+        }
+        let owner = owner_key(&self.name);
+        let permits = permits_key(&self.name);
+        let values = [
+            (
+                self.name.clone(),
+                (!self.holders.is_empty()).then_some(Value::ZSet(self.holders)),
+                self.holders_expire,
+            ),
+            (
+                owner,
+                (!self.owners.is_empty()).then_some(Value::ZSet(self.owners)),
+                self.owners_expire,
+            ),
+            (
+                permits,
+                (!self.permits.is_empty()).then(|| Value::Hash(self.permits.into_iter().collect())),
+                self.permits_expire,
+            ),
+        ];
+        for (key, value, expire) in values {
+            match value {
+                None => {
+                    keys.remove(&key);
+                }
+                Some(value) => {
+                    keys.insert(key, Entry { value, expire });
+                }
+            }
+        }
+        self.removed
+    }
+}
+
+/// Writes the counter in place: a new key has no expiry, an existing one keeps its own.
+fn set_counter(keys: &mut Keyspace, key: Bytes, ticket: u64) {
+    let expire = keys.get(&key).and_then(|e| e.expire);
+    keys.insert(
+        key,
+        Entry {
+            value: Value::Str(ticket.to_string().into_bytes()),
+            expire,
+        },
+    );
+}
+
+fn next_ticket(counter: Option<u64>, margin: u64) -> Result<u64, SemErr> {
+    counter
+        .unwrap_or(0)
+        .checked_add(margin)
+        .and_then(|c| c.checked_add(1))
+        .filter(|&t| t <= MAX_TICKET)
+        .ok_or(SemErr::CounterExhausted)
+}
+
+/// What a call did, for the run's statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Effect {
+    Granted,
+    Renewed,
+    Full,
+    Counted,
+    Described,
+    Refreshed,
+    Released,
+    /// REFRESH or RELEASE of a holder whose lease had run out.
+    Lost,
+    /// REFRESH or RELEASE of an identifier that held nothing.
+    Absent,
+}
+
+/// Runs `call` at module time `now` on `world`, from `client`. An error changes nothing.
+/// `new_id` stands for the identifier the server makes when the call names none.
+pub fn execute(
+    world: &mut World,
+    call: &Call,
+    now: i64,
+    new_id: &[u8],
+    client: Client,
+) -> Result<(Reply, Effect), SemErr> {
+    if let Op::Acquire { bound: true, .. } = call.op {
+        if client == Client::Script {
+            return Err(SemErr::BoundInScript);
+        }
+    }
+    // A write that finds the holder set missing (its key expired, or another client deleted
+    // it) ends every binding of the semaphore: their permits are gone.
+    let holders_gone = !matches!(call.op, Op::Get { .. }) && !world.keys.contains_key(&call.name);
+    let mut removed = Vec::new();
+    let (reply, effect, bind) = rules(world, call, now, new_id, &mut removed)?;
+    // The permits this call removed are no longer bound; one it granted with BOUND is (even
+    // when the same call pruned that identifier's expired permit first); a new permit granted
+    // without BOUND ends an old binding of its identifier.
+    if holders_gone {
+        world.bindings.retain(|(name, _), _| *name != call.name);
+    }
+    for id in removed {
+        world.bindings.remove(&(call.name.clone(), id));
+    }
+    if let Some(id) = bind {
+        world.bindings.insert((call.name.clone(), id), client);
+    } else if let (Effect::Granted, Op::Acquire { id, .. }) = (effect, &call.op) {
+        let id = id.as_deref().unwrap_or(new_id).to_vec();
+        world.bindings.remove(&(call.name.clone(), id));
+    }
+    Ok((reply, effect))
+}
+
+/// What a refresh or release found `id` to be, given it is no live holder.
+fn lost_or_absent(survey: &Survey, id: &[u8]) -> Effect {
+    if survey.expired.iter().any(|e| e == id) {
+        Effect::Lost
+    } else {
+        Effect::Absent
+    }
+}
+
+/// The rules of one call; `removed` receives the identifiers it removed, and the result names
+/// the identifier to bind (a BOUND grant).
+fn rules(
+    world: &mut World,
+    call: &Call,
+    now: i64,
+    new_id: &[u8],
+    removed: &mut Vec<Bytes>,
+) -> Result<(Reply, Effect, Option<Bytes>), SemErr> {
+    let name = &call.name;
+    let counter = counter_key(name);
+    let keys = &mut world.keys;
+    // Opened in this order; the counter only where it is read (a fair grant, SEM.GET JSON).
+    check_type(keys, name, "zset")?;
+    check_type(keys, &owner_key(name), "zset")?;
+    check_type(keys, &permits_key(name), "hash")?;
+    let mut sets = Sets::load(keys, name);
+    let survey = sets.survey(now)?;
+    match &call.op {
+        Op::Acquire {
+            kind,
+            limit,
+            lease_ms,
+            id,
+            with_ticket,
+            bound,
+            count,
+            ..
+        } => {
+            if let Some(held) = survey.kind.filter(|held| held != kind) {
+                return Err(SemErr::KindMismatch(held));
+            }
+            let given = id.is_some();
+            let id: &[u8] = id.as_deref().unwrap_or(new_id);
+            let reply = |ticket: Option<u64>| {
+                let id = if given {
+                    Reply::Bulk(id.to_vec())
+                } else {
+                    Reply::NewId(id.to_vec())
+                };
+                match ticket {
+                    Some(t) if *with_ticket => Reply::Array(vec![id, Reply::Int(t as i64)]),
+                    _ => id,
+                }
+            };
+            let bind = bound.then(|| id.to_vec());
+            let permits = count.unwrap_or(1);
+            let room = survey.in_use().saturating_add(permits) <= *limit;
+            let deadline = now + lease_ms;
+            let live_holder = sets.holders.score(id).is_some_and(|s| is_live(s, now));
+            let margin = world.fencing.margin(name);
+            // A live holder renews: its permits must match a COUNT, and a fair one keeps a
+            // valid ticket. Nothing changes before these checks.
+            let renew = |sets: &mut Sets| -> Result<Option<u64>, SemErr> {
+                if let Some(count) = count {
+                    let held = sets.weight(id)?;
+                    if *count != held {
+                        return Err(SemErr::CountMismatch(held));
+                    }
+                }
+                let ticket = match kind {
+                    Kind::Plain => None,
+                    Kind::Fair => Some(
+                        sets.owners
+                            .score(id)
+                            .and_then(ticket_from_score)
+                            .ok_or(SemErr::InvalidTicket)?,
+                    ),
+                };
+                sets.prune(&survey);
+                sets.put_holder(id, deadline, Put::IfHeld);
+                Ok(ticket)
+            };
+            if count.is_none() && *kind == Kind::Plain {
+                sets.prune(&survey);
+                let put = if room { Put::Upsert } else { Put::IfHeld };
+                let outcome = sets.put_holder(id, deadline, put);
+                removed.extend(sets.finish(keys));
+                return Ok(match outcome {
+                    PutOutcome::NotHeld => (Reply::Nil, Effect::Full, None),
+                    PutOutcome::Added => (reply(None), Effect::Granted, bind),
+                    PutOutcome::Updated => (reply(None), Effect::Renewed, bind),
+                });
+            }
+            if count.is_none() && *kind == Kind::Fair && room {
+                let ticket = next_ticket(read_counter(keys, &counter)?, margin)?;
+                let expired = survey.expired.iter().any(|e| e == id);
+                if !expired && sets.holders.contains(id) {
+                    let ticket = renew(&mut sets)?;
+                    removed.extend(sets.finish(keys));
+                    return Ok((reply(ticket), Effect::Renewed, bind));
+                }
+                sets.prune(&survey);
+                sets.put_holder(id, deadline, Put::Upsert);
+                sets.put_owner(id, ticket);
+                removed.extend(sets.finish(keys));
+                set_counter(keys, counter, ticket);
+                if margin > 0 {
+                    world.fencing.moved.insert(name.clone());
+                }
+                return Ok((reply(Some(ticket)), Effect::Granted, bind));
+            }
+            if live_holder {
+                let ticket = renew(&mut sets)?;
+                removed.extend(sets.finish(keys));
+                return Ok((reply(ticket), Effect::Renewed, bind));
+            }
+            if !room {
+                sets.prune(&survey);
+                removed.extend(sets.finish(keys));
+                return Ok((Reply::Nil, Effect::Full, None));
+            }
+            let ticket = match kind {
+                Kind::Fair => Some(next_ticket(read_counter(keys, &counter)?, margin)?),
+                Kind::Plain => None,
+            };
+            sets.prune(&survey);
+            sets.put_holder(id, deadline, Put::Upsert);
+            if let Some(ticket) = ticket {
+                sets.put_owner(id, ticket);
+            }
+            if permits > 1 {
+                sets.put_weights(Some((id, permits)), &[], survey.extra + (permits - 1));
+            }
+            removed.extend(sets.finish(keys));
+            if let Some(ticket) = ticket {
+                set_counter(keys, counter, ticket);
+                if margin > 0 {
+                    world.fencing.moved.insert(name.clone());
+                }
+            }
+            Ok((reply(ticket), Effect::Granted, bind))
+        }
+        Op::Refresh { id, lease_ms } => {
+            sets.prune(&survey);
+            let refreshed = sets.put_holder(id, now + lease_ms, Put::IfHeld) == PutOutcome::Updated;
+            if !refreshed {
+                sets.remove(std::slice::from_ref(id));
+            }
+            removed.extend(sets.finish(keys));
+            Ok(if refreshed {
+                (Reply::Int(1), Effect::Refreshed, None)
+            } else {
+                (Reply::Int(0), lost_or_absent(&survey, id), None)
+            })
+        }
+        Op::Release { id, count } => {
+            let weighted = !sets.permits.is_empty();
+            if count.is_none() && !weighted {
+                sets.prune(&survey);
+                let released = sets.remove(std::slice::from_ref(id)) == 1;
+                removed.extend(sets.finish(keys));
+                return Ok(if released {
+                    (Reply::Int(1), Effect::Released, None)
+                } else {
+                    (Reply::Int(0), lost_or_absent(&survey, id), None)
+                });
+            }
+            if !sets.holders.score(id).is_some_and(|s| is_live(s, now)) {
+                sets.prune(&survey);
+                sets.remove(std::slice::from_ref(id));
+                removed.extend(sets.finish(keys));
+                return Ok((Reply::Int(0), lost_or_absent(&survey, id), None));
+            }
+            let held = sets.weight(id)?;
+            let giving = count.unwrap_or(held);
+            if giving > held {
+                return Err(SemErr::CountTooLarge(held));
+            }
+            sets.prune(&survey);
+            // (A foreign field of "0" would make this `0 - 1`: the module's rule has the same
+            // subtraction.)
+            let extra = survey
+                .extra
+                .saturating_sub(giving.min(held.wrapping_sub(1)));
+            if giving == held {
+                sets.remove(std::slice::from_ref(id));
+                if held > 1 {
+                    sets.put_weights(None, std::slice::from_ref(id), extra);
+                }
+            } else {
+                sets.put_weights(Some((id, held - giving)), &[], extra);
+            }
+            removed.extend(sets.finish(keys));
+            Ok((Reply::Int(1), Effect::Released, None))
+        }
+        Op::Get { json: false } => Ok((Reply::Int(survey.in_use() as i64), Effect::Counted, None)),
+        Op::Get { json: true } => {
+            let fair = survey.kind == Some(Kind::Fair);
+            let counter = read_counter(keys, &counter)?;
+            let mut holders = Vec::new();
+            let mut listed: Vec<&[u8]> = Vec::new();
+            if fair {
+                for (id, score) in sets.owners.iter() {
+                    let Some(deadline) =
+                        sets.holders.score(id).map(deadline_ms).filter(|&d| d > now)
+                    else {
+                        continue;
+                    };
+                    let ticket = ticket_from_score(*score).ok_or(SemErr::InvalidTicket)?;
+                    listed.push(id);
+                    holders.push(json!({
+                        "id": String::from_utf8_lossy(id),
+                        "ms_left": deadline - now,
+                        "ticket": ticket,
+                        "permits": sets.weight(id)?,
+                    }));
+                }
+            }
+            for (id, score) in sets.holders.iter() {
+                let deadline = deadline_ms(*score);
+                if deadline > now && !listed.contains(&id.as_slice()) {
+                    holders.push(json!({
+                        "id": String::from_utf8_lossy(id),
+                        "ms_left": deadline.saturating_sub(now),
+                        "ticket": null,
+                        "permits": sets.weight(id)?,
+                    }));
+                }
+            }
+            let doc = json!({
+                "name": String::from_utf8_lossy(name),
+                "fair": fair,
+                "counter": counter,
+                "in_use": survey.in_use(),
+                "holders": holders,
+                // Nobody waits while this model's single client runs a command.
+                "waiters": 0,
+                "longest_wait_ms": null,
+            });
+            Ok((Reply::Json(doc), Effect::Described, None))
+        }
+    }
+}
