@@ -12,16 +12,23 @@ use crate::scenarios::UNCONTENDED_LIMIT;
 use crate::stats::Summary;
 use crate::BoxError;
 
-/// One fixed colour per contender, in `Contender::ALL` order, so a contender
-/// keeps its colour whichever others a run includes.
-const COLOURS: [RGBColor; 6] = [
-    RGBColor(214, 39, 40),
-    RGBColor(255, 127, 14),
-    RGBColor(31, 119, 180),
-    RGBColor(23, 190, 207),
-    RGBColor(148, 103, 189),
-    RGBColor(90, 90, 90),
-];
+/// One fixed colour per contender, so a contender keeps its colour whichever
+/// others a run includes (and the ones charted before the weighted contender
+/// came keep theirs). `None` for the no-module floor, which is a control for
+/// the command filter, reported in its own table, and would hide the floor's
+/// line under its own.
+fn colour(contender: Contender) -> Option<RGBColor> {
+    Some(match contender {
+        Contender::RedsemFair => RGBColor(214, 39, 40),
+        Contender::Redsem => RGBColor(255, 127, 14),
+        Contender::RedsemCount4 => RGBColor(44, 160, 44),
+        Contender::RecipeMulti => RGBColor(31, 119, 180),
+        Contender::RecipeLua => RGBColor(23, 190, 207),
+        Contender::NonFairLua => RGBColor(148, 103, 189),
+        Contender::Floor => RGBColor(90, 90, 90),
+        Contender::FloorPlain => return None,
+    })
+}
 
 /// Loads the font at run time: the chart then needs neither a font compiled
 /// into the binary nor a system font library.
@@ -36,6 +43,9 @@ pub fn load_font(path: &Path) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// One contender's line: its colour, and its (N, pairs/s) points.
+type Line = (RGBColor, Contender, Vec<(f64, f64)>);
+
 /// Draws the multi-connection holder scenarios of `summaries` to `path`.
 pub fn pairs_vs_holders(
     path: &Path,
@@ -43,9 +53,10 @@ pub fn pairs_vs_holders(
     connections: usize,
     contenders: &[Contender],
 ) -> Result<(), BoxError> {
-    let lines: Vec<(Contender, Vec<(f64, f64)>)> = contenders
+    let lines: Vec<Line> = contenders
         .iter()
-        .map(|&contender| {
+        .filter_map(|&contender| Some((colour(contender)?, contender)))
+        .map(|(colour, contender)| {
             let points = summaries
                 .iter()
                 .filter(|s| {
@@ -56,10 +67,10 @@ pub fn pairs_vs_holders(
                 })
                 .map(|s| (s.scenario.holders as f64, s.pairs_per_sec.median))
                 .collect();
-            (contender, points)
+            (colour, contender, points)
         })
         .collect();
-    let all = || lines.iter().flat_map(|(_, points)| points.iter());
+    let all = || lines.iter().flat_map(|(_, _, points)| points.iter());
     let (Some(x_min), Some(x_max)) = (
         all().map(|p| p.0).reduce(f64::min),
         all().map(|p| p.0).reduce(f64::max),
@@ -97,8 +108,7 @@ pub fn pairs_vs_holders(
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .draw()?;
-    for (contender, points) in &lines {
-        let colour = COLOURS[*contender as usize];
+    for &(colour, contender, ref points) in &lines {
         chart
             .draw_series(LineSeries::new(
                 points.iter().copied(),

@@ -1,15 +1,20 @@
 //! Command-line flags and the settings a run derives from them.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{value_parser, Parser};
 
 use crate::contenders::Contender;
+use crate::handoff::HandoffContender;
 use crate::scenarios::UNCONTENDED_LIMIT;
 
 /// Compares redsem's semaphore commands with the client-side recipes and a
-/// one-round-trip floor, against one redis-server on 127.0.0.1.
+/// one-round-trip floor, against one redis-server on 127.0.0.1 (and the floor
+/// again against a second one without the module), and measures how fast a
+/// permit passes from one client to the next.
 #[derive(Parser, Debug)]
 // Later occurrences of a flag override earlier ones, so scripts/bench can put
 // its defaults first and still let the caller's own flags win.
@@ -19,11 +24,23 @@ pub struct Args {
     #[arg(long)]
     port: u16,
 
+    /// Port of a second redis-server on 127.0.0.1, started with the same
+    /// flags but WITHOUT the module, for the floor-plain contender (what the
+    /// module's command filter costs other commands).
+    #[arg(long)]
+    plain_port: Option<u16>,
+
+    /// Scenario sets to run, comma-separated: pairs (every contender in
+    /// every scenario), handoff (limit 1, clients passing one permit).
+    #[arg(long, value_delimiter = ',', default_values_t = Set::ALL)]
+    sets: Vec<Set>,
+
     /// Seconds of load per measurement.
     #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
     duration: f64,
 
-    /// Repetitions of every contender in every scenario, interleaved.
+    /// Repetitions of every contender in every scenario (and of every
+    /// hand-off contender), interleaved.
     #[arg(long, default_value_t = 5, value_parser = value_parser!(u32).range(1..=50))]
     reps: u32,
 
@@ -40,12 +57,22 @@ pub struct Args {
     )]
     holders: Vec<u64>,
 
-    /// Contenders to run, comma-separated: redsem-fair, redsem, recipe-multi,
-    /// recipe-lua, nonfair-lua, floor.
-    #[arg(long, value_delimiter = ',', default_values_t = Contender::ALL)]
-    contenders: Vec<Contender>,
+    /// Contenders to run in the pairs set, comma-separated: redsem-fair,
+    /// redsem, redsem-count4, recipe-multi, recipe-lua, nonfair-lua, floor,
+    /// floor-plain [default: all; floor-plain only with --plain-port].
+    #[arg(long, value_delimiter = ',')]
+    contenders: Option<Vec<Contender>>,
 
-    /// Directory for results.md, results.tsv and the chart.
+    /// Clients passing the permit around in the handoff set.
+    #[arg(long, default_value_t = 50, value_parser = value_parser!(u32).range(2..=1000))]
+    handoff_clients: u32,
+
+    /// Contenders to run in the handoff set, comma-separated: fair-wait,
+    /// wait, poll, round-trip.
+    #[arg(long, value_delimiter = ',', default_values_t = HandoffContender::ALL)]
+    handoff_contenders: Vec<HandoffContender>,
+
+    /// Directory for results.md, results.tsv, handoff.tsv and the chart.
     #[arg(long, default_value = "target/bench")]
     out_dir: PathBuf,
 
@@ -60,34 +87,78 @@ pub struct Args {
     #[arg(long)]
     invoked_as: Option<String>,
 
-    /// One short pass of every contender with tiny N, to prove that all of
-    /// them run; overrides --duration, --reps and --holders, and writes under
-    /// <out-dir>/smoke so it never replaces the figures of a full run.
+    /// One short pass of every contender (of both sets) with tiny N, to prove
+    /// that all of them run; overrides --duration, --reps and --holders, and
+    /// writes under <out-dir>/smoke so it never replaces the figures of a
+    /// full run.
     #[arg(long)]
     smoke: bool,
+}
+
+/// A set of scenarios that a run includes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Set {
+    /// Acquire/release pairs: every contender in every scenario.
+    Pairs,
+    /// One permit (limit 1) passed between clients.
+    Handoff,
+}
+
+impl Set {
+    pub const ALL: [Set; 2] = [Set::Pairs, Set::Handoff];
+
+    fn slug(self) -> &'static str {
+        match self {
+            Set::Pairs => "pairs",
+            Set::Handoff => "handoff",
+        }
+    }
+}
+
+impl fmt::Display for Set {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.slug())
+    }
+}
+
+impl FromStr for Set {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Set::ALL
+            .into_iter()
+            .find(|set| set.slug() == s)
+            .ok_or_else(|| format!("unknown set {s:?}; expected pairs or handoff"))
+    }
 }
 
 #[derive(Debug)]
 pub struct Settings {
     pub port: u16,
+    pub plain_port: Option<u16>,
     pub duration: Duration,
     pub reps: usize,
     pub connections: usize,
     /// Ascending, without repeats.
     pub holders: Vec<u64>,
+    /// Empty when the pairs set is not run.
     pub contenders: Vec<Contender>,
+    pub handoff_clients: usize,
+    /// Empty when the handoff set is not run.
+    pub handoff_contenders: Vec<HandoffContender>,
     pub out_dir: PathBuf,
     pub font: PathBuf,
     pub invoked_as: String,
 }
 
 impl Settings {
-    pub fn from_args(args: Args) -> Settings {
+    pub fn from_args(args: Args) -> Result<Settings, String> {
         let invoked_as = args
             .invoked_as
             .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" "));
         let (duration, reps, mut holders, out_dir) = if args.smoke {
-            // Five scenarios of 0.25 s: about one second per contender.
+            // Five scenarios of 0.25 s: about one second per contender of
+            // the pairs set, a quarter of a second per hand-off contender.
             (0.25, 1, vec![10, 100], args.out_dir.join("smoke"))
         } else {
             (
@@ -99,22 +170,54 @@ impl Settings {
         };
         holders.sort_unstable();
         holders.dedup();
+        // Without a second server the no-module floor has nothing to run
+        // against: left out of the default list, refused when asked for.
+        let mut contenders = match args.contenders {
+            Some(listed) => {
+                if args.plain_port.is_none() && listed.contains(&Contender::FloorPlain) {
+                    return Err(format!(
+                        "--contenders {}: needs --plain-port, the port of a redis-server \
+                         without the module",
+                        Contender::FloorPlain
+                    ));
+                }
+                listed
+            }
+            None => Contender::ALL
+                .into_iter()
+                .filter(|&c| args.plain_port.is_some() || !c.on_plain_server())
+                .collect(),
+        };
+        let mut handoff_contenders = args.handoff_contenders;
+        if !args.sets.contains(&Set::Pairs) {
+            contenders.clear();
+        }
+        if !args.sets.contains(&Set::Handoff) {
+            handoff_contenders.clear();
+        }
         // Always in the canonical order, so tables and charts line up
         // between runs whatever order the flag listed them in.
-        let mut contenders = args.contenders;
         contenders.sort_by_key(|&c| c as usize);
         contenders.dedup();
-        Settings {
+        handoff_contenders.sort_by_key(|&c| c as usize);
+        handoff_contenders.dedup();
+        if contenders.is_empty() && handoff_contenders.is_empty() {
+            return Err("nothing to run: no contender in any set".into());
+        }
+        Ok(Settings {
             port: args.port,
+            plain_port: args.plain_port,
             duration: Duration::from_secs_f64(duration),
             reps,
             connections: args.connections as usize,
             holders,
             contenders,
+            handoff_clients: args.handoff_clients as usize,
+            handoff_contenders,
             out_dir,
             font: args.font,
             invoked_as,
-        }
+        })
     }
 }
 

@@ -1,5 +1,7 @@
-//! The six ways of running a semaphore that the benchmark compares, each with
-//! its own acquire/release "pair", pre-fill and memory accounting.
+//! The ways of running a semaphore that the benchmark compares, each with its
+//! own acquire/release "pair", pre-fill and memory accounting, and the floor
+//! of one trivial command per operation, run against the server with the
+//! module and against a second one without it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -30,6 +32,9 @@ pub enum Contender {
     RedsemFair,
     /// `SEM.ACQUIRE` + `SEM.RELEASE`.
     Redsem,
+    /// `SEM.ACQUIRE ... COUNT 4` (one holder, four permits) + `SEM.RELEASE`
+    /// (which gives back all four).
+    RedsemCount4,
     /// The classic fair recipe as MULTI/EXEC pipelines.
     RecipeMulti,
     /// The same fair recipe as one script per operation.
@@ -38,16 +43,21 @@ pub enum Contender {
     NonFairLua,
     /// One trivial command per operation: INCR, then DECR.
     Floor,
+    /// The floor against the second redis-server, the one without the
+    /// module: what the module's command filter costs other commands.
+    FloorPlain,
 }
 
 impl Contender {
-    pub const ALL: [Contender; 6] = [
+    pub const ALL: [Contender; 8] = [
         Contender::RedsemFair,
         Contender::Redsem,
+        Contender::RedsemCount4,
         Contender::RecipeMulti,
         Contender::RecipeLua,
         Contender::NonFairLua,
         Contender::Floor,
+        Contender::FloorPlain,
     ];
 
     /// Short name used on the command line, in key names and in the TSV.
@@ -55,10 +65,12 @@ impl Contender {
         match self {
             Contender::RedsemFair => "redsem-fair",
             Contender::Redsem => "redsem",
+            Contender::RedsemCount4 => "redsem-count4",
             Contender::RecipeMulti => "recipe-multi",
             Contender::RecipeLua => "recipe-lua",
             Contender::NonFairLua => "nonfair-lua",
             Contender::Floor => "floor",
+            Contender::FloorPlain => "floor-plain",
         }
     }
 
@@ -67,20 +79,30 @@ impl Contender {
         match self {
             Contender::RedsemFair => "SEM.ACQUIREFAIR",
             Contender::Redsem => "SEM.ACQUIRE",
+            Contender::RedsemCount4 => "SEM.ACQUIRE COUNT 4",
             Contender::RecipeMulti => "fair recipe, MULTI/EXEC",
             Contender::RecipeLua => "fair recipe, Lua",
             Contender::NonFairLua => "non-fair Lua",
             Contender::Floor => "floor (INCR + DECR)",
+            Contender::FloorPlain => "floor, no module",
         }
     }
 
     /// Whether the contender needs the redsem module loaded in the server.
     pub fn needs_module(self) -> bool {
-        matches!(self, Contender::RedsemFair | Contender::Redsem)
+        matches!(
+            self,
+            Contender::RedsemFair | Contender::Redsem | Contender::RedsemCount4
+        )
     }
 
-    /// redsem's acquire command; only meaningful for the two redsem
-    /// contenders.
+    /// Whether the contender runs against the second redis-server, the one
+    /// without the module, rather than the one with it.
+    pub fn on_plain_server(self) -> bool {
+        self == Contender::FloorPlain
+    }
+
+    /// redsem's acquire command; only meaningful for the redsem contenders.
     fn redsem_acquire(self) -> &'static str {
         if self == Contender::RedsemFair {
             "SEM.ACQUIREFAIR"
@@ -89,10 +111,10 @@ impl Contender {
         }
     }
 
-    /// Whether the contender keeps holders at all (the floor keeps none, so
-    /// it has neither a pre-fill nor a memory figure).
+    /// Whether the contender keeps holders at all (the floors keep none, so
+    /// they have neither a pre-fill nor a memory figure).
     pub fn has_holders(self) -> bool {
-        self != Contender::Floor
+        !matches!(self, Contender::Floor | Contender::FloorPlain)
     }
 
     /// One acquire attempt and, if it succeeded, the matching release.
@@ -105,7 +127,9 @@ impl Contender {
         limit: u64,
     ) -> Result<bool, BoxError> {
         match self {
-            Contender::RedsemFair | Contender::Redsem => redsem_pair(self, conn, keys, limit).await,
+            Contender::RedsemFair | Contender::Redsem | Contender::RedsemCount4 => {
+                redsem_pair(self, conn, keys, limit).await
+            }
             Contender::RecipeMulti => recipe_multi_pair(conn, keys, limit).await,
             Contender::RecipeLua => {
                 let id = new_id();
@@ -158,7 +182,7 @@ impl Contender {
                 expect_released(self, removed)?;
                 Ok(true)
             }
-            Contender::Floor => {
+            Contender::Floor | Contender::FloorPlain => {
                 let _: i64 = redis::cmd("INCR")
                     .arg(&keys.counter)
                     .query_async(conn)
@@ -190,8 +214,9 @@ impl Contender {
             let batch = PREFILL_BATCH.min(n - done);
             match self {
                 // Through the module's own commands, so whatever layout it
-                // keeps is the one measured.
-                Contender::RedsemFair | Contender::Redsem => {
+                // keeps is the one measured. The weighted contender's
+                // pre-filled holders are ordinary ones (one permit each).
+                Contender::RedsemFair | Contender::Redsem | Contender::RedsemCount4 => {
                     let command = self.redsem_acquire();
                     let mut pipe = redis::pipe();
                     for _ in 0..batch {
@@ -233,7 +258,9 @@ impl Contender {
                     }
                     pipe.query_async::<()>(conn).await?;
                 }
-                Contender::Floor => unreachable!("the floor keeps no holders"),
+                Contender::Floor | Contender::FloorPlain => {
+                    unreachable!("the floors keep no holders")
+                }
             }
             done += batch;
         }
@@ -251,8 +278,9 @@ impl Contender {
         Ok(())
     }
 
-    /// Bytes per holder of the sorted sets the contender keeps (the holders
-    /// set, and the owner set of the fair layouts); `None` for the floor.
+    /// Bytes per holder of the keys the contender keeps (the holders set,
+    /// the owner set of the fair layouts, and redsem's permits hash where
+    /// weighted holders left one); `None` for the floors.
     pub async fn bytes_per_holder(
         self,
         conn: &mut MultiplexedConnection,
@@ -263,7 +291,7 @@ impl Contender {
             return Ok(None);
         }
         let mut total = 0;
-        for key in [&keys.holders, &keys.owner] {
+        for key in [&keys.holders, &keys.owner, &keys.permits] {
             // SAMPLES 0 walks every element: exact rather than estimated.
             let bytes: Option<u64> = redis::cmd("MEMORY")
                 .arg("USAGE")
@@ -303,12 +331,14 @@ impl FromStr for Contender {
 
 /// The keys of one run, in redsem's layout, which the recipes share:
 /// `<name>` holds the holders, `<name>:owner` the tickets, `<name>:counter`
-/// the ticket counter (and the floor's counter).
+/// the ticket counter (and the floor's counter), `<name>:permits` redsem's
+/// record of weighted holders.
 #[derive(Clone, Debug)]
 pub struct Keys {
     pub holders: String,
     pub owner: String,
     pub counter: String,
+    pub permits: String,
 }
 
 impl Keys {
@@ -316,6 +346,7 @@ impl Keys {
         Keys {
             owner: format!("{name}:owner"),
             counter: format!("{name}:counter"),
+            permits: format!("{name}:permits"),
             holders: name,
         }
     }
@@ -325,6 +356,7 @@ impl Keys {
             .arg(&self.holders)
             .arg(&self.owner)
             .arg(&self.counter)
+            .arg(&self.permits)
             .query_async::<()>(conn)
             .await?;
         Ok(())
@@ -358,19 +390,23 @@ async fn load_script(conn: &mut MultiplexedConnection, source: &str) -> Result<S
     Ok(sha)
 }
 
-/// redsem's acquire, and its release when the acquire returned an identifier.
+/// Permits the weighted contender's holders take.
+pub const WEIGHT: u64 = 4;
+
+/// redsem's acquire, and its release when the acquire returned an identifier
+/// (without `COUNT`: a weighted holder gives back all its permits).
 async fn redsem_pair(
     contender: Contender,
     conn: &mut MultiplexedConnection,
     keys: &Keys,
     limit: u64,
 ) -> Result<bool, BoxError> {
-    let id: Option<String> = redis::cmd(contender.redsem_acquire())
-        .arg(&keys.holders)
-        .arg(limit)
-        .arg(LEASE_SECS)
-        .query_async(conn)
-        .await?;
+    let mut acquire = redis::cmd(contender.redsem_acquire());
+    acquire.arg(&keys.holders).arg(limit).arg(LEASE_SECS);
+    if contender == Contender::RedsemCount4 {
+        acquire.arg("COUNT").arg(WEIGHT);
+    }
+    let id: Option<String> = acquire.query_async(conn).await?;
     let Some(id) = id else { return Ok(false) };
     let removed: i64 = redis::cmd("SEM.RELEASE")
         .arg(&keys.holders)

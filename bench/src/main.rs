@@ -1,11 +1,13 @@
 //! Load generator for `scripts/bench`: runs redsem's semaphore commands, the
 //! client-side recipes and a one-round-trip floor side by side against one
-//! redis-server on 127.0.0.1, and writes a Markdown report, raw TSV rows and
-//! a PNG chart.
+//! redis-server on 127.0.0.1 (and the floor again against a second server
+//! without the module), times how fast one permit passes between waiting
+//! clients, and writes a Markdown report, raw TSV rows and a PNG chart.
 
 mod chart;
 mod cli;
 mod contenders;
+mod handoff;
 mod report;
 mod scenarios;
 mod stats;
@@ -16,7 +18,7 @@ use clap::Parser;
 use redis::aio::MultiplexedConnection;
 
 use crate::cli::{Args, Settings};
-use crate::contenders::{Contender, Keys};
+use crate::contenders::Keys;
 use crate::scenarios::{Bench, Scenario};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -25,7 +27,14 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 // keeps the load generator on the one core it is pinned to.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    match run(Settings::from_args(Args::parse())).await {
+    let settings = match Settings::from_args(Args::parse()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("redsem-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(settings).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("redsem-bench: {e}");
@@ -35,16 +44,44 @@ async fn main() -> ExitCode {
 }
 
 async fn run(settings: Settings) -> Result<(), BoxError> {
+    let pairs = !settings.contenders.is_empty();
+    let handoffs = !settings.handoff_contenders.is_empty();
     // Before any load: a missing font should not cost a whole run.
-    chart::load_font(&settings.font)?;
+    if pairs {
+        chart::load_font(&settings.font)?;
+    }
     std::fs::create_dir_all(&settings.out_dir)?;
 
-    let client = redis::Client::open(("127.0.0.1", settings.port))?;
-    let mut bench = Bench::connect(&client, settings.connections, settings.duration).await?;
-    check_module(bench.control(), &settings.contenders).await?;
+    let workers = if handoffs {
+        settings.connections.max(settings.handoff_clients)
+    } else {
+        settings.connections
+    };
+    let mut bench = Bench::connect(
+        settings.port,
+        settings.plain_port,
+        workers,
+        settings.duration,
+    )
+    .await?;
+    let needs_module = handoffs || settings.contenders.iter().any(|c| c.needs_module());
+    if needs_module {
+        check_module(bench.control(), settings.port, true).await?;
+    }
+    if let (Some(plain), Some(port)) = (bench.plain_control(), settings.plain_port) {
+        check_module(plain, port, false).await?;
+    }
     let env = report::Environment::probe(bench.control()).await?;
+    let plain_env = match bench.plain_control() {
+        Some(plain) => Some(report::Environment::probe(plain).await?),
+        None => None,
+    };
 
-    let plan = Scenario::plan(settings.connections, &settings.holders);
+    let plan = if pairs {
+        Scenario::plan(settings.connections, &settings.holders)
+    } else {
+        Vec::new()
+    };
     let total = plan.len() * settings.reps * settings.contenders.len();
     let mut measurements = Vec::with_capacity(total);
     for (index, &scenario) in plan.iter().enumerate() {
@@ -66,38 +103,79 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         }
     }
 
+    // The hand-off set after the pairs, its contenders interleaved the same
+    // way, on the server with the module.
+    let handoff_total = settings.reps * settings.handoff_contenders.len();
+    let mut handoff_measurements = Vec::with_capacity(handoff_total);
+    for rep in 0..settings.reps {
+        for &contender in &settings.handoff_contenders {
+            let keys = Keys::new(format!("redsem-bench:handoff:{rep}:{contender}"));
+            let m = handoff::measure(
+                bench.module(),
+                contender,
+                rep,
+                settings.handoff_clients,
+                settings.duration,
+                keys,
+            )
+            .await?;
+            eprintln!(
+                "[hand-off {}/{handoff_total}] rep {} · {contender}: {} hand-offs/s, p50 {:.0} µs, \
+                 {:.1} µs CPU/hand-off",
+                handoff_measurements.len() + 1,
+                rep + 1,
+                report::group_thousands(m.handoffs_per_sec().round() as u64),
+                m.p50_us,
+                m.cpu_us_per_handoff(),
+            );
+            handoff_measurements.push(m);
+        }
+    }
+
     let summaries = stats::summarize(&measurements, &plan, &settings.contenders);
-    let markdown = report::markdown(&env, &settings, &summaries);
-    let tsv_path = settings.out_dir.join("results.tsv");
-    let md_path = settings.out_dir.join("results.md");
-    let chart_path = settings.out_dir.join("pairs_vs_holders.png");
-    std::fs::write(&tsv_path, report::tsv(&measurements))?;
-    std::fs::write(&md_path, &markdown)?;
-    chart::pairs_vs_holders(
-        &chart_path,
+    let handoff_summaries = handoff::summarize(&handoff_measurements, &settings.handoff_contenders);
+    let markdown = report::markdown(
+        &env,
+        plain_env.as_ref(),
+        &settings,
+        &measurements,
         &summaries,
-        settings.connections,
-        &settings.contenders,
-    )?;
-    print!("{markdown}");
-    eprintln!(
-        "wrote {}, {} and {}",
-        md_path.display(),
-        tsv_path.display(),
-        chart_path.display()
+        &handoff_summaries,
     );
+    let md_path = settings.out_dir.join("results.md");
+    std::fs::write(&md_path, &markdown)?;
+    let mut written = vec![md_path];
+    if pairs {
+        let tsv_path = settings.out_dir.join("results.tsv");
+        let chart_path = settings.out_dir.join("pairs_vs_holders.png");
+        std::fs::write(&tsv_path, report::tsv(&measurements))?;
+        chart::pairs_vs_holders(
+            &chart_path,
+            &summaries,
+            settings.connections,
+            &settings.contenders,
+        )?;
+        written.extend([tsv_path, chart_path]);
+    }
+    if handoffs {
+        let tsv_path = settings.out_dir.join("handoff.tsv");
+        std::fs::write(&tsv_path, report::handoff_tsv(&handoff_measurements))?;
+        written.push(tsv_path);
+    }
+    print!("{markdown}");
+    let written: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+    eprintln!("wrote {}", written.join(", "));
     Ok(())
 }
 
-/// Fails early, with a plain message, when redsem's commands are needed but
-/// the server does not have the module loaded.
+/// Fails early, with a plain message, when the server lacks redsem's
+/// commands though they are needed, or (for the server meant to run without
+/// the module) has them.
 async fn check_module(
     conn: &mut MultiplexedConnection,
-    contenders: &[Contender],
+    port: u16,
+    wanted: bool,
 ) -> Result<(), BoxError> {
-    if !contenders.iter().any(|c| c.needs_module()) {
-        return Ok(());
-    }
     let commands = ["SEM.ACQUIRE", "SEM.ACQUIREFAIR", "SEM.RELEASE"];
     let info: Vec<redis::Value> = redis::cmd("COMMAND")
         .arg("INFO")
@@ -110,13 +188,19 @@ async fn check_module(
         .filter(|(_, v)| matches!(v, redis::Value::Nil))
         .map(|(name, _)| *name)
         .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "the server lacks {} (is redsem loaded?); --contenders can leave the module's out",
+    match (wanted, missing.len()) {
+        (true, 0) => Ok(()),
+        (true, _) => Err(format!(
+            "the server on port {port} lacks {} (is redsem loaded?); --contenders and \
+             --sets can leave the module's contenders out",
             missing.join(", ")
         )
-        .into())
+        .into()),
+        (false, n) if n == commands.len() => Ok(()),
+        (false, _) => Err(format!(
+            "the server on port {port} (--plain-port) has redsem's commands; it must run \
+             without the module"
+        )
+        .into()),
     }
 }

@@ -22,7 +22,7 @@ pub const UNCONTENDED_LIMIT: u64 = 1_000_000;
 const MAX_PAIRS_PER_CONNECTION: usize = 10_000_000;
 /// How long in-flight pairs may take to finish after the deadline before the
 /// measurement is abandoned (the fair recipe at N = 100,000 needs seconds).
-const DRAIN_GRACE: Duration = Duration::from_secs(120);
+pub const DRAIN_GRACE: Duration = Duration::from_secs(120);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scenario {
@@ -102,23 +102,17 @@ impl Measurement {
     }
 }
 
-/// Open connections to the one server under test, reused by every
-/// measurement so that connecting never falls inside a measured window.
-pub struct Bench {
-    control: MultiplexedConnection,
-    workers: Vec<MultiplexedConnection>,
-    scripts: Arc<Scripts>,
-    duration: Duration,
+/// Open connections to one server, reused by every measurement so that
+/// connecting never falls inside a measured window.
+pub struct Server {
+    pub control: MultiplexedConnection,
+    pub workers: Vec<MultiplexedConnection>,
 }
 
-impl Bench {
-    pub async fn connect(
-        client: &redis::Client,
-        connections: usize,
-        duration: Duration,
-    ) -> Result<Self, BoxError> {
-        let mut control = client.get_multiplexed_async_connection().await?;
-        let scripts = Arc::new(Scripts::load(&mut control).await?);
+impl Server {
+    async fn connect(port: u16, connections: usize) -> Result<Self, BoxError> {
+        let client = redis::Client::open(("127.0.0.1", port))?;
+        let control = client.get_multiplexed_async_connection().await?;
         let mut workers = Vec::with_capacity(connections);
         for _ in 0..connections {
             // A socket per worker, as separate clients would have: the
@@ -126,16 +120,53 @@ impl Bench {
             // on one connection.
             workers.push(client.get_multiplexed_async_connection().await?);
         }
+        Ok(Server { control, workers })
+    }
+}
+
+/// The server under test, with the module, and optionally a second one
+/// without it for the "floor, no module" contender.
+pub struct Bench {
+    module: Server,
+    plain: Option<Server>,
+    scripts: Arc<Scripts>,
+    duration: Duration,
+}
+
+impl Bench {
+    pub async fn connect(
+        port: u16,
+        plain_port: Option<u16>,
+        connections: usize,
+        duration: Duration,
+    ) -> Result<Self, BoxError> {
+        let mut module = Server::connect(port, connections).await?;
+        let scripts = Arc::new(Scripts::load(&mut module.control).await?);
+        let plain = match plain_port {
+            Some(port) => Some(Server::connect(port, connections).await?),
+            None => None,
+        };
         Ok(Bench {
-            control,
-            workers,
+            module,
+            plain,
             scripts,
             duration,
         })
     }
 
+    /// The control connection of the server with the module.
     pub fn control(&mut self) -> &mut MultiplexedConnection {
-        &mut self.control
+        &mut self.module.control
+    }
+
+    /// The control connection of the server without the module, if any.
+    pub fn plain_control(&mut self) -> Option<&mut MultiplexedConnection> {
+        self.plain.as_mut().map(|p| &mut p.control)
+    }
+
+    /// The server with the module, for the hand-off measurements.
+    pub fn module(&mut self) -> &mut Server {
+        &mut self.module
     }
 
     /// Runs one contender in one scenario on keys of its own, deleting them
@@ -147,20 +178,28 @@ impl Bench {
         rep: usize,
         keys: Keys,
     ) -> Result<Measurement, BoxError> {
-        keys.delete(&mut self.control).await?;
+        // CPU time is read from the server the contender runs against.
+        let server = if contender.on_plain_server() {
+            self.plain
+                .as_mut()
+                .ok_or_else(|| format!("{contender} needs --plain-port"))?
+        } else {
+            &mut self.module
+        };
+        keys.delete(&mut server.control).await?;
         contender
-            .prefill(&mut self.control, &keys, scenario.holders, scenario.limit)
+            .prefill(&mut server.control, &keys, scenario.holders, scenario.limit)
             .await?;
         let bytes_per_holder = contender
-            .bytes_per_holder(&mut self.control, &keys, scenario.holders)
+            .bytes_per_holder(&mut server.control, &keys, scenario.holders)
             .await?;
 
         let keys = Arc::new(keys);
-        let cpu_before = server_cpu_us(&mut self.control).await?;
+        let cpu_before = server_cpu_us(&mut server.control).await?;
         let started = Instant::now();
         let deadline = started + self.duration;
         let mut tasks = JoinSet::new();
-        for conn in self.workers.iter().take(scenario.connections) {
+        for conn in server.workers.iter().take(scenario.connections) {
             tasks.spawn(drive(
                 contender,
                 conn.clone(),
@@ -176,8 +215,8 @@ impl Bench {
                 format!("{contender} did not finish within {DRAIN_GRACE:?} of its deadline")
             })?;
         let elapsed = started.elapsed();
-        let cpu_after = server_cpu_us(&mut self.control).await?;
-        keys.delete(&mut self.control).await?;
+        let cpu_after = server_cpu_us(&mut server.control).await?;
+        keys.delete(&mut server.control).await?;
 
         let mut latencies_ns = Vec::new();
         let mut acquired = 0;
@@ -231,7 +270,7 @@ async fn drive(
 
 /// CPU time of the server's main thread in µs. Redis before 6.2 reports only
 /// whole-process figures, which is the closest substitute there.
-async fn server_cpu_us(conn: &mut MultiplexedConnection) -> Result<f64, BoxError> {
+pub async fn server_cpu_us(conn: &mut MultiplexedConnection) -> Result<f64, BoxError> {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
     let field = |name: &str| {
         info.lines()
