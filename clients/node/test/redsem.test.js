@@ -1,0 +1,229 @@
+"use strict";
+// Tests of redsem.js against a real redis-server with the module loaded (test/server.js).
+
+const assert = require("node:assert/strict");
+const fs = require("node:fs");
+const path = require("node:path");
+const { after, before, beforeEach, test } = require("node:test");
+const { setTimeout: sleep } = require("node:timers/promises");
+const Redis = require("ioredis");
+
+const { acquire, withPermit, NotAcquired, NotDurable, PermitLost } = require("../redsem");
+const { startServer } = require("./server");
+
+let server;
+let redis;
+
+before(async () => {
+  server = await startServer();
+  redis = new Redis({ port: server.port });
+});
+
+after(async () => {
+  await redis.quit();
+  await server.stop();
+});
+
+beforeEach(async () => {
+  await redis.flushall();
+});
+
+const live = (name) => redis.call("SEM.GET", name);
+
+async function waitUntil(what, condition, limitMs = 5000) {
+  const deadline = Date.now() + limitMs;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
+    await sleep(10);
+  }
+}
+
+test("the README's example, as written there, on the test server", async () => {
+  const readme = fs.readFileSync(path.join(__dirname, "../../README.md"), "utf8");
+  const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((match) => match[1]);
+  assert.equal(blocks.length, 1);
+  assert.ok(blocks[0].includes("new Redis(6379)"));
+  const code = blocks[0].replace("new Redis(6379)", `new Redis(${server.port})`);
+  const AsyncFunction = (async () => {}).constructor;
+  const printed = [];
+  const console = { log: (...args) => printed.push(args.join(" ")) };
+  const requireHere = (name) => require(name === "./redsem" ? "../redsem" : name);
+  await new AsyncFunction("require", "console", code)(requireHere, console);
+  assert.ok(printed.some((line) => line.startsWith("working on 3 as")), printed.join("\n"));
+  assert.ok(printed.some((line) => line.endsWith("has ticket 1")), printed.join("\n"));
+  assert.equal(await live("jobs"), 0);
+  assert.equal(await live("printers"), 0);
+});
+
+test("grant and release", async () => {
+  const permit = await acquire(redis, "jobs", { limit: 3, lease: 30 });
+  try {
+    assert.equal(await live("jobs"), 1);
+    assert.notEqual(await redis.zscore("jobs", permit.id), null);
+    assert.equal(permit.ticket, null);
+    assert.equal(permit.lost, false);
+  } finally {
+    assert.equal(await permit.release(), true);
+  }
+  assert.equal(await redis.exists("jobs"), 0);
+  assert.equal(await permit.release(), true); // the same answer again, nothing sent
+});
+
+test("withPermit returns the work's result and gives the permit back", async () => {
+  const opts = { limit: 3, lease: 30, wait: 10 };
+  const result = await withPermit(redis, "jobs", opts, async (permit) => {
+    assert.deepEqual(await redis.zrange("jobs", 0, -1), [permit.id]);
+    return "done";
+  });
+  assert.equal(result, "done");
+  assert.equal(await live("jobs"), 0);
+});
+
+test("the limit refuses at once", async () => {
+  const first = await acquire(redis, "jobs", { limit: 2, lease: 30 });
+  const second = await acquire(redis, "jobs", { limit: 2, lease: 30 });
+  const started = Date.now();
+  await assert.rejects(acquire(redis, "jobs", { limit: 2, lease: 30 }), NotAcquired);
+  assert.ok(Date.now() - started < 1000);
+  assert.equal(await live("jobs"), 2);
+  await first.release();
+  await second.release();
+  assert.equal(await live("jobs"), 0);
+});
+
+test("a wait times out", async () => {
+  const holder = await acquire(redis, "jobs", { limit: 1, lease: 30 });
+  const started = Date.now();
+  await assert.rejects(acquire(redis, "jobs", { limit: 1, lease: 30, wait: 0.3 }), NotAcquired);
+  const waited = Date.now() - started;
+  assert.ok(waited >= 250 && waited < 5000, `waited ${waited} ms`);
+  assert.equal(await live("jobs"), 1);
+  await holder.release();
+});
+
+test("a wait is served when a holder leaves, without blocking the shared connection", async () => {
+  const holder = await acquire(redis, "jobs", { limit: 1, lease: 30 });
+  const waiting = acquire(redis, "jobs", { limit: 1, lease: 30, wait: Infinity });
+  await sleep(200);
+  assert.equal(await redis.ping(), "PONG"); // the waiter has a connection of its own
+  assert.equal(await holder.release(), true);
+  const permit = await waiting;
+  assert.deepEqual(await redis.zrange("jobs", 0, -1), [permit.id]);
+  await permit.release();
+});
+
+test("refresh keeps a short lease alive", async () => {
+  await withPermit(redis, "jobs", { limit: 1, lease: 0.6 }, async (permit) => {
+    await sleep(2000); // more than three leases
+    assert.equal(permit.lost, false);
+    assert.deepEqual(await redis.zrange("jobs", 0, -1), [permit.id]);
+  });
+  assert.equal(await live("jobs"), 0);
+});
+
+test("a permit removed by another client is lost", async () => {
+  let seen;
+  await assert.rejects(
+    withPermit(redis, "jobs", { limit: 1, lease: 0.6 }, async (permit) => {
+      await redis.del("jobs");
+      seen = await permit.whenLost; // the refresher learns it within lease/3
+      assert.ok(permit.signal.aborted);
+      assert.equal(permit.signal.reason, seen);
+      assert.throws(() => permit.check(), PermitLost);
+    }),
+    PermitLost,
+  );
+  assert.match(seen.message, /SEM.REFRESH answered 0/);
+});
+
+test("a lease that runs out during the work rejects; the work's own error wins", async () => {
+  const opts = { limit: 1, lease: 0.2, autoRefresh: false };
+  await assert.rejects(
+    withPermit(redis, "jobs", opts, () => sleep(500)),
+    PermitLost,
+  );
+  await assert.rejects(
+    withPermit(redis, "jobs", opts, async () => {
+      await sleep(500);
+      throw new Error("the work failed");
+    }),
+    /the work failed/,
+  );
+  assert.equal(await live("jobs"), 0);
+});
+
+test("fair permits carry growing tickets", async () => {
+  const opts = { limit: 2, lease: 30, fair: true };
+  const first = await acquire(redis, "printers", opts);
+  const second = await acquire(redis, "printers", opts);
+  assert.deepEqual([first.ticket, second.ticket], [1, 2]);
+  assert.equal(await redis.zscore("printers:owner", second.id), "2");
+  await assert.rejects(acquire(redis, "printers", { limit: 2, lease: 30 }), /fair holders/);
+  await first.release();
+  await second.release();
+  const third = await acquire(redis, "printers", opts);
+  assert.equal(third.ticket, 3);
+  await third.release();
+});
+
+test("count takes several permits and gives some back", async () => {
+  const big = await acquire(redis, "gpus", { limit: 4, lease: 30, count: 3 });
+  assert.equal(await live("gpus"), 3);
+  await assert.rejects(acquire(redis, "gpus", { limit: 4, lease: 30, count: 2 }), NotAcquired);
+  assert.equal(await big.releaseSome(2), true);
+  assert.equal(big.count, 1);
+  assert.equal(await live("gpus"), 1);
+  assert.equal(await big.release(), true);
+  assert.equal(await live("gpus"), 0);
+});
+
+test("a given identifier is used", async () => {
+  await withPermit(redis, "jobs", { limit: 1, lease: 30, id: "worker-7" }, async (permit) => {
+    assert.equal(permit.id, "worker-7");
+    assert.deepEqual(await redis.zrange("jobs", 0, -1), ["worker-7"]);
+  });
+});
+
+test("a bound permit is given back when its connection closes", async () => {
+  const permit = await acquire(redis, "jobs", { limit: 1, lease: 3, bound: true });
+  assert.equal(await live("jobs"), 1);
+  // As if the holder's process died: its connection closes, and the server gives the permit
+  // back at once, long before the lease ends.
+  await redis.client("KILL", "TYPE", "normal", "SKIPME", "yes");
+  await waitUntil("the server gives the permit back", async () => (await live("jobs")) === 0, 2000);
+  await permit.whenLost; // the refresher (every second) learns it
+  assert.equal(await permit.release(), false);
+});
+
+test("Symbol.asyncDispose releases, and throws when the permit was lost", async () => {
+  const permit = await acquire(redis, "jobs", { limit: 1, lease: 30 });
+  await permit[Symbol.asyncDispose]();
+  assert.equal(await live("jobs"), 0);
+  const short = await acquire(redis, "jobs", { limit: 1, lease: 0.2, autoRefresh: false });
+  await sleep(400);
+  await assert.rejects(short[Symbol.asyncDispose](), PermitLost);
+});
+
+test("durableReplicas waits for replicas; a grant they missed is given back", async () => {
+  const primary = await startServer("--repl-diskless-sync-delay", "0");
+  const replica = await startServer("--replicaof", "127.0.0.1", String(primary.port));
+  const r = new Redis({ port: primary.port });
+  const replicaR = new Redis({ port: replica.port });
+  try {
+    await waitUntil("the replica is in sync", async () =>
+      (await replicaR.info("replication")).includes("master_link_status:up"), 20000);
+    await withPermit(r, "jobs", { limit: 1, lease: 30, durableReplicas: 1 }, async (permit) => {
+      assert.deepEqual(await replicaR.zrange("jobs", 0, -1), [permit.id]);
+    });
+    const opts = { limit: 1, lease: 30, durableReplicas: 2, durableTimeoutMs: 200 };
+    const refused = await acquire(r, "jobs", opts).catch((err) => err);
+    assert.ok(refused instanceof NotDurable, String(refused));
+    assert.deepEqual([refused.acked, refused.wanted], [1, 2]);
+    assert.equal(await r.call("SEM.GET", "jobs"), 0);
+  } finally {
+    await r.quit();
+    await replicaR.quit();
+    await replica.stop();
+    await primary.stop();
+  }
+});

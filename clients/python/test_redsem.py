@@ -1,0 +1,436 @@
+"""Tests of redsem.py against a real redis-server with the module loaded.
+
+REDSEM_MODULE names the module (default: target/debug/libredsem.so of the repository),
+REDIS_SERVER the server binary (default: redis-server). Run: python -m pytest clients/python
+"""
+
+import asyncio
+import inspect
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from redsem import (
+    AsyncSemaphore,
+    NotAcquired,
+    NotDurable,
+    PermitLost,
+    Semaphore,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = os.environ.get("REDSEM_MODULE") or str(ROOT / "target/debug/libredsem.so")
+REDIS_SERVER = os.environ.get("REDIS_SERVER") or "redis-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A redis-server with the module loaded, on a free loopback port, in a scratch directory."""
+
+    def __init__(self, *extra: str) -> None:
+        assert os.path.exists(MODULE), f"{MODULE} is missing: build the module (cargo build)"
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="redsem-py-")
+        self.log = open(os.path.join(self.dir, "redis.log"), "wb")
+        command = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--save", "", "--appendonly", "no", "--dir", self.dir]
+        command += ["--loadmodule", MODULE, *extra]
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        probe = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 20
+        while True:
+            assert self.process.poll() is None, self.read_log()
+            try:
+                probe.ping()
+                break
+            except redis.RedisError:
+                assert time.monotonic() < deadline, self.read_log()
+                time.sleep(0.05)
+        probe.close()
+
+    def read_log(self) -> str:
+        return Path(self.dir, "redis.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def r(server):
+    client = redis.Redis(port=server.port)
+    client.flushall()
+    yield client
+    client.close()
+
+
+def live(r, name) -> int:
+    """Permits in use, as the server counts them."""
+    return r.execute_command("SEM.GET", name)
+
+
+def wait_until(what, condition, limit=5.0):
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def test_the_readme_examples(r, server, capsys):
+    """The Python examples of clients/README.md, as written there, on the test server."""
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        assert "port=6379" in block
+        exec(compile(block.replace("port=6379", f"port={server.port}"), str(readme), "exec"), {})
+    printed = capsys.readouterr().out
+    assert "working on 2 as" in printed
+    assert "has ticket 1" in printed
+    assert "4 GPU slots held; lost: False" in printed
+    assert [live(r, name) for name in ("jobs", "printers", "gpus")] == [0, 0, 0]
+
+
+def test_grant_and_release(r):
+    with Semaphore(r, "jobs", limit=3, lease=30) as permit:
+        assert live(r, "jobs") == 1
+        assert r.zscore("jobs", permit.id) is not None
+        assert permit.ticket is None and not permit.lost
+        permit.check()
+    assert live(r, "jobs") == 0
+    assert not r.exists("jobs")
+
+
+def test_the_limit_refuses_at_once(r):
+    sem = Semaphore(r, "jobs", limit=2, lease=30)
+    with sem as first, sem as second:
+        assert first.id != second.id
+        started = time.monotonic()
+        with pytest.raises(NotAcquired):
+            with sem:
+                pytest.fail("a third holder of a limit of 2")
+        assert time.monotonic() - started < 1
+        assert live(r, "jobs") == 2
+    assert live(r, "jobs") == 0
+
+
+def test_wait_times_out(r):
+    with Semaphore(r, "jobs", limit=1, lease=30):
+        started = time.monotonic()
+        with pytest.raises(NotAcquired):
+            Semaphore(r, "jobs", limit=1, lease=30, wait=0.3).acquire()
+        waited = time.monotonic() - started
+        assert 0.25 <= waited < 5, waited
+        assert live(r, "jobs") == 1
+
+
+def test_wait_is_served_when_a_holder_leaves(r):
+    holder = Semaphore(r, "jobs", limit=1, lease=30).acquire()
+    threading.Timer(0.3, holder.release).start()
+    started = time.monotonic()
+    with Semaphore(r, "jobs", limit=1, lease=30, wait=10) as permit:
+        assert 0.2 <= time.monotonic() - started < 5
+        assert holder.release() is True
+        assert r.zrange("jobs", 0, -1) == [permit.id.encode()]
+
+
+@pytest.mark.skipif(
+    "timeout" not in inspect.signature(redis.connection.Connection.read_response).parameters,
+    reason="redis-py before 8: a socket_timeout must exceed the wait (see redsem.py)",
+)
+def test_a_wait_may_outlast_the_socket_timeout(server):
+    # No retries: a retried acquire would wait again, and hide the timeout.
+    r = redis.Redis(port=server.port, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
+    holder = Semaphore(r, "jobs", limit=1, lease=30).acquire()
+    threading.Timer(0.8, holder.release).start()
+    with Semaphore(r, "jobs", limit=1, lease=30, wait=10) as permit:
+        assert r.zrange("jobs", 0, -1) == [permit.id.encode()]
+    r.close()
+
+
+def test_async_wait_may_outlast_the_socket_timeout(server):
+    async def main():
+        r = redis.asyncio.Redis(
+            port=server.port, socket_timeout=0.3, retry=AsyncRetry(NoBackoff(), 0)
+        )
+        holder = await AsyncSemaphore(r, "ajobs", limit=1, lease=30).acquire()
+
+        async def leave_soon():
+            await asyncio.sleep(0.8)
+            await holder.release()
+
+        leaving = asyncio.ensure_future(leave_soon())
+        async with AsyncSemaphore(r, "ajobs", limit=1, lease=30, wait=10) as permit:
+            assert await r.zrange("ajobs", 0, -1) == [permit.id.encode()]
+        await leaving
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_one_semaphore_shared_by_threads_never_exceeds_its_limit(r):
+    sem = Semaphore(r, "jobs", limit=2, lease=30, wait=10)
+    inside, most, lock = [0], [0], threading.Lock()
+    errors = []
+
+    def work():
+        try:
+            with sem:
+                with lock:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                time.sleep(0.1)
+                with lock:
+                    inside[0] -= 1
+        except Exception as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert most[0] == 2
+    assert live(r, "jobs") == 0
+
+
+def test_refresh_keeps_a_short_lease_alive(r):
+    with Semaphore(r, "jobs", limit=1, lease=0.6) as permit:
+        time.sleep(2.0)  # more than three leases
+        assert not permit.lost
+        assert r.zrange("jobs", 0, -1) == [permit.id.encode()]
+        seconds, micros = r.time()
+        assert r.zscore("jobs", permit.id) > seconds * 1000 + micros // 1000  # still ahead
+    assert live(r, "jobs") == 0
+
+
+def test_a_permit_removed_by_another_client_is_lost(r):
+    with pytest.raises(PermitLost):
+        with Semaphore(r, "jobs", limit=1, lease=0.6) as permit:
+            r.delete("jobs")
+            wait_until("the refresher reports the loss", lambda: permit.lost)
+            with pytest.raises(PermitLost):
+                permit.check()
+            # Meanwhile another client may take it: that is why the loss is reported.
+            with Semaphore(r, "jobs", limit=1, lease=30):
+                pass
+
+
+def test_a_lease_that_runs_out_during_the_work_raises_at_exit(r):
+    with pytest.raises(PermitLost, match="SEM.RELEASE answered 0|no refresh"):
+        with Semaphore(r, "jobs", limit=1, lease=0.2, auto_refresh=False) as permit:
+            time.sleep(0.5)
+    assert permit.lost
+    assert live(r, "jobs") == 0
+
+
+def test_the_bodys_own_exception_wins_over_a_lost_permit(r):
+    with pytest.raises(ValueError):
+        with Semaphore(r, "jobs", limit=1, lease=0.2, auto_refresh=False):
+            time.sleep(0.5)
+            raise ValueError("the work failed")
+    with pytest.raises(KeyError):
+        with Semaphore(r, "jobs", limit=1, lease=30):
+            raise KeyError("x")
+    assert live(r, "jobs") == 0
+
+
+def test_fair_permits_carry_growing_tickets(r):
+    sem = Semaphore(r, "printers", limit=2, lease=30, fair=True)
+    with sem as first:
+        with sem as second:
+            assert (first.ticket, second.ticket) == (1, 2)
+            assert r.zscore("printers:owner", second.id) == 2
+    with sem as third:
+        assert third.ticket == 3
+    with pytest.raises(redis.ResponseError, match="fair holders"):
+        with sem, Semaphore(r, "printers", limit=2, lease=30):
+            pass
+
+
+def test_count_takes_several_permits_and_gives_some_back(r):
+    with Semaphore(r, "gpus", limit=4, lease=30, count=3) as big:
+        assert live(r, "gpus") == 3
+        with pytest.raises(NotAcquired):
+            Semaphore(r, "gpus", limit=4, lease=30, count=2).acquire()
+        with Semaphore(r, "gpus", limit=4, lease=30, count=1):
+            assert live(r, "gpus") == 4
+        assert big.release_some(2) is True
+        assert big.count == 1 and live(r, "gpus") == 1
+    assert live(r, "gpus") == 0
+
+
+def test_a_given_identifier_is_used(r):
+    with Semaphore(r, "jobs", limit=1, lease=30, identifier="worker-7") as permit:
+        assert permit.id == "worker-7"
+        assert r.zrange("jobs", 0, -1) == [b"worker-7"]
+
+
+def test_a_bound_permit_is_given_back_when_its_connection_closes(r):
+    with pytest.raises(PermitLost):
+        with Semaphore(r, "jobs", limit=1, lease=3, bound=True) as permit:
+            assert live(r, "jobs") == 1
+            # As if the holder's process died: its connection closes, and the server gives the
+            # permit back at once, long before the lease ends.
+            r.client_kill_filter(_type="normal", skip_me=True)
+            wait_until("the server gives the permit back", lambda: live(r, "jobs") == 0, 2)
+            # The refresher (every second) learns it on a new connection.
+            wait_until("the permit is reported lost", lambda: permit.lost, 5)
+
+
+def test_a_bound_permit_is_given_back_when_its_process_dies(r, server):
+    script = (
+        "import time, redis, redsem\n"
+        f"r = redis.Redis(port={server.port})\n"
+        "with redsem.Semaphore(r, 'jobs', limit=1, lease=30, bound=True) as permit:\n"
+        "    print(permit.id, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=os.path.dirname(__file__)
+    )
+    try:
+        holder_id = holder.stdout.readline().strip()
+        assert r.zrange("jobs", 0, -1) == [holder_id]
+        holder.kill()
+        with Semaphore(r, "jobs", limit=1, lease=30, wait=5) as permit:
+            assert r.zrange("jobs", 0, -1) == [permit.id.encode()]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_durable_replicas():
+    primary = Server("--repl-diskless-sync-delay", "0")
+    replica = Server("--replicaof", "127.0.0.1", str(primary.port))
+    try:
+        r = redis.Redis(port=primary.port)
+        replica_r = redis.Redis(port=replica.port)
+        wait_until(
+            "the replica is in sync",
+            lambda: replica_r.info("replication")["master_link_status"] == "up",
+            20,
+        )
+        with Semaphore(r, "jobs", limit=1, lease=30, durable_replicas=1) as permit:
+            # WAIT answered: the replica has the grant.
+            assert replica_r.zrange("jobs", 0, -1) == [permit.id.encode()]
+        started = time.monotonic()
+        sem = Semaphore(r, "jobs", limit=1, lease=30, durable_replicas=2, durable_timeout_ms=200)
+        with pytest.raises(NotDurable) as refused:
+            sem.acquire()
+        assert (refused.value.acked, refused.value.wanted) == (1, 2)
+        assert time.monotonic() - started >= 0.15
+        assert live(r, "jobs") == 0  # the permit that was not durable was given back
+        r.close()
+        replica_r.close()
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+def test_async_grant_limit_wait_and_release(server):
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        await r.flushall()
+        sem = AsyncSemaphore(r, "jobs", limit=2, lease=30, fair=True)
+        async with sem as first, sem as second:
+            assert (first.ticket, second.ticket) == (1, 2)
+            assert await r.execute_command("SEM.GET", "jobs") == 2
+            started = time.monotonic()
+            with pytest.raises(NotAcquired):
+                async with AsyncSemaphore(r, "jobs", limit=2, lease=30, fair=True, wait=0.3):
+                    pass
+            assert time.monotonic() - started >= 0.25
+
+            async def leave_soon():
+                await asyncio.sleep(0.2)
+                assert await first.release() is True
+
+            leaving = asyncio.ensure_future(leave_soon())
+            async with AsyncSemaphore(r, "jobs", limit=2, lease=30, fair=True, wait=10) as third:
+                assert third.ticket == 3
+            await leaving
+        assert await r.execute_command("SEM.GET", "jobs") == 0
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_async_refresh_keeps_the_lease_and_reports_a_loss(server):
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        await r.flushall()
+        async with AsyncSemaphore(r, "jobs", limit=1, lease=0.6) as permit:
+            await asyncio.sleep(2.0)
+            assert not permit.lost
+            assert await r.zrange("jobs", 0, -1) == [permit.id.encode()]
+        with pytest.raises(PermitLost):
+            async with AsyncSemaphore(r, "jobs", limit=1, lease=0.6) as permit:
+                await r.delete("jobs")
+                deadline = time.monotonic() + 5
+                while not permit.lost:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+        assert await r.execute_command("SEM.GET", "jobs") == 0
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_async_bound_and_count(server):
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        await r.flushall()
+        async with AsyncSemaphore(r, "gpus", limit=4, lease=30, count=3, bound=True) as permit:
+            assert await r.execute_command("SEM.GET", "gpus") == 3
+            assert await permit.release_some(1) is True
+            assert await r.execute_command("SEM.GET", "gpus") == 2
+        assert await r.execute_command("SEM.GET", "gpus") == 0
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_wait_without_limit(r):
+    holder = Semaphore(r, "jobs", limit=1, lease=30).acquire()
+    threading.Timer(0.3, holder.release).start()
+    with Semaphore(r, "jobs", limit=1, lease=30, wait=math.inf) as permit:
+        assert r.zrange("jobs", 0, -1) == [permit.id.encode()]
+
+
+def test_bad_options_are_refused_before_any_command(r):
+    with pytest.raises(ValueError):
+        Semaphore(r, "jobs", limit=0)
+    with pytest.raises(ValueError):
+        Semaphore(r, "jobs", limit=1, lease=0)
+    assert not r.exists("jobs")

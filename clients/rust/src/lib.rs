@@ -1,0 +1,484 @@
+//! Permits of a redsem semaphore (the Redis module `sem`) for the `redis` crate (sync API).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redsem_client::Semaphore;
+//!
+//! # fn main() -> Result<(), redsem_client::Error> {
+//! let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+//! let permit = Semaphore::new(client, "jobs")
+//!     .limit(3)
+//!     .lease(Duration::from_secs(30))
+//!     .wait(Some(Duration::from_secs(10)))
+//!     .acquire()?;
+//! // at most 3 holders here; check permit.is_lost() in long work to stop early
+//! assert!(permit.release()?, "the lease ran out during the work");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A [`Permit`] holds a connection of its own from the acquire to the release (`WAIT` blocks the
+//! connection it is sent on, `BOUND` ties the permit to it, and `WAIT numreplicas` covers its
+//! writes), refreshes the lease from a background thread every lease/3, and gives the permit
+//! back when dropped. The identifier is made here (a UUID v4) unless [`Semaphore::id`] gives
+//! one, so an acquire retried after a lost reply renews the same holder.
+
+use std::fmt;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use redis::{Client, Cmd, Connection, RedisError, Value};
+
+/// What can go wrong taking or holding a permit.
+#[derive(Debug)]
+pub enum Error {
+    /// No permit was granted: the semaphore was full (for the whole wait, when waiting).
+    NotAcquired,
+    /// Fewer replicas than asked acknowledged the grant in time; the permit was given back.
+    NotDurable { acked: usize, wanted: usize },
+    /// The permit ran out before it was given back (its lease ended, or another client removed
+    /// it): another holder may have held it meanwhile.
+    Lost,
+    /// An error of the server or of the connection.
+    Redis(RedisError),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotAcquired => write!(f, "no permit was granted"),
+            Error::NotDurable { acked, wanted } => write!(
+                f,
+                "{acked} of {wanted} replicas acknowledged the grant in time; it was given back"
+            ),
+            Error::Lost => write!(
+                f,
+                "the permit was lost: its lease ran out before the release"
+            ),
+            Error::Redis(err) => err.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Redis(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+impl From<RedisError> for Error {
+    fn from(err: RedisError) -> Self {
+        Error::Redis(err)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Seconds as the module reads them: digits and up to 3 decimals (milliseconds, rounded; a
+/// positive time never rounds down to zero).
+fn seconds(duration: Duration) -> String {
+    let mut ms = (duration.as_nanos() + 500_000) / 1_000_000;
+    if ms == 0 && !duration.is_zero() {
+        ms = 1;
+    }
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+/// A semaphore's settings; [`Semaphore::acquire`] takes a permit. Defaults: limit 1, lease 30
+/// seconds, no waiting, not fair, one permit, not bound, a new UUID v4 identifier per acquire,
+/// no replicas awaited, refreshed automatically.
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    client: Client,
+    name: String,
+    limit: u32,
+    lease: Duration,
+    wait: Option<Duration>,
+    fair: bool,
+    count: Option<u32>,
+    bound: bool,
+    id: Option<String>,
+    durable: Option<(usize, Duration)>,
+    auto_refresh: bool,
+}
+
+impl Semaphore {
+    pub fn new(client: Client, name: impl Into<String>) -> Self {
+        Semaphore {
+            client,
+            name: name.into(),
+            limit: 1,
+            lease: Duration::from_secs(30),
+            wait: None,
+            fair: false,
+            count: None,
+            bound: false,
+            id: None,
+            durable: None,
+            auto_refresh: true,
+        }
+    }
+
+    /// The number of permits (1 to 4294967295).
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// How long a permit lives unless refreshed (millisecond precision); refreshed every
+    /// lease/3 while held.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long to wait inside the server for a permit: `None` or zero do not wait,
+    /// `Some(Duration::MAX)` waits without limit.
+    pub fn wait(mut self, wait: Option<Duration>) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// `SEM.ACQUIREFAIR`: first come, first served, and [`Permit::ticket`] is a fencing token.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Takes `count` permits at once (all or none).
+    pub fn count(mut self, count: u32) -> Self {
+        self.count = Some(count);
+        self
+    }
+
+    /// `BOUND`: the permit is given back as soon as its connection closes (the process dies).
+    pub fn bound(mut self, bound: bool) -> Self {
+        self.bound = bound;
+        self
+    }
+
+    /// The holder's identifier (default: a new UUID v4 per acquire).
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// After the grant, `WAIT replicas timeout`: unless that many replicas acknowledge it, the
+    /// permit is given back and the acquire fails with [`Error::NotDurable`].
+    pub fn durable(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.durable = Some((replicas, timeout));
+        self
+    }
+
+    /// `false`: no background refresh; call [`Permit::refresh`] yourself.
+    pub fn auto_refresh(mut self, auto_refresh: bool) -> Self {
+        self.auto_refresh = auto_refresh;
+        self
+    }
+
+    fn acquire_command(&self, id: &str) -> Cmd {
+        let mut cmd = redis::cmd(if self.fair {
+            "SEM.ACQUIREFAIR"
+        } else {
+            "SEM.ACQUIRE"
+        });
+        cmd.arg(&self.name)
+            .arg(self.limit)
+            .arg(seconds(self.lease))
+            .arg("ID")
+            .arg(id);
+        if let Some(count) = self.count {
+            cmd.arg("COUNT").arg(count);
+        }
+        if self.fair {
+            cmd.arg("WITHTICKET");
+        }
+        match self.wait {
+            Some(Duration::MAX) => {
+                cmd.arg("WAIT").arg("0");
+            }
+            Some(wait) if !wait.is_zero() => {
+                cmd.arg("WAIT").arg(seconds(wait));
+            }
+            _ => {}
+        }
+        if self.bound {
+            cmd.arg("BOUND");
+        }
+        cmd
+    }
+
+    /// Takes a permit: [`Error::NotAcquired`] when none was granted.
+    pub fn acquire(&self) -> Result<Permit> {
+        let id = self
+            .id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut conn = self.client.get_connection()?;
+        let sent = Instant::now();
+        let ticket = if self.fair {
+            let granted: Option<(Value, u64)> = self.acquire_command(&id).query(&mut conn)?;
+            Some(granted.ok_or(Error::NotAcquired)?.1)
+        } else {
+            let granted: Option<Value> = self.acquire_command(&id).query(&mut conn)?;
+            granted.ok_or(Error::NotAcquired)?;
+            None
+        };
+        // From here on, an early return drops the permit, which gives it back.
+        let mut permit = Permit {
+            shared: Arc::new(Shared {
+                client: self.client.clone(),
+                name: self.name.clone(),
+                id,
+                lease: self.lease,
+                conn: Mutex::new(Some(conn)),
+                state: Mutex::new(State {
+                    confirmed_until: sent + self.lease,
+                    lost: false,
+                }),
+            }),
+            ticket,
+            count: self.count.unwrap_or(1),
+            stop: None,
+            refresher: None,
+            released: false,
+        };
+        if let Some((wanted, timeout)) = self.durable {
+            let acked: usize = permit.shared.query(
+                redis::cmd("WAIT")
+                    .arg(wanted)
+                    .arg(timeout.as_millis() as u64),
+            )?;
+            if acked < wanted {
+                return Err(Error::NotDurable { acked, wanted });
+            }
+        }
+        // A wait for the grant leaves the lease's start unknown: confirm it now.
+        if sent.elapsed() > self.lease / 3 && !permit.refresh()? {
+            return Err(Error::Lost);
+        }
+        if self.auto_refresh {
+            permit.start_refreshing();
+        }
+        Ok(permit)
+    }
+}
+
+struct State {
+    /// The server's deadline is at least this: the last acquire or refresh confirmed was sent
+    /// then, and its lease started when the server ran it, later.
+    confirmed_until: Instant,
+    lost: bool,
+}
+
+/// What the permit and its refresh thread share.
+struct Shared {
+    client: Client,
+    name: String,
+    id: String,
+    lease: Duration,
+    /// `None` after a connection error: the next call connects again.
+    conn: Mutex<Option<Connection>>,
+    state: Mutex<State>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Shared {
+    fn query<T: redis::FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+        let mut conn = lock(&self.conn);
+        if conn.is_none() {
+            *conn = Some(self.client.get_connection()?);
+        }
+        let result = cmd.query(conn.as_mut().expect("connected above"));
+        if let Err(err) = &result {
+            if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() {
+                *conn = None;
+            }
+        }
+        Ok(result?)
+    }
+
+    fn refresh(&self) -> Result<bool> {
+        let sent = Instant::now();
+        let held: i64 = self.query(
+            redis::cmd("SEM.REFRESH")
+                .arg(&self.name)
+                .arg(&self.id)
+                .arg(seconds(self.lease)),
+        )?;
+        let mut state = lock(&self.state);
+        if held == 1 {
+            state.confirmed_until = sent + self.lease;
+        } else {
+            state.lost = true;
+        }
+        Ok(held == 1)
+    }
+
+    fn is_lost(&self) -> bool {
+        let mut state = lock(&self.state);
+        if Instant::now() >= state.confirmed_until {
+            state.lost = true;
+        }
+        state.lost
+    }
+}
+
+/// A granted permit. It refreshes its lease from a background thread every lease/3 (unless
+/// [`Semaphore::auto_refresh`] is off) and gives the permit back when dropped; call
+/// [`Permit::release`] to learn whether it was held throughout.
+pub struct Permit {
+    shared: Arc<Shared>,
+    ticket: Option<u64>,
+    count: u32,
+    /// Dropping it stops the refresh thread.
+    stop: Option<mpsc::Sender<()>>,
+    refresher: Option<JoinHandle<()>>,
+    released: bool,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("name", &self.shared.name)
+            .field("id", &self.shared.id)
+            .field("ticket", &self.ticket)
+            .field("count", &self.count)
+            .finish()
+    }
+}
+
+impl Permit {
+    /// The holder's identifier.
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The fencing ticket of a fair permit (tickets of a name only ever grow), else `None`.
+    pub fn ticket(&self) -> Option<u64> {
+        self.ticket
+    }
+
+    /// The number of permits held.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// True once the permit may have run out: a refresh answered 0, or no refresh was
+    /// confirmed within a lease (the server is unreachable). It stays true.
+    pub fn is_lost(&self) -> bool {
+        self.shared.is_lost()
+    }
+
+    /// `Err(Error::Lost)` once the permit is lost: call it in long work to stop early.
+    pub fn check(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::Lost);
+        }
+        Ok(())
+    }
+
+    /// Moves the deadline to now + lease; `Ok(false)` (and lost) if the permit had run out.
+    pub fn refresh(&self) -> Result<bool> {
+        self.shared.refresh()
+    }
+
+    /// Gives back `count` of the permits held and keeps the rest (its deadline and ticket);
+    /// `Ok(false)` (and lost) if the permit had run out.
+    pub fn release_some(&mut self, count: u32) -> Result<bool> {
+        let shared = &self.shared;
+        let released: i64 = shared.query(
+            redis::cmd("SEM.RELEASE")
+                .arg(&shared.name)
+                .arg(&shared.id)
+                .arg("COUNT")
+                .arg(count),
+        )?;
+        if released == 1 {
+            self.count -= count;
+        } else {
+            lock(&shared.state).lost = true;
+        }
+        Ok(released == 1)
+    }
+
+    /// Gives the permit back: `Ok(true)` if it was held throughout, `Ok(false)` if it was lost
+    /// (the work it guarded may have overlapped another holder's).
+    pub fn release(mut self) -> Result<bool> {
+        self.give_back()
+    }
+
+    fn give_back(&mut self) -> Result<bool> {
+        self.released = true;
+        let lost_before = self.shared.is_lost();
+        self.stop.take(); // the refresh thread ends at its next wake-up...
+        if let Some(refresher) = self.refresher.take() {
+            let _ = refresher.join(); // ...which is now, after a refresh under way
+        }
+        let shared = &self.shared;
+        let released: i64 =
+            shared.query(redis::cmd("SEM.RELEASE").arg(&shared.name).arg(&shared.id))?;
+        Ok(released == 1 && !lost_before)
+    }
+
+    fn start_refreshing(&mut self) {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let shared = Arc::clone(&self.shared);
+        let interval = shared.lease / 3;
+        let refresher = thread::Builder::new()
+            .name(format!("redsem-refresh-{}", shared.id))
+            .spawn(move || loop {
+                match stopped.recv_timeout(interval) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    _ => return, // stopped
+                }
+                match shared.refresh() {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(_) if shared.is_lost() => return,
+                    Err(_) => {} // unreachable server: retry until the lease is up
+                }
+            })
+            .expect("cannot start the refresh thread");
+        self.stop = Some(stop);
+        self.refresher = Some(refresher);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.give_back();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seconds;
+    use std::time::Duration;
+
+    #[test]
+    fn seconds_have_at_most_three_decimals() {
+        assert_eq!(seconds(Duration::from_secs(30)), "30.000");
+        assert_eq!(seconds(Duration::from_millis(250)), "0.250");
+        assert_eq!(seconds(Duration::from_micros(1_499)), "0.001");
+        assert_eq!(seconds(Duration::from_micros(1_500)), "0.002");
+        assert_eq!(seconds(Duration::from_nanos(1)), "0.001");
+    }
+}

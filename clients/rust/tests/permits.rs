@@ -1,0 +1,286 @@
+//! redsem-client against a real redis-server with the module loaded (the repository's test
+//! harness, tests/common).
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::sync::Once;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{run, wait_until, zset, Server};
+use redsem_client::{Error, Semaphore};
+
+/// A server with the module; the harness finds the workspace's debug build through
+/// REDSEM_MODULE (its own default is relative to the root crate).
+fn server_with(extra: &[&str]) -> Server {
+    static MODULE: Once = Once::new();
+    MODULE.call_once(|| {
+        if std::env::var_os("REDSEM_MODULE").is_none() {
+            let module = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/debug/libredsem.so"
+            );
+            std::env::set_var("REDSEM_MODULE", module);
+        }
+    });
+    Server::start_with(extra)
+}
+
+fn server() -> Server {
+    server_with(&["--save", "", "--appendonly", "no"])
+}
+
+fn client(server: &Server) -> redis::Client {
+    redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).unwrap()
+}
+
+fn live(conn: &mut redis::Connection, name: &str) -> i64 {
+    run(conn, &["SEM.GET", name])
+}
+
+#[test]
+fn grant_release_and_the_limit() {
+    let server = server();
+    let mut conn = server.connection();
+    let jobs = Semaphore::new(client(&server), "jobs").limit(2);
+    let first = jobs.acquire().unwrap();
+    let second = jobs.acquire().unwrap();
+    assert_ne!(first.id(), second.id());
+    assert_eq!(first.ticket(), None);
+    let started = Instant::now();
+    assert!(matches!(jobs.acquire(), Err(Error::NotAcquired)));
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(live(&mut conn, "jobs"), 2);
+
+    assert!(first.release().unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    drop(second); // Drop gives it back too
+    assert_eq!(live(&mut conn, "jobs"), 0);
+    assert_eq!(run::<i64>(&mut conn, &["EXISTS", "jobs"]), 0);
+}
+
+/// The Rust example of clients/README.md, but for the server's address.
+fn readme_example(url: &str) -> Result<(), Error> {
+    // README example begins
+    let client = redis::Client::open(url)?;
+    let permit = Semaphore::new(client, "jobs")
+        .limit(3)
+        .lease(Duration::from_secs(30))
+        .wait(Some(Duration::from_secs(10)))
+        .acquire()?;
+    // at most 3 holders here; check permit.is_lost() in long work to stop early
+    assert!(permit.release()?, "the lease ran out during the work");
+    // README example ends
+    Ok(())
+}
+
+#[test]
+fn the_readme_example() {
+    let server = server();
+    readme_example(&format!("redis://127.0.0.1:{}/", server.port)).unwrap();
+    assert_eq!(live(&mut server.connection(), "jobs"), 0);
+
+    // The README shows exactly this code.
+    let this_file = include_str!("permits.rs");
+    let begin = this_file.find("// README example begins\n").unwrap();
+    let end = this_file.find("    // README example ends").unwrap();
+    let example: String = this_file[begin..end]
+        .lines()
+        .skip(1)
+        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
+        .collect();
+    let example = example.replace("open(url)", "open(\"redis://127.0.0.1:6379/\")");
+    assert!(
+        include_str!("../../README.md").contains(&example),
+        "clients/README.md lacks:\n{example}"
+    );
+}
+
+#[test]
+fn a_wait_times_out_or_is_served_when_a_holder_leaves() {
+    let server = server();
+    let mut conn = server.connection();
+    let jobs = Semaphore::new(client(&server), "jobs").limit(1);
+    let holder = jobs.acquire().unwrap();
+
+    let started = Instant::now();
+    let waiting = jobs.clone().wait(Some(Duration::from_millis(300)));
+    assert!(matches!(waiting.acquire(), Err(Error::NotAcquired)));
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5));
+
+    let leaving = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        holder.release().unwrap()
+    });
+    let permit = jobs.clone().wait(Some(Duration::MAX)).acquire().unwrap();
+    assert!(leaving.join().unwrap());
+    assert_eq!(zset(&mut conn, "jobs")[0].0, permit.id());
+}
+
+#[test]
+fn refresh_keeps_a_short_lease_alive() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .unwrap();
+    thread::sleep(Duration::from_secs(2)); // more than three leases
+    assert!(!permit.is_lost());
+    assert_eq!(zset(&mut conn, "jobs")[0].0, permit.id());
+    assert!(permit.release().unwrap());
+}
+
+#[test]
+fn a_permit_removed_by_another_client_is_lost() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .unwrap();
+    let _: i64 = run(&mut conn, &["DEL", "jobs"]);
+    wait_until(
+        "the refresher reports the loss",
+        Duration::from_secs(5),
+        || permit.is_lost(),
+    );
+    assert!(matches!(permit.check(), Err(Error::Lost)));
+    assert!(!permit.release().unwrap());
+}
+
+#[test]
+fn a_lease_that_runs_out_during_the_work_is_reported_at_release() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .lease(Duration::from_millis(200))
+        .auto_refresh(false)
+        .acquire()
+        .unwrap();
+    thread::sleep(Duration::from_millis(500));
+    assert!(!permit.release().unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 0);
+}
+
+#[test]
+fn fair_permits_carry_growing_tickets() {
+    let server = server();
+    let mut conn = server.connection();
+    let printers = Semaphore::new(client(&server), "printers")
+        .limit(2)
+        .fair(true);
+    let first = printers.acquire().unwrap();
+    let second = printers.acquire().unwrap();
+    assert_eq!((first.ticket(), second.ticket()), (Some(1), Some(2)));
+    assert_eq!(
+        zset(&mut conn, "printers:owner"),
+        [(first.id().to_string(), 1), (second.id().to_string(), 2)]
+    );
+    match Semaphore::new(client(&server), "printers")
+        .limit(2)
+        .acquire()
+    {
+        Err(Error::Redis(err)) => assert!(err.to_string().contains("fair holders"), "{err}"),
+        other => panic!("a plain acquire among fair holders: {other:?}"),
+    }
+    drop((first, second));
+    assert_eq!(printers.acquire().unwrap().ticket(), Some(3));
+}
+
+#[test]
+fn count_takes_several_permits_and_gives_some_back() {
+    let server = server();
+    let mut conn = server.connection();
+    let gpus = Semaphore::new(client(&server), "gpus").limit(4);
+    let mut big = gpus.clone().count(3).acquire().unwrap();
+    assert_eq!(live(&mut conn, "gpus"), 3);
+    assert!(matches!(
+        gpus.clone().count(2).acquire(),
+        Err(Error::NotAcquired)
+    ));
+    assert!(big.release_some(2).unwrap());
+    assert_eq!((big.count(), live(&mut conn, "gpus")), (1, 1));
+    assert!(big.release().unwrap());
+    assert_eq!(live(&mut conn, "gpus"), 0);
+}
+
+#[test]
+fn a_given_identifier_is_used() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .id("worker-7")
+        .acquire()
+        .unwrap();
+    assert_eq!(permit.id(), "worker-7");
+    assert_eq!(zset(&mut conn, "jobs")[0].0, "worker-7");
+}
+
+#[test]
+fn a_bound_permit_is_given_back_when_its_connection_closes() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .lease(Duration::from_secs(3))
+        .bound(true)
+        .acquire()
+        .unwrap();
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    // As if the holder's process died: its connection closes, and the server gives the permit
+    // back at once, long before the lease ends.
+    let _: i64 = run(
+        &mut conn,
+        &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+    );
+    wait_until(
+        "the server gives the permit back",
+        Duration::from_secs(2),
+        || live(&mut conn, "jobs") == 0,
+    );
+    // The refresher (every second) reconnects and learns it.
+    wait_until(
+        "the permit is reported lost",
+        Duration::from_secs(5),
+        || permit.is_lost(),
+    );
+    assert!(!permit.release().unwrap());
+}
+
+#[test]
+fn durable_waits_for_replicas_and_gives_back_a_grant_they_missed() {
+    let primary = server_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let replica = common::start_replica_of(&primary);
+    let mut replica_conn = replica.connection();
+    let mut conn = primary.connection();
+    let jobs = Semaphore::new(client(&primary), "jobs");
+
+    let permit = jobs
+        .clone()
+        .durable(1, Duration::from_secs(5))
+        .acquire()
+        .unwrap();
+    assert_eq!(zset(&mut replica_conn, "jobs")[0].0, permit.id()); // WAIT answered
+    drop(permit);
+
+    let started = Instant::now();
+    let refused = jobs.durable(2, Duration::from_millis(200)).acquire();
+    assert!(matches!(
+        refused,
+        Err(Error::NotDurable {
+            acked: 1,
+            wanted: 2
+        })
+    ));
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert_eq!(live(&mut conn, "jobs"), 0);
+}
