@@ -22,7 +22,7 @@ use crate::queue::{Ask, Binding, Due, Registry, SemKey, WaiterId};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
 use crate::server::key::Access;
-use crate::server::{cluster_can_serve, is_primary, now_ms, select_db, timer};
+use crate::server::{cluster_can_serve, is_primary, now_ms, select_db, timer, writes_paused};
 use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
@@ -429,6 +429,10 @@ pub fn on_timer(ctx: &Context) {
         with(|s| s.work.clear());
         return;
     }
+    if writes_paused() {
+        wait_for_writes(now);
+        return;
+    }
     let (due, work) = with(|s| (s.registry.take_due(now), std::mem::take(&mut s.work)));
     let mut to_serve: BTreeSet<SemKey> = BTreeSet::new();
     for item in due {
@@ -468,6 +472,29 @@ pub fn on_timer(ctx: &Context) {
     if let Some(at) = with(|s| s.registry.next_due_ms()) {
         timer::arm(at, now);
     }
+}
+
+/// How often the timer looks again while writes are paused.
+const PAUSE_RECHECK_MS: i64 = 10;
+
+/// The timer fired while writes are paused: waits that are over still end (that writes
+/// nothing); grants, lease ends and give-backs wait for the pause to end.
+fn wait_for_writes(now: i64) {
+    for item in with(|s| s.registry.take_due(now)) {
+        let sem = match item {
+            Due::Timeout(id) => {
+                let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
+                stats::count(&COUNTERS.waits_timed_out);
+                answer(id, Outcome::TimedOut);
+                sem
+            }
+            Due::LeaseEnd(sem) => Some(sem),
+        };
+        if let Some(sem) = sem {
+            with(|s| s.work.insert(Work::Serve(sem)));
+        }
+    }
+    timer::arm(now + PAUSE_RECHECK_MS, now);
 }
 
 /// Runs `work` on `sem`'s keys outside any command of ours: in its database, and in Redis

@@ -1065,6 +1065,84 @@ fn becoming_a_replica_answers_every_waiter_with_an_error_at_once() {
     assert_eq!(waiters(&mut conn, "r1") + waiters(&mut conn, "r2"), 0);
 }
 
+/// While writes are paused (`CLIENT PAUSE ... WRITE`, as `FAILOVER` and a Cluster manual
+/// failover do), nothing may be written or propagated, not even from the module's timer: Redis
+/// asserts it, and keeps keys whose expiry passed in place. Grants and give-backs wait for the
+/// pause to end; a wait that ends meanwhile is still answered on time.
+#[test]
+fn nothing_is_written_while_writes_are_paused() {
+    let _timing = timing();
+    let primary = Server::start_with(&PRIMARY_ARGS);
+    let replica = start_replica_of(&primary);
+    let mut conn = primary.connection();
+
+    // The holder set's expiry passes during the pause.
+    let _: String = cmd(&mut conn, "SEM.ACQUIRE pa 1 0.3 ID h");
+    let expired_set = queue(&primary, &mut conn, "SEM.ACQUIRE pa 1 30 ID wa WAIT 10");
+    // A lease ends during the pause while another holder lives on.
+    let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR pb 2 0.3 ID h1");
+    let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR pb 2 30 ID h2");
+    let lease_end = queue(
+        &primary,
+        &mut conn,
+        "SEM.ACQUIREFAIR pb 2 30 ID wb WAIT 10 WITHTICKET",
+    );
+    let short_wait = queue(
+        &primary,
+        &mut conn,
+        "SEM.ACQUIREFAIR pb 2 30 ID wd WAIT 0.5",
+    );
+    // A BOUND holder's connection closes during the pause.
+    let mut bound = Client::new(&primary);
+    let _: String = cmd(&mut bound.conn, "SEM.ACQUIRE pc 1 30 ID hc BOUND");
+    let give_back = queue(&primary, &mut conn, "SEM.ACQUIRE pc 1 30 ID wc WAIT 10");
+
+    let _: () = cmd(&mut conn, "CLIENT PAUSE 60000 WRITE");
+    drop(bound);
+    sleep(Duration::from_millis(1000));
+    let pong: String = cmd(&mut conn, "PING");
+    assert_eq!(pong, "PONG");
+    assert_eq!(short_wait.reply(), Reply::Nil, "a wait ends on time");
+    for (waiter, what) in [
+        (&expired_set, "a waiter on an expired set"),
+        (&lease_end, "a waiter after a lease end"),
+        (&give_back, "a waiter on a BOUND permit"),
+    ] {
+        assert_waiting(waiter, what);
+    }
+    assert_eq!(holders(&mut conn, "pc"), ["hc"], "nothing given back yet");
+
+    let _: () = cmd(&mut conn, "CLIENT UNPAUSE");
+    assert_eq!(expired_set.reply(), id("wa"));
+    assert_eq!(lease_end.reply(), ticket("wb", 3));
+    assert_eq!(give_back.reply(), id("wc"));
+    assert_eq!(holders(&mut conn, "pc"), ["wc"]);
+    wait_for_replica(&mut conn);
+    assert_eq!(
+        snapshot_of_all_keys(&mut replica.connection()),
+        snapshot_of_all_keys(&mut conn)
+    );
+}
+
+/// Another client shortens the holder set's expiry (or memory pressure evicts it): its waiters
+/// are served when it goes, not at the last lease end.
+#[test]
+fn a_holder_set_that_expires_early_serves_its_waiters() {
+    let server = Server::start();
+    let mut conn = server.connection();
+    let _: String = cmd(&mut conn, "SEM.ACQUIRE early 1 100 ID h");
+    let waiter = queue(&server, &mut conn, "SEM.ACQUIRE early 1 30 ID w WAIT 10");
+    let _: i64 = cmd(&mut conn, "PEXPIRE early 100");
+    let done = waiter.finish();
+    assert_eq!(done.reply, id("w"));
+    assert!(
+        done.elapsed < Duration::from_secs(5),
+        "served after {:?}",
+        done.elapsed
+    );
+    assert_eq!(holders(&mut conn, "early"), ["w"]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. Replication and AOF
 // ---------------------------------------------------------------------------------------------

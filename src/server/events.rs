@@ -1,9 +1,10 @@
 //! Server events the module follows. When this node's data may be behind what clients were told
 //! (loading ended, or it became a primary), fair tickets jump (`fencing.rs`). The waiting side
 //! hears of connections closing (BOUND permits), flushes and swapped databases, and this node
-//! becoming a replica.
+//! becoming a replica, and of keys that expire or are evicted (a waited-on semaphore's keys may
+//! go before its last lease ends: another client shortened their expiry, or memory ran out).
 
-use std::os::raw::c_void;
+use std::os::raw::{c_char, c_int, c_void};
 
 use redis_module::raw;
 
@@ -27,7 +28,15 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         && subscribe(raw::REDISMODULE_EVENT_CLIENT_CHANGE, Some(on_client_change))
         && subscribe(raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush))
         && subscribe(raw::REDISMODULE_EVENT_SWAPDB, Some(on_swap));
-    if subscribed {
+    // SAFETY: called from OnLoad with its context; the callback is a plain function.
+    let keyspace = unsafe {
+        raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(
+            ctx,
+            raw::REDISMODULE_NOTIFY_EXPIRED | raw::REDISMODULE_NOTIFY_EVICTED,
+            Some(on_key_gone),
+        )
+    } == raw::REDISMODULE_OK as c_int;
+    if subscribed && keyspace {
         Ok(())
     } else {
         Err("the server refused the event subscriptions".into())
@@ -106,4 +115,22 @@ extern "C" fn on_swap(
     // SAFETY: for this event Redis passes a RedisModuleSwapDbInfo.
     let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
     guard((), || waiting::swapped(info.dbnum_first, info.dbnum_second));
+}
+
+extern "C" fn on_key_gone(
+    _ctx: *mut raw::RedisModuleCtx,
+    _type: c_int,
+    _event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    if waiting::queued_anywhere() && !key.is_null() {
+        let mut len = 0;
+        // SAFETY: Redis passes the key's name, valid for the callback.
+        let name = unsafe {
+            let ptr = raw::RedisModule_StringPtrLen.unwrap()(key, &mut len);
+            std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+        };
+        guard((), || waiting::touched(name));
+    }
+    raw::REDISMODULE_OK as c_int
 }

@@ -89,6 +89,8 @@ pub fn missing_api() -> Vec<&'static str> {
         RedisModule_InfoAddSection,
         RedisModule_InfoAddFieldULongLong,
         RedisModule_GetSelectedDb,
+        RedisModule_SubscribeToKeyspaceEvents,
+        RedisModule_AvoidReplicaTraffic,
     );
     required
         .iter()
@@ -149,6 +151,15 @@ pub fn select_db(ctx: &Context, db: i32) {
 fn context_flags(ctx: &Context) -> u32 {
     // SAFETY: a valid context.
     unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) as u32 }
+}
+
+/// Whether writes are paused: `CLIENT PAUSE` (WRITE or ALL), `FAILOVER`, a Cluster manual
+/// failover, a shutdown waiting for its replicas. Nothing may be written then, not even from a
+/// timer: Redis asserts that nothing reaches the replication stream, and keeps keys whose expiry
+/// passed in place (one written as if missing aborts it).
+pub fn writes_paused() -> bool {
+    // SAFETY: a plain query of the server's state, on the main thread.
+    unsafe { raw::RedisModule_AvoidReplicaTraffic.unwrap()() != 0 }
 }
 
 /// Whether this node is a primary (it may write).
