@@ -92,9 +92,10 @@ pub fn parse_weight(value: &[u8]) -> Result<u64, SemError> {
     redis_integer(value, 2, MAX_LIMIT).ok_or(SemError::PermitsCorrupt)
 }
 
-/// The `""` field of `<name>:permits`: the permits held beyond one per holder.
+/// The `""` field of `<name>:permits`: the permits held beyond one per holder. Less than
+/// [`MAX_LIMIT`]: a weighted grant fits its permits under a limit of at most that.
 pub fn parse_extra(value: &[u8]) -> Result<u64, SemError> {
-    redis_integer(value, 0, u64::MAX).ok_or(SemError::PermitsCorrupt)
+    redis_integer(value, 0, MAX_LIMIT).ok_or(SemError::PermitsCorrupt)
 }
 
 /// A semaphore name or an identifier: any bytes but the empty string.
@@ -261,7 +262,20 @@ mod tests {
             );
         }
         assert_eq!(parse_extra(b"0"), Ok(0));
-        assert_eq!(parse_extra(b"-1"), Err(SemError::PermitsCorrupt));
+        assert_eq!(parse_extra(b"4294967295"), Ok(4_294_967_295));
+        for input in [
+            "-1",
+            "4294967296",
+            "9223372036854775808",
+            "18446744073709551615",
+            "99999999999999999999",
+        ] {
+            assert_eq!(
+                parse_extra(input.as_bytes()),
+                Err(SemError::PermitsCorrupt),
+                "{input}"
+            );
+        }
     }
 
     #[test]

@@ -88,14 +88,19 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 
 /// `SEM.RELEASE name identifier [COUNT k]`
 fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
-    let (id, count) = match call.options() {
-        [id] => (id, None),
-        [id, option, count] if option.as_slice().eq_ignore_ascii_case(b"COUNT") => {
-            (id, Some(parse_release_count(count.as_slice())?))
-        }
-        [_, _] | [_, _, _] => return Err(SemError::Syntax),
-        _ => return Err(SemError::Arity(call.command.name())),
+    let [id, options @ ..] = call.options() else {
+        return Err(SemError::Arity(call.command.name()));
     };
+    let mut count = None;
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        if option.as_slice().eq_ignore_ascii_case(b"COUNT") && count.is_none() {
+            let value = options.next().ok_or(SemError::Syntax)?;
+            count = Some(parse_release_count(value.as_slice())?);
+        } else {
+            return Err(SemError::Syntax);
+        }
+    }
     let id = identifier(id)?;
     let mut store = open_for_write(ctx, call)?;
     let now = now_ms();
@@ -144,8 +149,7 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let json = match call.options() {
         [] => false,
         [option] if option.as_slice().eq_ignore_ascii_case(b"JSON") => true,
-        [_] => return Err(SemError::Syntax),
-        _ => return Err(SemError::Arity(Command::Get.name())),
+        _ => return Err(SemError::Syntax),
     };
     let keys = call.keys();
     let store = RedisStore::open(ctx, &keys, Access::Read)?;

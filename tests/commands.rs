@@ -330,9 +330,15 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
             "ERR wrong number of arguments for 'sem.release'",
         ),
         (&["SEM.GET"], "ERR wrong number of arguments for 'sem.get'"),
+        (&["SEM.GET", "b", "JSON", "x"], "ERR syntax error"),
+        (&["SEM.GET", "b", "JSON", "JSON"], "ERR syntax error"),
         (
-            &["SEM.GET", "b", "JSON", "x"],
-            "ERR wrong number of arguments",
+            &["SEM.RELEASE", "b", "held", "COUNT", "1", "COUNT", "1"],
+            "ERR syntax error",
+        ),
+        (
+            &["SEM.RELEASE", "b", "held", "COUNT", "1", "x"],
+            "ERR syntax error",
         ),
         (
             &["SEM.ACQUIRE", "b", "two", "30"],

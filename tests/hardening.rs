@@ -598,6 +598,40 @@ fn foreign_permits_values_are_errors_never_a_crash() {
     assert_no_empty_key(&mut c);
 }
 
+/// A foreign total of extra permits past what any limit allows once made SEM.GET answer a
+/// negative count: every reply counts permits that could be held, or is an error.
+#[test]
+fn a_foreign_permits_total_past_any_limit_is_an_error() {
+    let server = debug_server();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "t", "5", "100", "ID", "a"]);
+    for total in [
+        "4294967296",
+        "9223372036854775808",
+        "18446744073709551615",
+        "99999999999999999999",
+    ] {
+        let _: i64 = run(&mut c, &["HSET", "t:permits", "", total]);
+        let before = fingerprint(&mut c, "t");
+        for command in [
+            &["SEM.GET", "t"][..],
+            &["SEM.GET", "t", "JSON"],
+            &["SEM.ACQUIRE", "t", "5", "100"],
+        ] {
+            let err = error_of(&mut c, command);
+            assert!(
+                err.starts_with("ERR the semaphore's permits key"),
+                "{total}: {err}"
+            );
+        }
+        assert_eq!(fingerprint(&mut c, "t"), before);
+    }
+    let _: i64 = run(&mut c, &["HSET", "t:permits", "", "4294967295"]);
+    let in_use: i64 = run(&mut c, &["SEM.GET", "t"]);
+    assert_eq!(in_use, 4_294_967_296);
+    assert_no_empty_key(&mut c);
+}
+
 fn bound_holders(conn: &mut Connection) -> i64 {
     let info: String = run(conn, &["INFO", "sem"]);
     info.lines()

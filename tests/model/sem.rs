@@ -272,13 +272,12 @@ pub fn parse_counter(value: &[u8]) -> Option<u64> {
     digits_value(value).filter(|&v| canonical && v <= MAX_TICKET)
 }
 
-/// A field of `<name>:permits`: Redis integer syntax, at most 20 digits (saturating).
 /// A field of `<name>:permits`: Redis's integer syntax; a holder's field from 2 to 4294967295
-/// (the module writes none for one permit), the `""` total any count.
+/// (the module writes none for one permit), the `""` total from 0 to 4294967295.
 pub fn parse_permits(field: &[u8], value: &[u8]) -> Option<u64> {
     let canonical = value == b"0" || value.first().is_some_and(|d| (b'1'..=b'9').contains(d));
     let (min, max) = if field.is_empty() {
-        (0, u64::MAX)
+        (0, 4_294_967_295)
     } else {
         (2, 4_294_967_295)
     };
@@ -381,15 +380,20 @@ fn parse_call(cmd: Cmd, args: &[Bytes]) -> Result<Call, SemErr> {
             Op::Refresh { id, lease_ms }
         }
         Cmd::Release => {
-            // The count is read before the identifier is checked.
-            let (id, count) = match rest {
-                [id] => (id, None),
-                [id, option, k] if option.eq_ignore_ascii_case(b"COUNT") => {
-                    (id, Some(parse_limit(k).ok_or(SemErr::InvalidReleaseCount)?))
-                }
-                [_, _] | [_, _, _] => return Err(SemErr::Syntax),
-                _ => return Err(SemErr::Arity(cmd)),
+            // The options are read before the identifier is checked.
+            let [id, options @ ..] = rest else {
+                return Err(SemErr::Arity(cmd));
             };
+            let mut count = None;
+            let mut options = options.iter();
+            while let Some(option) = options.next() {
+                if option.eq_ignore_ascii_case(b"COUNT") && count.is_none() {
+                    let k = options.next().ok_or(SemErr::Syntax)?;
+                    count = Some(parse_limit(k).ok_or(SemErr::InvalidReleaseCount)?);
+                } else {
+                    return Err(SemErr::Syntax);
+                }
+            }
             Op::Release {
                 id: identifier(id)?,
                 count,
@@ -398,8 +402,7 @@ fn parse_call(cmd: Cmd, args: &[Bytes]) -> Result<Call, SemErr> {
         Cmd::Get => match rest {
             [] => Op::Get { json: false },
             [option] if option.eq_ignore_ascii_case(b"JSON") => Op::Get { json: true },
-            [_] => return Err(SemErr::Syntax),
-            _ => return Err(SemErr::Arity(cmd)),
+            _ => return Err(SemErr::Syntax),
         },
     };
     Ok(Call { name, op })
