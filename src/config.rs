@@ -11,6 +11,7 @@ pub struct Setting {
     pub name: &'static str,
     pub min: i64,
     pub max: i64,
+    pub default: i64,
     pub value: AtomicI64,
 }
 
@@ -20,6 +21,7 @@ impl Setting {
             name,
             min,
             max,
+            default,
             value: AtomicI64::new(default),
         }
     }
@@ -60,6 +62,13 @@ pub static SETTINGS: [&Setting; 4] = [
     &MAX_WAITERS,
     &FENCING_MARGIN,
 ];
+
+/// Puts every setting back to its default (a new load must not inherit an earlier load's).
+pub fn reset() {
+    for setting in SETTINGS {
+        setting.value.store(setting.default, Ordering::Relaxed);
+    }
+}
 
 /// The longest lease allowed now, in milliseconds.
 pub fn max_lease_ms() -> i64 {

@@ -40,6 +40,13 @@ pub fn arm() {
     state.moved.clear();
 }
 
+/// Forgets everything (a new load of the module).
+pub fn reset() {
+    let mut state = state();
+    state.armed = false;
+    state.moved.clear();
+}
+
 /// The margin the next fair grant of `name` must add to its counter: the configured margin
 /// once per name after [`arm`], otherwise 0.
 pub fn margin_for(name: &[u8]) -> u64 {

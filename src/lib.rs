@@ -36,6 +36,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ));
         return Status::Err;
     }
+    // The library may stay mapped after a MODULE UNLOAD: start from a clean slate.
+    config::reset();
+    stats::reset();
+    fencing::reset();
+    waiting::reset();
     let module_args: Vec<&[u8]> = args.iter().map(|arg| arg.as_slice()).collect();
     let registered = config::apply_module_args(&module_args)
         .and_then(|()| server::config::register(ctx.ctx))

@@ -19,6 +19,12 @@ macro_rules! counters {
         fn each_counter() -> Vec<(&'static str, u64)> {
             vec![$((stringify!($name), COUNTERS.$name.load(Ordering::Relaxed)),)*]
         }
+
+        /// Sets every counter to 0. The library may stay mapped across `MODULE UNLOAD` and
+        /// `MODULE LOAD`, its statics with it; counts start again at each load.
+        pub fn reset() {
+            $(COUNTERS.$name.store(0, Ordering::Relaxed);)*
+        }
     };
 }
 
@@ -32,8 +38,10 @@ counters! {
     expired: "Expired holders removed.",
     waits_started: "Callers that started waiting.",
     waits_granted: "Waiters granted a permit.",
-    waits_timed_out: "Waits that ended without a permit.",
-    bound_released: "Permits given back because their BOUND connection closed.",
+    waits_timed_out: "Waits that ran out of time.",
+    waits_cancelled: "Waits that ended otherwise without a permit: the client left or was \
+        unblocked (CLIENT UNBLOCK), or an error answered it.",
+    bound_released: "BOUND holders given back because their connection closed.",
 }
 
 /// Adds one to `counter`.

@@ -82,6 +82,12 @@ fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
     result
 }
 
+/// Forgets everything (a new load of the module; an unload is refused while anybody waits or
+/// holds a BOUND permit, so nothing is lost).
+pub fn reset() {
+    with(|s| *s = State::default());
+}
+
 /// Whether anybody waits for any semaphore (no lock).
 pub fn queued_anywhere() -> bool {
     WAITERS.load(Ordering::Relaxed) > 0
@@ -241,7 +247,6 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
         let outcome = match result {
             Ok(Acquired::Full) | Err(SemError::KindMismatch { .. }) => break,
             Ok(Acquired::Granted { ticket, renewed }) => {
-                stats::count(&COUNTERS.waits_granted);
                 if renewed {
                     stats::count(&COUNTERS.renewed);
                 } else {
@@ -292,7 +297,26 @@ fn answer(id: WaiterId, outcome: Outcome) {
         Some(waiter)
     });
     if let Some(waiter) = waiter {
-        block::unblock(waiter.handle, Box::new(outcome));
+        end_wait(waiter.handle, outcome);
+    }
+    disarm_if_idle();
+}
+
+/// Unblocks a waiter already taken out of its line, counting how its wait ended.
+fn end_wait(handle: Blocked, outcome: Outcome) {
+    stats::count(match outcome {
+        Outcome::Granted { .. } => &COUNTERS.waits_granted,
+        Outcome::TimedOut => &COUNTERS.waits_timed_out,
+        Outcome::Failed(_) => &COUNTERS.waits_cancelled,
+    });
+    block::unblock(handle, Box::new(outcome));
+}
+
+/// Stops the timer once nobody waits and nothing is left to do: an armed timer keeps
+/// `MODULE UNLOAD` refused.
+fn disarm_if_idle() {
+    if with(|s| s.registry.next_due_ms().is_none() && s.work.is_empty()) {
+        timer::disarm();
     }
 }
 
@@ -341,6 +365,7 @@ pub fn left(handle: usize) {
     });
     // Whoever stood behind it may fit now.
     if let Some(sem) = sem {
+        stats::count(&COUNTERS.waits_cancelled);
         defer(Work::Serve(sem));
     }
 }
@@ -392,11 +417,9 @@ pub fn became_replica() {
         s.registry.take_all_waiters()
     });
     for waiter in waiters {
-        block::unblock(
-            waiter.handle,
-            Box::new(Outcome::Failed(SemError::BecameReplica)),
-        );
+        end_wait(waiter.handle, Outcome::Failed(SemError::BecameReplica));
     }
+    timer::disarm();
 }
 
 /// A command is about to run with `arg` among its arguments (the command filter asks, only
@@ -439,7 +462,6 @@ pub fn on_timer(ctx: &Context) {
         match item {
             Due::Timeout(id) => {
                 let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
-                stats::count(&COUNTERS.waits_timed_out);
                 answer(id, Outcome::TimedOut);
                 to_serve.extend(sem);
             }
@@ -484,7 +506,6 @@ fn wait_for_writes(now: i64) {
         let sem = match item {
             Due::Timeout(id) => {
                 let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
-                stats::count(&COUNTERS.waits_timed_out);
                 answer(id, Outcome::TimedOut);
                 sem
             }
@@ -548,7 +569,7 @@ fn serve_outside(ctx: &Context, sem: &SemKey, now_ms: i64) {
             waiters
         });
         for waiter in waiters {
-            block::unblock(waiter.handle, Box::new(Outcome::Failed(err.clone())));
+            end_wait(waiter.handle, Outcome::Failed(err.clone()));
         }
     }
 }

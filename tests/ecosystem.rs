@@ -97,6 +97,65 @@ fn info_sem_counts_what_happened() {
         || info_sem(&mut c)["sem_bound_released"] == 1,
     );
     assert_eq!(info_sem(&mut c)["sem_bound_holders"], 0);
+
+    // Every wait that ends is counted once: granted, timed out, or otherwise (CLIENT UNBLOCK,
+    // a client that leaves). Once nobody waits, no timer stays armed.
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "u", "1", "30", "ID", "h"]);
+    let waiting = |c: &mut redis::Connection, waiters: u64| {
+        let socket = Waiter::send(server.port, "SEM.ACQUIRE u 1 30 WAIT 100");
+        wait_until("the client waits", Duration::from_secs(10), || {
+            info_sem(c)["sem_waiters"] == waiters
+        });
+        socket
+    };
+    let unblocked = waiting(&mut c, 1);
+    let unblocked_id = unblocked.id.to_string();
+    let _: i64 = run(&mut c, &["CLIENT", "UNBLOCK", &unblocked_id]);
+    let leaving = waiting(&mut c, 1);
+    drop(leaving);
+    wait_until("the client left", Duration::from_secs(10), || {
+        info_sem(&mut c)["sem_waiters"] == 0
+    });
+    let _granted = waiting(&mut c, 1);
+    let _: i64 = run(&mut c, &["SEM.RELEASE", "u", "h"]);
+    let info = info_sem(&mut c);
+    assert_eq!(info["sem_waits_started"], 4, "{info:?}");
+    assert_eq!(info["sem_waits_granted"], 1, "{info:?}");
+    assert_eq!(info["sem_waits_timed_out"], 1, "{info:?}");
+    assert_eq!(info["sem_waits_cancelled"], 2, "{info:?}");
+    assert_eq!(info["sem_waiters"], 0, "{info:?}");
+    // (Work deferred to the timer, such as serving the line after a client left, may still be
+    // pending for a moment.)
+    wait_until("the timer is stopped", Duration::from_secs(10), || {
+        info_sem(&mut c)["sem_armed_timers"] == 0
+    });
+}
+
+/// A raw connection that sends one command and never reads its reply: dropping it is a client
+/// that leaves while it waits.
+struct Waiter {
+    id: i64,
+    _socket: std::net::TcpStream,
+}
+
+impl Waiter {
+    fn send(port: u16, line: &str) -> Waiter {
+        use std::io::{BufRead, BufReader, Write};
+        let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        socket.write_all(b"CLIENT ID\r\n").expect("send");
+        let mut reply = String::new();
+        BufReader::new(socket.try_clone().expect("clone"))
+            .read_line(&mut reply)
+            .expect("CLIENT ID");
+        let id = reply.trim().trim_start_matches(':').parse().expect("an id");
+        socket
+            .write_all(format!("{line}\r\n").as_bytes())
+            .expect("send");
+        Waiter {
+            id,
+            _socket: socket,
+        }
+    }
 }
 
 #[test]

@@ -568,6 +568,83 @@ fn module_unload_waits_until_no_connection_holds_bound_permits() {
     assert!(id.is_some(), "works again after a reload");
 }
 
+/// `MODULE UNLOAD` works as soon as the last wait ends (no timer stays armed), and a new
+/// `MODULE LOAD` starts clean: default settings, counters at 0, and where the server has module
+/// ACL categories, every command back in `semaphore` (a rule `-@semaphore` keeps applying).
+#[test]
+fn a_reload_starts_clean_and_keeps_the_acl_category() {
+    let server = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--enable-module-command",
+        "yes",
+    ]);
+    let mut admin = server.connection();
+    let categories = |c: &mut Connection| -> Vec<String> {
+        let all: Vec<String> = run(c, &["ACL", "CAT"]);
+        if !all.iter().any(|cat| cat == "semaphore") {
+            return Vec::new();
+        }
+        let mut commands: Vec<String> = run(c, &["ACL", "CAT", "semaphore"]);
+        commands.sort();
+        commands
+    };
+    let before = categories(&mut admin);
+    let _: () = run(&mut admin, &["CONFIG", "SET", "sem.max-waiters", "42"]);
+    let _: String = run(&mut admin, &["SEM.ACQUIRE", "r", "1", "30", "ID", "h"]);
+    let mut waiter = server.connection();
+    let waiting = std::thread::spawn(move || {
+        run::<String>(
+            &mut waiter,
+            &["SEM.ACQUIRE", "r", "1", "30", "ID", "w", "WAIT", "100"],
+        )
+    });
+    wait_until("the client waits", Duration::from_secs(10), || {
+        let info: String = run(&mut admin, &["INFO", "sem"]);
+        info.contains("sem_waiters:1")
+    });
+    let _: i64 = run(&mut admin, &["SEM.RELEASE", "r", "h"]);
+    assert_eq!(waiting.join().unwrap(), "w");
+    let _: i64 = run(&mut admin, &["SEM.RELEASE", "r", "w"]);
+
+    let ok: String = run(&mut admin, &["MODULE", "UNLOAD", "sem"]);
+    assert_eq!(ok, "OK", "unloaded as soon as nobody waits");
+    let ok: String = run(
+        &mut admin,
+        &["MODULE", "LOAD", module_path().to_str().unwrap()],
+    );
+    assert_eq!(ok, "OK");
+    let max: Vec<String> = run(&mut admin, &["CONFIG", "GET", "sem.max-waiters"]);
+    assert_eq!(max, ["sem.max-waiters", "1000000"]);
+    let info: String = run(&mut admin, &["INFO", "sem"]);
+    assert!(info.contains("sem_acquired:0"), "{info}");
+    assert!(info.contains("sem_waits_started:0"), "{info}");
+
+    assert_eq!(categories(&mut admin), before);
+    if !before.is_empty() {
+        assert_eq!(before.len(), 5, "{before:?}");
+        let _: () = run(
+            &mut admin,
+            &[
+                "ACL",
+                "SETUSER",
+                "nosem",
+                "on",
+                "nopass",
+                "~*",
+                "+@all",
+                "-@semaphore",
+            ],
+        );
+        let mut nosem = server.connection();
+        let _: () = run(&mut nosem, &["AUTH", "nosem", "x"]);
+        let err = error_of(&mut nosem, &["SEM.GET", "r"]);
+        assert!(err.starts_with("NOPERM"), "{err}");
+    }
+}
+
 /// A foreign `HSET <name>:permits <id> 0` once made a release underflow; from the timer that
 /// gives BOUND permits back, the panic aborted redis-server.
 #[test]

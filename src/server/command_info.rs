@@ -58,14 +58,14 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
             raw::RedisModule_SetCommandACLCategories,
         )
     };
-    let own_category = match add_category {
-        Some(add) => {
-            let name = CString::new(CATEGORY).expect("no NUL");
-            // SAFETY: the OnLoad context and a C string.
-            (unsafe { add(ctx, name.as_ptr()) } == raw::REDISMODULE_OK as c_int).then_some(CATEGORY)
-        }
-        None => None,
-    };
+    // Adding fails when the category exists already: a server keeps it after MODULE UNLOAD,
+    // and a reload must put the commands back in it (an ACL rule `-@semaphore` relies on it).
+    let own_category = add_category.map(|add| {
+        let name = CString::new(CATEGORY).expect("no NUL");
+        // SAFETY: the OnLoad context and a C string.
+        unsafe { add(ctx, name.as_ptr()) };
+        CATEGORY
+    });
     for command in Command::ALL {
         let doc = docs::command(command.name());
         let name = CString::new(command.name()).expect("no NUL in command names");
@@ -77,17 +77,20 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         set_info(handle, doc)
             .map_err(|()| format!("the server refused the command info of {}", command.name()))?;
         if let Some(set_categories) = set_categories {
-            let mut categories: Vec<String> = doc
+            let standard: Vec<String> = doc
                 .acl_categories
                 .iter()
                 .map(|c| c.to_lowercase())
                 .collect();
-            categories.extend(own_category.map(str::to_string));
-            let categories = CString::new(categories.join(" ")).expect("no NUL");
-            // SAFETY: a command of this module, during OnLoad, and a valid C string.
-            if unsafe { set_categories(handle, categories.as_ptr()) }
-                != raw::REDISMODULE_OK as c_int
-            {
+            let set = |extra: Option<&str>| {
+                let all: Vec<&str> = standard.iter().map(String::as_str).chain(extra).collect();
+                let categories = CString::new(all.join(" ")).expect("no NUL");
+                // SAFETY: a command of this module, during OnLoad, and a valid C string.
+                let status = unsafe { set_categories(handle, categories.as_ptr()) };
+                status == raw::REDISMODULE_OK as c_int
+            };
+            // Without the module's own category if the server has none by that name after all.
+            if !(set(own_category) || set(None)) {
                 return Err(format!(
                     "the server refused the ACL categories of {}",
                     command.name()

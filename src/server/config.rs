@@ -19,7 +19,7 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
             raw::RedisModule_RegisterNumericConfig.unwrap()(
                 ctx,
                 name.as_ptr(),
-                setting.get(),
+                setting.default,
                 raw::REDISMODULE_CONFIG_DEFAULT,
                 setting.min,
                 setting.max,

@@ -28,8 +28,10 @@ pub fn is_armed() -> bool {
     armed().is_some()
 }
 
-/// Called once at load.
+/// Called once at load. A timer of an earlier load cannot be armed (Redis refuses to unload a
+/// module with one), so what the static remembers of it is stale.
 pub fn init(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    armed().take();
     // SAFETY: the OnLoad context; the detached context lives as long as the module.
     let detached = unsafe { raw::RedisModule_GetDetachedThreadSafeContext.unwrap()(ctx) };
     if detached.is_null() {
@@ -63,6 +65,16 @@ pub fn arm(at_ms: i64, now_ms: i64) {
         let id =
             raw::RedisModule_CreateTimer.unwrap()(ctx, period, Some(fired), std::ptr::null_mut());
         *armed = Some((id, at_ms));
+    }
+}
+
+/// Stops the timer: nothing is left to do (an armed timer keeps `MODULE UNLOAD` refused).
+pub fn disarm() {
+    let mut armed = armed();
+    let ctx = DETACHED.load(Ordering::Relaxed);
+    if let (Some((id, _)), false) = (armed.take(), ctx.is_null()) {
+        // SAFETY: the module's detached context, on the main thread; the id is this module's.
+        unsafe { raw::RedisModule_StopTimer.unwrap()(ctx, id, std::ptr::null_mut()) };
     }
 }
 
