@@ -158,6 +158,33 @@ impl Waiter {
     }
 }
 
+/// The README's redis.conf snippet, as written there (its `loadmodule` line aside: the harness
+/// loads the module), starts a server with those settings.
+#[test]
+fn the_readmes_redis_conf_snippet_works() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let snippet: Vec<&str> = readme
+        .lines()
+        .skip_while(|line| *line != "# redis.conf")
+        .skip(1)
+        .take_while(|line| !line.starts_with("```"))
+        .filter(|line| !line.starts_with("loadmodule "))
+        .collect();
+    assert!(snippet.len() > 5, "the README has no redis.conf snippet");
+    let server = Server::start_configured(&snippet.join("\n"), &[], &["--save", ""]);
+    let mut c = server.connection();
+    for (name, want) in [
+        ("sem.max-lease", "3600"),
+        ("sem.max-waiters-per-semaphore", "10000"),
+        ("sem.max-waiters", "100000"),
+        ("maxmemory-policy", "noeviction"),
+    ] {
+        let got: Vec<String> = run(&mut c, &["CONFIG", "GET", name]);
+        assert_eq!(got, [name, want]);
+    }
+}
+
 #[test]
 fn settings_are_module_configs() {
     let server = Server::start_configured(

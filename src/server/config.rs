@@ -19,7 +19,9 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
             raw::RedisModule_RegisterNumericConfig.unwrap()(
                 ctx,
                 name.as_ptr(),
-                setting.default,
+                // The default, or what a `loadmodule` argument set (then CONFIG REWRITE leaves
+                // the line out, and the argument sets it again at the next start).
+                setting.get(),
                 raw::REDISMODULE_CONFIG_DEFAULT,
                 setting.min,
                 setting.max,
