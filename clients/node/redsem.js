@@ -115,6 +115,7 @@ class Permit {
     // The server's deadline is at least this (performance.now() ms): the last acquire or refresh
     // confirmed was sent then, and its lease started when the server ran it, later.
     this._confirmedUntil = sent + opts.lease * 1000;
+    this._deadline = null; // fires at _confirmedUntil: `signal` aborts on time, unasked
     this._lostError = null;
     this._released = null; // the release's promise, once releasing
     this._timer = null;
@@ -126,6 +127,7 @@ class Permit {
     this.whenLost = new Promise((resolve) => {
       this._resolveLost = resolve;
     });
+    this._armDeadline();
   }
 
   /**
@@ -149,6 +151,7 @@ class Permit {
     const reply = await this._conn.call("SEM.REFRESH", this.name, this.id, seconds(this.lease));
     if (reply === 1) {
       this._confirmedUntil = sent + this.lease * 1000;
+      this._armDeadline();
       return true;
     }
     this._markLost("SEM.REFRESH answered 0 (the lease ran out, or the holder was removed)");
@@ -183,6 +186,7 @@ class Permit {
     this._noteDeadline();
     clearTimeout(this._timer);
     this._timer = null;
+    clearTimeout(this._deadline);
     await this._refreshing; // a refresh under way finishes first
     let reply;
     try {
@@ -221,6 +225,16 @@ class Permit {
     this._timer.unref(); // a forgotten permit does not keep the process alive
   }
 
+  // Marks the permit lost when its confirmed lease ends with no refresh confirmed since (the
+  // server is unreachable, or refreshing is off), whether or not anybody reads `lost`.
+  _armDeadline() {
+    clearTimeout(this._deadline);
+    if (this._released || this._lostError !== null) return;
+    const ms = Math.max(0, this._confirmedUntil - performance.now()) + 1;
+    this._deadline = setTimeout(() => this._noteDeadline(), ms);
+    this._deadline.unref();
+  }
+
   _noteDeadline() {
     if (!this._released && performance.now() >= this._confirmedUntil) {
       this._markLost("no refresh was confirmed within the lease");
@@ -229,6 +243,7 @@ class Permit {
 
   _markLost(reason) {
     if (this._lostError !== null) return;
+    clearTimeout(this._deadline);
     this._lostError = new PermitLost(`the permit ${this.id} of ${this.name} was lost: ${reason}`);
     this._controller.abort(this._lostError);
     this._resolveLost(this._lostError);
@@ -242,7 +257,9 @@ class Permit {
  * options: limit (required), lease (seconds, default 30; refreshed every lease/3), wait
  * (seconds to wait in the server; null or 0: no waiting, Infinity: no limit), fair
  * (SEM.ACQUIREFAIR; `ticket` is a fencing token), count (permits taken at once), bound (given
- * back when the permit's connection closes), id (default: a new UUID v4), durableReplicas and
+ * back when the permit's connection closes), id (default: a new UUID v4; an identifier names
+ * one permit: a second acquire with it while the first is held renews that permit rather than
+ * taking another, so never hold two permits with one id at once), durableReplicas and
  * durableTimeoutMs (WAIT for replicas after the grant), autoRefresh (default true).
  *
  * A permit that waits, binds or asks for replicas uses a connection of its own

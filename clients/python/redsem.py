@@ -476,12 +476,15 @@ class Semaphore:
     fair: use SEM.ACQUIREFAIR (first come, first served; ``permit.ticket`` is a fencing token).
     count: take this many permits at once (COUNT), all or none.
     bound: BOUND; the permit is given back when its connection closes (the process dies).
-    identifier: the holder's identifier (default: a new UUID v4 per acquire).
+    identifier: the holder's identifier (default: a new UUID v4 per acquire). An identifier
+        names one permit: a second acquire with it, while the first permit is held, renews
+        that permit rather than taking another (which is what makes a retried acquire safe).
     durable_replicas, durable_timeout_ms: after the grant, ``WAIT durable_replicas
         durable_timeout_ms``; fewer acknowledgements give the permit back and raise NotDurable.
     auto_refresh: False to refresh by hand (``permit.refresh()``) instead of in a thread.
 
-    One Semaphore can be shared by threads; each ``with`` takes its own permit.
+    Without ``identifier``, one Semaphore can be shared by threads; each ``with`` takes its own
+    permit. With one, it must not be held twice at once.
     """
 
     def __init__(

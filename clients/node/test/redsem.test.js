@@ -136,6 +136,16 @@ test("a permit removed by another client is lost", async () => {
   assert.match(seen.message, /SEM.REFRESH answered 0/);
 });
 
+test("signal and whenLost fire when the lease ends unrefreshed, with nobody asking", async () => {
+  const started = performance.now();
+  const permit = await acquire(redis, "jobs", { limit: 1, lease: 0.3, autoRefresh: false });
+  const lost = await Promise.race([permit.whenLost, sleep(3000).then(() => null)]);
+  assert.ok(lost instanceof PermitLost, "whenLost resolved");
+  assert.ok(permit.signal.aborted);
+  assert.ok(performance.now() - started < 2000, "on time");
+  assert.equal(await permit.release(), false);
+});
+
 test("a lease that runs out during the work rejects; the work's own error wins", async () => {
   const opts = { limit: 1, lease: 0.2, autoRefresh: false };
   await assert.rejects(

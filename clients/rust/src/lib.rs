@@ -38,6 +38,9 @@ pub enum Error {
     NotAcquired,
     /// Fewer replicas than asked acknowledged the grant in time; the permit was given back.
     NotDurable { acked: usize, wanted: usize },
+    /// [`Permit::release_some`] was asked for none, or for every permit held (use
+    /// [`Permit::release`] for all); nothing was sent.
+    BadCount { held: u32 },
     /// The permit ran out before it was given back (its lease ended, or another client removed
     /// it): another holder may have held it meanwhile.
     Lost,
@@ -52,6 +55,11 @@ impl fmt::Display for Error {
             Error::NotDurable { acked, wanted } => write!(
                 f,
                 "{acked} of {wanted} replicas acknowledged the grant in time; it was given back"
+            ),
+            Error::BadCount { held } => write!(
+                f,
+                "release_some takes from 1 to {} of the {held} permits held; release() gives back all",
+                held.saturating_sub(1)
             ),
             Error::Lost => write!(
                 f,
@@ -162,7 +170,10 @@ impl Semaphore {
         self
     }
 
-    /// The holder's identifier (default: a new UUID v4 per acquire).
+    /// The holder's identifier (default: a new UUID v4 per acquire). An identifier names one
+    /// permit: a second acquire with it, while the first permit is held, renews that permit
+    /// rather than taking another (which is what makes a retried acquire safe). So a
+    /// `Semaphore` with an identifier, and its clones, must not hold two permits at once.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
         self
@@ -401,6 +412,9 @@ impl Permit {
     /// Gives back `count` of the permits held and keeps the rest (its deadline and ticket);
     /// `Ok(false)` (and lost) if the permit had run out.
     pub fn release_some(&mut self, count: u32) -> Result<bool> {
+        if count == 0 || count >= self.count {
+            return Err(Error::BadCount { held: self.count });
+        }
         let shared = &self.shared;
         let released: i64 = shared.query(
             redis::cmd("SEM.RELEASE")

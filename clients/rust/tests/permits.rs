@@ -201,6 +201,13 @@ fn count_takes_several_permits_and_gives_some_back() {
         gpus.clone().count(2).acquire(),
         Err(Error::NotAcquired)
     ));
+    for all_or_none in [3, 0] {
+        assert!(matches!(
+            big.release_some(all_or_none),
+            Err(Error::BadCount { held: 3 })
+        ));
+    }
+    assert_eq!((big.count(), live(&mut conn, "gpus")), (3, 3));
     assert!(big.release_some(2).unwrap());
     assert_eq!((big.count(), live(&mut conn, "gpus")), (1, 1));
     assert!(big.release().unwrap());
