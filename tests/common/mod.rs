@@ -7,9 +7,11 @@ pub mod cluster;
 pub mod state;
 pub mod stream;
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,11 +44,23 @@ pub fn module_path() -> PathBuf {
     path
 }
 
+/// A loopback port nobody listens on, and never handed to another server of this test binary:
+/// the kernel may give a port just released to the next `bind(0)`, so two tests starting
+/// servers at once could otherwise get the same one.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("no free loopback port")
-        .port()
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("no free loopback port")
+            .port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 fn scratch_dir(port: u16) -> PathBuf {
