@@ -220,7 +220,14 @@ fn blocking_outcomes(
                 return finals;
             }
             let view = state.with_keys(logical_view(&state.keys, t));
-            let (reply, after, label) = sem_outcome(interp, new_id, Client::Main, &view, t);
+            let (reply, mut after, label) = sem_outcome(interp, new_id, Client::Main, &view, t);
+            // A try of the timer that finds the holder set gone forgets the semaphore's
+            // bindings (their permits went with it), even when it ends in an error.
+            if let (Reply::Err(_), Interp::Call(call)) = (&reply, interp) {
+                if !view.keys.contains_key(&call.name) {
+                    after.bindings.retain(|(name, _), _| *name != call.name);
+                }
+            }
             match reply {
                 // The head of the line does not fit yet: it keeps waiting, nothing changed.
                 Reply::Err(text)
