@@ -273,6 +273,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             // identifier may be among them): a BOUND grant binds the new permit; another new
             // grant of an identifier ends an old binding of it, whose permit is gone.
             after_write(ctx, call, &mut store, now);
+            waiting::granted_again(&call.sem(ctx), id.as_slice());
             if bound {
                 let holder = id.as_slice().to_vec();
                 waiting::bind(

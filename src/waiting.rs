@@ -69,6 +69,8 @@ static STATE: Mutex<Option<State>> = Mutex::new(None);
 /// only look further when they are not zero.
 static WAITERS: AtomicUsize = AtomicUsize::new(0);
 static BINDINGS: AtomicUsize = AtomicUsize::new(0);
+/// Work waiting for the timer.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `f` on the state. Never call into Redis inside: a callback could come back here.
 fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
@@ -79,6 +81,7 @@ fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
     let result = f(state);
     WAITERS.store(state.registry.total_waiters(), Ordering::Relaxed);
     BINDINGS.store(state.registry.bound_count(), Ordering::Relaxed);
+    PENDING.store(state.work.len(), Ordering::Relaxed);
     result
 }
 
@@ -260,6 +263,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
                     sem: sem.clone(),
                     holder: ask.holder.clone(),
                 };
+                granted_again(sem, &ask.holder);
                 let client = with(|s| s.registry.waiter(id).map(|w| w.client));
                 with(|s| match client {
                     Some(client) if ask.bound => s.registry.bind(client, binding.clone()),
@@ -356,18 +360,42 @@ pub fn free(outcome: Outcome, _disconnected: bool) {
     }
 }
 
-/// A waiter left on its own: it disconnected, or `CLIENT UNBLOCK` ended its wait.
-pub fn left(handle: usize) {
+/// A waiter left on its own: it disconnected, or `CLIENT UNBLOCK` ended its wait. Returns
+/// whether it was still waiting; if not, the module already answered it (Redis reports a
+/// disconnect even then, until the answer is processed) and its outcome reaches [`free`].
+pub fn left(handle: usize) -> bool {
     let sem = with(|s| {
         let id = s.by_handle.remove(&handle)?;
         let waiter = s.registry.remove(id)?;
         Some(waiter.sem)
     });
     // Whoever stood behind it may fit now.
-    if let Some(sem) = sem {
-        stats::count(&COUNTERS.waits_cancelled);
-        defer(Work::Serve(sem));
+    let Some(sem) = sem else {
+        return false;
+    };
+    stats::count(&COUNTERS.waits_cancelled);
+    defer(Work::Serve(sem));
+    true
+}
+
+/// `holder` of `sem` was granted again (renewed, or a new permit) by a command or a waiter's
+/// grant: a give-back of its old permit still pending (its BOUND connection closed in the same
+/// moment) must not take the new one away.
+pub fn granted_again(sem: &SemKey, holder: &[u8]) {
+    if WAITERS.load(Ordering::Relaxed) == 0 && !any_pending() {
+        return;
     }
+    with(|s| {
+        s.work.remove(&Work::GiveBack(Binding {
+            sem: sem.clone(),
+            holder: holder.to_vec(),
+        }))
+    });
+}
+
+/// Whether work waits for the timer (no lock).
+fn any_pending() -> bool {
+    PENDING.load(Ordering::Relaxed) > 0
 }
 
 /// A connection closed: give back the BOUND permits it held.

@@ -118,18 +118,25 @@ unsafe extern "C" fn on_unblock_request(
 ) -> c_int {
     // SAFETY: the context of the blocked client's timeout.
     let bc = unsafe { raw::RedisModule_GetBlockedClientHandle.unwrap()(ctx) };
-    guard((), || waiting::left(bc as usize));
-    finish(bc);
+    // (Redis skips this callback for a client the module already answered.)
+    if guard(false, || waiting::left(bc as usize)) {
+        finish(bc);
+    }
     Context::new(ctx).reply(Ok(RedisValue::Null)) as c_int
 }
 
-/// The client went away while waiting (or `CLIENT UNBLOCK <id> ERROR` answered it).
+/// The client went away while waiting (or `CLIENT UNBLOCK <id> ERROR` answered it). Redis
+/// calls this also for a client the module answered in this same event-loop iteration (its
+/// answer is not processed yet): that handle is unblocked already, and unblocking it twice
+/// would free it twice; its outcome reaches the free callback, which gives an undelivered
+/// permit back.
 unsafe extern "C" fn on_disconnect(
     _ctx: *mut raw::RedisModuleCtx,
     bc: *mut raw::RedisModuleBlockedClient,
 ) {
-    guard((), || waiting::left(bc as usize));
-    finish(bc);
+    if guard(false, || waiting::left(bc as usize)) {
+        finish(bc);
+    }
 }
 
 unsafe extern "C" fn on_free(ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {

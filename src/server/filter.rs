@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
 
-use crate::keys::{with_derived, Command};
+use crate::keys::{is_derived, with_derived, Command};
 use crate::waiting;
 
 /// Registers the filter.
@@ -64,10 +64,19 @@ unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     let Some(name) = arg(fctx, 1) else {
         return;
     };
+    let suffixes = command.derived_suffixes();
+    // Redis 7.0 filters a command again when it runs it after a pause (`CLIENT PAUSE WRITE`
+    // postpones writes): the names are there already. (No call of the short form has them
+    // there: each would be an invalid limit, lease, identifier or option.)
+    let already = suffixes.iter().enumerate().all(|(i, suffix)| {
+        arg(fctx, 2 + i as c_int).is_some_and(|key| is_derived(key, name, suffix))
+    });
+    if already {
+        return;
+    }
     // Every derived name is built before the first insertion moves the argument vector (the
     // name's bytes stay where they are, but the borrow ends here).
     let mut keys = [std::ptr::null_mut(); 3];
-    let suffixes = command.derived_suffixes();
     for (key, suffix) in keys.iter_mut().zip(suffixes) {
         *key = with_derived(name, suffix, |bytes| {
             raw::RedisModule_CreateString.unwrap()(
