@@ -1141,6 +1141,41 @@ fn a_waiter_gone_in_the_same_moment_as_its_grant_gives_the_permit_back() {
     }
 }
 
+/// The server becomes a replica in the same transaction that grants a waiter: Redis answers
+/// every blocked client itself, the one just granted too; the server lives on.
+#[test]
+fn becoming_a_replica_in_the_same_moment_as_a_grant() {
+    let server = Server::start();
+    let other = Server::start();
+    let mut conn = server.connection();
+    let _: String = cmd(&mut conn, "SEM.ACQUIRE rg 1 30 ID a");
+    let granted = queue(&server, &mut conn, "SEM.ACQUIRE rg 1 30 ID b WAIT 10");
+    let behind = queue(&server, &mut conn, "SEM.ACQUIRE rg 1 30 ID c WAIT 10");
+    let mut transaction = redis::pipe();
+    transaction
+        .atomic()
+        .cmd("SEM.RELEASE")
+        .arg("rg")
+        .arg("a")
+        .cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(other.port);
+    let (released, _): (i64, String) = transaction.query(&mut conn).expect("EXEC");
+    assert_eq!(released, 1);
+    for waiter in [granted, behind] {
+        match waiter.reply() {
+            Reply::Error(err) => assert!(err.starts_with("UNBLOCKED"), "{err}"),
+            other => panic!("a waiter on a new replica got {other:?}"),
+        }
+    }
+    sleep(Duration::from_millis(300));
+    let pong: String = cmd(&mut conn, "PING");
+    assert_eq!(pong, "PONG");
+    let info: String = cmd(&mut conn, "INFO sem");
+    assert!(info.contains("sem_waiters:0"), "{info}");
+    assert!(!server.log().contains("crashed"), "{}", server.log());
+}
+
 /// Redis 7.0 filters a command again when it runs it after a pause: a SEM.* call sent while
 /// writes are paused runs as sent once they resume.
 #[test]
