@@ -35,7 +35,10 @@ pub enum Outcome {
         binding: Binding,
         ticket: Option<u64>,
         with_ticket: bool,
-        /// Whether the client got the reply; if not, the permit is given back.
+        /// Whether the grant only renewed a live permit of the identifier (which may be
+        /// another connection's): that one is never given back.
+        renewed: bool,
+        /// Whether the client got the reply; if not, a new permit is given back.
         delivered: bool,
     },
     /// The wait ended without a permit.
@@ -52,8 +55,16 @@ enum Work {
     ServeName(Vec<u8>),
     /// Serve every line in one database, or in all.
     ServeDb(Option<i32>),
-    /// Give a permit back: its holder's connection closed, or never received its grant.
-    GiveBack(Binding),
+    /// Give a permit back.
+    GiveBack(Binding, GiveBack),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum GiveBack {
+    /// Its BOUND connection closed.
+    ConnectionClosed,
+    /// Its grant never reached the waiter.
+    Undelivered,
 }
 
 #[derive(Default)]
@@ -274,6 +285,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
                     binding,
                     ticket,
                     with_ticket: ask.with_ticket,
+                    renewed,
                     delivered: false,
                 }
             }
@@ -332,6 +344,7 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
             ticket,
             with_ticket,
             delivered,
+            ..
         } => {
             *delivered = true;
             let id = RedisValue::StringBuffer(binding.holder.clone());
@@ -347,16 +360,17 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
     }
 }
 
-/// The end of an unblocked waiter. A permit granted to a client that disconnected before its
-/// reply went out is given back.
+/// The end of an unblocked waiter. A new permit granted to a client that disconnected before
+/// its reply went out is given back.
 pub fn free(outcome: Outcome, _disconnected: bool) {
     if let Outcome::Granted {
         binding,
+        renewed: false,
         delivered: false,
         ..
     } = outcome
     {
-        defer(Work::GiveBack(binding));
+        defer(Work::GiveBack(binding, GiveBack::Undelivered));
     }
 }
 
@@ -385,11 +399,14 @@ pub fn granted_again(sem: &SemKey, holder: &[u8]) {
     if WAITERS.load(Ordering::Relaxed) == 0 && !any_pending() {
         return;
     }
+    let binding = Binding {
+        sem: sem.clone(),
+        holder: holder.to_vec(),
+    };
     with(|s| {
-        s.work.remove(&Work::GiveBack(Binding {
-            sem: sem.clone(),
-            holder: holder.to_vec(),
-        }))
+        for why in [GiveBack::ConnectionClosed, GiveBack::Undelivered] {
+            s.work.remove(&Work::GiveBack(binding.clone(), why));
+        }
     });
 }
 
@@ -405,7 +422,7 @@ pub fn connection_closed(client: u64) {
     }
     let bindings = with(|s| s.registry.take_bindings(client));
     for binding in bindings {
-        defer(Work::GiveBack(binding));
+        defer(Work::GiveBack(binding, GiveBack::ConnectionClosed));
     }
 }
 
@@ -510,8 +527,8 @@ pub fn on_timer(ctx: &Context) {
             Work::ServeDb(db) => {
                 to_serve.extend(with(|s| s.registry.waited(db)));
             }
-            Work::GiveBack(binding) => {
-                give_back(ctx, &binding, now);
+            Work::GiveBack(binding, why) => {
+                give_back(ctx, &binding, why, now);
                 to_serve.insert(binding.sem);
             }
         }
@@ -604,12 +621,14 @@ fn serve_outside(ctx: &Context, sem: &SemKey, now_ms: i64) {
 
 /// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
 /// grant never reached the client.
-fn give_back(ctx: &Context, binding: &Binding, now_ms: i64) {
+fn give_back(ctx: &Context, binding: &Binding, why: GiveBack, now_ms: i64) {
     with(|s| s.registry.unbind(binding));
     let _ = with_store(ctx, &binding.sem, |store| {
         let holder = store.id(&binding.holder);
         if let Ok(Holder::Live) = semaphore::release(store, now_ms, &holder, None) {
-            stats::count(&COUNTERS.bound_released);
+            if why == GiveBack::ConnectionClosed {
+                stats::count(&COUNTERS.bound_released);
+            }
             store.notify(c"sem.release");
         }
     });

@@ -1176,6 +1176,44 @@ fn becoming_a_replica_in_the_same_moment_as_a_grant() {
     assert!(!server.log().contains("crashed"), "{}", server.log());
 }
 
+/// A waiter's grant that only renewed a live permit of its identifier (another connection took
+/// that identifier meanwhile) never reached the waiter: the permit stays with its holder.
+#[test]
+fn an_undelivered_renewal_leaves_the_permit_to_its_holder() {
+    let server = Server::start();
+    let mut conn = server.connection();
+    let _: String = cmd(&mut conn, "SEM.ACQUIRE rn 2 30 ID a");
+    let head = Client::new(&server);
+    let head_id = head.id;
+    let _head = queue_from(
+        head,
+        &mut conn,
+        "SEM.ACQUIRE rn 2 30 ID big COUNT 2 WAIT 10",
+    );
+    let behind = Client::new(&server);
+    let behind_id = behind.id;
+    let _behind = queue_from(behind, &mut conn, "SEM.ACQUIRE rn 2 30 ID x WAIT 10");
+    // Another connection takes `x` ahead of the line (plain callers without WAIT may).
+    let mut other = server.connection();
+    assert_eq!(acquire(&mut other, "SEM.ACQUIRE rn 2 30 ID x"), id("x"));
+    let mut moment = redis::pipe();
+    moment
+        .atomic()
+        .cmd("CLIENT")
+        .arg(&["UNBLOCK", &head_id.to_string()][..])
+        .cmd("SEM.RELEASE")
+        .arg("rn")
+        .arg("a")
+        .cmd("CLIENT")
+        .arg(&["KILL", "ID", &behind_id.to_string()][..]);
+    let replies: (i64, i64, i64) = moment.query(&mut conn).expect("EXEC");
+    assert_eq!(replies, (1, 1, 1));
+    wait_until_gone(&mut conn, behind_id);
+    sleep(Duration::from_millis(50));
+    assert_eq!(holders(&mut conn, "rn"), ["x"]);
+    assert_eq!(cmd::<i64>(&mut other, "SEM.RELEASE rn x"), 1);
+}
+
 /// Redis 7.0 filters a command again when it runs it after a pause: a SEM.* call sent while
 /// writes are paused runs as sent once they resume.
 #[test]
