@@ -231,7 +231,12 @@ class Permit {
     clearTimeout(this._deadline);
     if (this._released || this._lostError !== null) return;
     const ms = Math.max(0, this._confirmedUntil - performance.now()) + 1;
-    this._deadline = setTimeout(() => this._noteDeadline(), ms);
+    // Node schedules from its cached loop time, so a timer may fire before performance.now()
+    // reaches the deadline: then it is armed again for what is left.
+    this._deadline = setTimeout(() => {
+      this._noteDeadline();
+      this._armDeadline();
+    }, ms);
     this._deadline.unref();
   }
 
