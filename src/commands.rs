@@ -295,7 +295,9 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             }
         }
     };
-    if !matches!(outcome, Acquired::Granted { .. }) {
+    // A caller refused or queued frees nothing unless its call removed something: otherwise
+    // the head of the line fits no better than after the last change, when it was served.
+    if !matches!(outcome, Acquired::Granted { .. }) && store.may_have_freed() {
         after_write(ctx, call, &mut store, now);
     }
     Ok(reply)

@@ -95,6 +95,16 @@ impl<'a> RedisStore<'a> {
         self.removed.get_or_insert_with(Vec::new);
     }
 
+    /// Whether this call may have freed permits or changed the semaphore's kind: it changed a
+    /// key, or found `<name>` missing (every holder it had is gone).
+    pub fn may_have_freed(&self) -> bool {
+        self.opened_empty
+            || self.holders.has_changed()
+            || self.owners.has_changed()
+            || self.permits.has_changed()
+            || self.counter.get().is_some_and(Key::has_changed)
+    }
+
     pub fn take_removed(&mut self) -> Vec<RedisString> {
         self.removed.take().unwrap_or_default()
     }

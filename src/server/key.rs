@@ -507,6 +507,11 @@ impl<'a> Key<'a> {
         self.notify(raw::REDISMODULE_NOTIFY_MODULE, event);
     }
 
+    /// Whether a method changed this key during the call.
+    pub fn has_changed(&self) -> bool {
+        self.changed.get()
+    }
+
     /// Records a change: the keyspace event now, the modified-key signal when the key closes.
     fn changed(&self, class: c_int, event: &CStr) {
         self.changed.set(true);
