@@ -82,7 +82,7 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         Holder::Expired => lost(&store),
         Holder::Absent => {}
     }
-    after_write(ctx, call, &mut store, now);
+    after_write(ctx, call, &mut store);
     Ok(RedisValue::Integer(refreshed.reply()))
 }
 
@@ -113,7 +113,7 @@ fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         Holder::Expired => lost(&store),
         Holder::Absent => {}
     }
-    after_write(ctx, call, &mut store, now);
+    after_write(ctx, call, &mut store);
     Ok(RedisValue::Integer(released.reply()))
 }
 
@@ -136,11 +136,11 @@ fn open_for_write<'a>(ctx: &'a Context, call: &Call<'a>) -> Result<RedisStore<'a
 /// The end of every write: permits it freed go to the semaphore's waiters at once, in the same
 /// command, and bindings of permits that are gone are forgotten. Nothing to do (and nothing
 /// looked up) while nobody waits and nothing is bound.
-fn after_write(ctx: &Context, call: &Call, store: &mut RedisStore, now_ms: i64) {
+fn after_write(ctx: &Context, call: &Call, store: &mut RedisStore) {
     if waiting::queued_anywhere() || waiting::any_bindings() {
         let sem = call.sem(ctx);
         waiting::forget_gone(store, &sem);
-        waiting::serve(store, &sem, now_ms);
+        waiting::serve(store, &sem, &waiting::Slice::start());
     }
 }
 
@@ -272,7 +272,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             // After the call's own removals are forgotten (an expired permit of the same
             // identifier may be among them): a BOUND grant binds the new permit; another new
             // grant of an identifier ends an old binding of it, whose permit is gone.
-            after_write(ctx, call, &mut store, now);
+            after_write(ctx, call, &mut store);
             waiting::granted_again(&call.sem(ctx), id.as_slice());
             if bound {
                 let holder = id.as_slice().to_vec();
@@ -298,7 +298,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
     // A caller refused or queued frees nothing unless its call removed something: otherwise
     // the head of the line fits no better than after the last change, when it was served.
     if !matches!(outcome, Acquired::Granted { .. }) && store.may_have_freed() {
-        after_write(ctx, call, &mut store, now);
+        after_write(ctx, call, &mut store);
     }
     Ok(reply)
 }

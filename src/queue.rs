@@ -67,6 +67,16 @@ pub enum Arrival {
     RenewOrRefuse,
 }
 
+/// The keys of database `db`'s semaphores, as a range of [`SemKey`]s (ordered by database
+/// first).
+fn db_range(db: i32) -> std::ops::Range<SemKey> {
+    let first = |db| SemKey {
+        db,
+        name: Vec::new(),
+    };
+    first(db)..first(db.saturating_add(1))
+}
+
 pub fn arrival(kind: Kind, waits: bool, queued: usize) -> Arrival {
     match (queued, waits, kind) {
         (0, _, _) => Arrival::TryNow,
@@ -99,11 +109,9 @@ pub struct Binding {
 pub struct Registry<H> {
     next_id: WaiterId,
     waiters: HashMap<WaiterId, Waiter<H>>,
-    /// Each semaphore's waiters in arrival order (ids only grow).
-    lines: HashMap<SemKey, BTreeSet<WaiterId>>,
-    /// How many waited-on semaphores have each name (any database), for a quick "may this
-    /// command concern a waiter?".
-    names: HashMap<Vec<u8>, usize>,
+    /// Each semaphore's waiters in arrival order (ids only grow). Ordered by database first,
+    /// so one database's lines are a range.
+    lines: BTreeMap<SemKey, BTreeSet<WaiterId>>,
     /// Due times, earliest first; the sequence number tells equal times apart.
     schedule: BTreeMap<(i64, u64), Due>,
     next_seq: u64,
@@ -113,8 +121,9 @@ pub struct Registry<H> {
     timeouts: HashMap<WaiterId, (i64, u64)>,
     bound: HashMap<u64, HashSet<Binding>>,
     bound_by: HashMap<Binding, u64>,
-    /// Each semaphore's bound holders, to forget them all when its keys vanished.
-    bound_in: HashMap<SemKey, HashSet<Vec<u8>>>,
+    /// Each semaphore's bound holders, to forget them all when its keys vanished; by database
+    /// first, so a flush or swap touches only its own.
+    bound_in: BTreeMap<SemKey, HashSet<Vec<u8>>>,
 }
 
 impl<H> Default for Registry<H> {
@@ -122,15 +131,14 @@ impl<H> Default for Registry<H> {
         Registry {
             next_id: 1,
             waiters: HashMap::new(),
-            lines: HashMap::new(),
-            names: HashMap::new(),
+            lines: BTreeMap::new(),
             schedule: BTreeMap::new(),
             next_seq: 0,
             lease_ends: HashMap::new(),
             timeouts: HashMap::new(),
             bound: HashMap::new(),
             bound_by: HashMap::new(),
-            bound_in: HashMap::new(),
+            bound_in: BTreeMap::new(),
         }
     }
 }
@@ -148,11 +156,7 @@ impl<H> Registry<H> {
     ) -> WaiterId {
         let id = self.next_id;
         self.next_id += 1;
-        let line = self.lines.entry(sem.clone()).or_default();
-        if line.is_empty() {
-            *self.names.entry(sem.name.clone()).or_default() += 1;
-        }
-        line.insert(id);
+        self.lines.entry(sem.clone()).or_default().insert(id);
         if let Some(until) = until_ms {
             let slot = self.schedule_at(until, Due::Timeout(id));
             self.timeouts.insert(id, slot);
@@ -184,12 +188,6 @@ impl<H> Registry<H> {
         if line.is_empty() {
             self.lines.remove(&waiter.sem);
             self.set_lease_end(&waiter.sem, None);
-            match self.names.get_mut(&waiter.sem.name) {
-                Some(count) if *count > 1 => *count -= 1,
-                _ => {
-                    self.names.remove(&waiter.sem.name);
-                }
-            }
         }
         Some(waiter)
     }
@@ -217,21 +215,27 @@ impl<H> Registry<H> {
         self.head(sem).map(|w| now_ms.saturating_sub(w.since_ms))
     }
 
-    /// Whether some semaphore with waiters is called `name`, in any database.
-    pub fn is_waited_name(&self, name: &[u8]) -> bool {
-        self.names.contains_key(name)
+    /// Whether somebody waits for `sem`.
+    pub fn is_waited(&self, sem: &SemKey) -> bool {
+        self.lines.contains_key(sem)
     }
 
-    /// The semaphores with waiters, in `db` (every database when `None`).
+    /// How many semaphores have waiters.
+    pub fn waited_count(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// The semaphores with waiters, in `db` (every database when `None`), in order: the cost
+    /// is theirs only, not every line's.
     pub fn waited(&self, db: Option<i32>) -> Vec<SemKey> {
-        let mut sems: Vec<SemKey> = self
-            .lines
-            .keys()
-            .filter(|sem| db.is_none_or(|db| sem.db == db))
-            .cloned()
-            .collect();
-        sems.sort();
-        sems
+        match db {
+            None => self.lines.keys().cloned().collect(),
+            Some(db) => self
+                .lines
+                .range(db_range(db))
+                .map(|(sem, _)| sem.clone())
+                .collect(),
+        }
     }
 
     /// Schedules (or moves, or with `None` cancels) `sem`'s next lease end.
@@ -269,23 +273,26 @@ impl<H> Registry<H> {
 
     /// Takes out everything due at or before `now_ms`, earliest first.
     pub fn take_due(&mut self, now_ms: i64) -> Vec<Due> {
-        let mut due = Vec::new();
-        while let Some(entry) = self.schedule.first_entry() {
-            if entry.key().0 > now_ms {
-                break;
-            }
-            let item = entry.remove();
-            match &item {
-                Due::Timeout(id) => {
-                    self.timeouts.remove(id);
-                }
-                Due::LeaseEnd(sem) => {
-                    self.lease_ends.remove(sem);
-                }
-            }
-            due.push(item);
+        std::iter::from_fn(|| self.take_one_due(now_ms)).collect()
+    }
+
+    /// Takes out the earliest thing due at or before `now_ms`, if any: work in slices takes
+    /// them one at a time.
+    pub fn take_one_due(&mut self, now_ms: i64) -> Option<Due> {
+        let entry = self.schedule.first_entry()?;
+        if entry.key().0 > now_ms {
+            return None;
         }
-        due
+        let item = entry.remove();
+        match &item {
+            Due::Timeout(id) => {
+                self.timeouts.remove(id);
+            }
+            Due::LeaseEnd(sem) => {
+                self.lease_ends.remove(sem);
+            }
+        }
+        Some(item)
     }
 
     /// Takes out every waiter (the server stopped granting, as when it became a replica).
@@ -360,25 +367,35 @@ impl<H> Registry<H> {
 
     /// Forgets every binding in `db` (every database when `None`): the data was flushed.
     pub fn drop_bindings(&mut self, db: Option<i32>) {
-        let gone: Vec<Binding> = self
-            .bound_by
-            .keys()
-            .filter(|b| db.is_none_or(|db| b.sem.db == db))
-            .cloned()
-            .collect();
-        for binding in &gone {
-            self.unbind(binding);
+        for binding in self.bindings_in(db) {
+            self.unbind(&binding);
         }
+    }
+
+    /// The bindings of semaphores in `db` (every database when `None`).
+    fn bindings_in(&self, db: Option<i32>) -> Vec<Binding> {
+        let sems: Box<dyn Iterator<Item = (&SemKey, &HashSet<Vec<u8>>)>> = match db {
+            None => Box::new(self.bound_in.iter()),
+            Some(db) => Box::new(self.bound_in.range(db_range(db))),
+        };
+        sems.flat_map(|(sem, holders)| {
+            holders.iter().map(|holder| Binding {
+                sem: sem.clone(),
+                holder: holder.clone(),
+            })
+        })
+        .collect()
     }
 
     /// Databases `a` and `b` swapped contents: bindings follow their keys.
     pub fn swap_binding_dbs(&mut self, a: i32, b: i32) {
-        let moved: Vec<(Binding, u64)> = self
-            .bound_by
-            .iter()
-            .filter(|(binding, _)| binding.sem.db == a || binding.sem.db == b)
-            .map(|(binding, client)| (binding.clone(), *client))
-            .collect();
+        let mut moved: Vec<(Binding, u64)> = Vec::new();
+        for db in if a == b { vec![a] } else { vec![a, b] } {
+            for binding in self.bindings_in(Some(db)) {
+                let client = self.bound_by[&binding];
+                moved.push((binding, client));
+            }
+        }
         for (binding, _) in &moved {
             self.unbind(binding);
         }
@@ -448,25 +465,44 @@ mod tests {
         assert_eq!(r.remove(a).map(|w| w.ask.holder), Some(b"a".to_vec()));
         assert_eq!(r.head(&sem("s")).map(|w| w.id), Some(c));
         assert_eq!(r.head(&sem("t")).map(|w| w.id), Some(x));
-        assert!(r.is_waited_name(b"s") && r.is_waited_name(b"t"));
+        assert!(r.is_waited(&sem("s")) && r.is_waited(&sem("t")));
         r.remove(c).unwrap();
-        assert!(!r.is_waited_name(b"s"), "an empty line forgets its name");
+        assert!(!r.is_waited(&sem("s")), "an empty line is forgotten");
+        assert_eq!(r.waited_count(), 1);
         assert_eq!(r.waited(None), [sem("t")]);
         assert_eq!(r.total_waiters(), 1);
         assert!(r.remove(c).is_none(), "removed twice");
     }
 
     #[test]
-    fn names_count_every_database() {
+    fn each_database_has_its_own_lines() {
         let mut r = Registry::default();
-        let other_db = SemKey { db: 3, ..sem("s") };
+        let in_db = |db, name| SemKey { db, ..sem(name) };
         let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, ());
-        let b = r.enqueue(other_db.clone(), 2, ask("b"), 0, None, ());
-        assert_eq!(r.waited(Some(3)), [other_db]);
+        let b = r.enqueue(in_db(3, "s"), 2, ask("b"), 0, None, ());
+        r.enqueue(in_db(3, ""), 3, ask("c"), 0, None, ());
+        r.enqueue(in_db(4, "a"), 4, ask("d"), 0, None, ());
+        r.enqueue(in_db(2, "zz"), 5, ask("e"), 0, None, ());
+        assert_eq!(r.waited(Some(3)), [in_db(3, ""), in_db(3, "s")]);
+        assert_eq!(r.waited(Some(1)), []);
+        assert_eq!(r.waited(None).len(), 5);
         r.remove(a);
-        assert!(r.is_waited_name(b"s"), "still waited on in db 3");
+        assert!(!r.is_waited(&sem("s")));
+        assert!(r.is_waited(&in_db(3, "s")), "still waited on in db 3");
         r.remove(b);
-        assert!(!r.is_waited_name(b"s"));
+        assert!(!r.is_waited(&in_db(3, "s")));
+    }
+
+    #[test]
+    fn due_times_come_out_one_at_a_time() {
+        let mut r = Registry::default();
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(20), ());
+        r.set_lease_end(&sem("s"), Some(10));
+        assert_eq!(r.take_one_due(9), None);
+        assert_eq!(r.take_one_due(25), Some(Due::LeaseEnd(sem("s"))));
+        assert_eq!(r.take_one_due(25), Some(Due::Timeout(a)));
+        assert_eq!(r.take_one_due(25), None);
+        assert_eq!(r.scheduled(), 0);
     }
 
     #[test]
@@ -545,7 +581,16 @@ mod tests {
         assert_eq!(held[0].holder, b"z");
         assert_eq!(held[1].sem.db, 2);
         r.bind(1, binding("s", "a"));
+        r.bind(
+            2,
+            Binding {
+                sem: SemKey { db: 1, ..sem("s") },
+                holder: b"y".to_vec(),
+            },
+        );
         r.drop_bindings(Some(0));
+        assert_eq!(r.bound_count(), 1, "another database's binding stays");
+        r.drop_bindings(None);
         assert_eq!(r.bound_count(), 0);
 
         // A semaphore whose keys vanished forgets all its bindings, and only its own.

@@ -42,6 +42,12 @@ counters! {
     waits_cancelled: "Waits that ended otherwise without a permit: the client left or was \
         unblocked (CLIENT UNBLOCK), or an error answered it.",
     bound_released: "BOUND holders given back because their connection closed.",
+    lines_served: "Wait lines looked at for a grant: after a change to that semaphore (a \
+        release, a lease end, a wait that ended, another client's write), never for a read or \
+        for other semaphores' changes.",
+    timer_runs: "Runs of the module's timer (lease ends, wait ends, deferred work).",
+    timer_runs_continued: "Timer runs that used up their time slice (2 ms) and left the rest \
+        for the next turn of the event loop, after other clients were answered.",
 }
 
 /// Adds one to `counter`.

@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
@@ -22,7 +23,7 @@ use crate::queue::{Ask, Binding, Due, Registry, SemKey, WaiterId};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
 use crate::server::key::Access;
-use crate::server::{cluster_can_serve, is_primary, now_ms, select_db, timer, writes_paused};
+use crate::server::{clock_ms, cluster_can_serve, is_primary, select_db, timer, writes_paused};
 use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
@@ -51,8 +52,6 @@ pub enum Outcome {
 enum Work {
     /// Serve the line of one semaphore.
     Serve(SemKey),
-    /// Serve the lines of every semaphore called this, in any database.
-    ServeName(Vec<u8>),
     /// Serve every line in one database, or in all.
     ServeDb(Option<i32>),
     /// Give a permit back.
@@ -132,7 +131,7 @@ pub fn line(sem: &SemKey, now_ms: i64) -> (usize, Option<i64>) {
 pub fn gauges() -> Vec<(&'static str, u64)> {
     let (semaphores, waiters, scheduled, bound) = with(|s| {
         (
-            s.registry.waited(None).len(),
+            s.registry.waited_count(),
             s.registry.total_waiters(),
             s.registry.scheduled(),
             s.registry.bound_count(),
@@ -235,13 +234,40 @@ pub fn unbind(sem: &SemKey, holders: &[RedisString]) {
     });
 }
 
-/// Grants the head of `sem`'s line while the acquire rule would, on keys already open, then
-/// schedules the next lease end. Call it after every change that may free a permit.
-pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
+/// How long the module works on waiters in one go before it lets the server answer other
+/// clients (as Redis's own active expiry works in slices).
+const SLICE: Duration = Duration::from_millis(2);
+
+/// The end of a slice of work.
+pub struct Slice(Instant);
+
+impl Slice {
+    pub fn start() -> Slice {
+        Slice(Instant::now() + SLICE)
+    }
+
+    fn is_over(&self) -> bool {
+        Instant::now() >= self.0
+    }
+}
+
+/// Grants the head of `sem`'s line while the acquire rule would, on keys already open, each
+/// grant at the server's time read for it; then schedules the next lease end. Call it after
+/// every change that may free a permit. When `slice` runs out, the timer goes on after the
+/// server has answered other clients.
+pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     if queued(sem) == 0 {
         return;
     }
+    stats::count(&COUNTERS.lines_served);
+    let mut granted_any = false;
     while let Some((id, ask)) = with(|s| s.registry.head(sem).map(|w| (w.id, w.ask.clone()))) {
+        if granted_any && slice.is_over() {
+            defer(Work::Serve(sem.clone()));
+            break;
+        }
+        granted_any = true;
+        let now_ms = clock_ms();
         store.keep_removed();
         let holder = store.id(&ask.holder);
         let request = AcquireRequest {
@@ -293,6 +319,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, now_ms: i64) {
         };
         answer(id, outcome);
     }
+    let now_ms = clock_ms();
     let next = store.next_deadline(now_ms);
     let due = with(|s| {
         if s.registry.queued(sem) > 0 {
@@ -467,77 +494,96 @@ pub fn became_replica() {
     timer::disarm();
 }
 
-/// A command is about to run with `arg` among its arguments (the command filter asks, only
-/// while somebody waits). If it names a waited-on semaphore or one of its derived keys, that
-/// line is served after the command: another client may have deleted, overwritten or filled
-/// the keys.
-pub fn touched(arg: &[u8]) {
-    let name = [OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX]
-        .iter()
-        .find_map(|suffix| arg.strip_suffix(*suffix))
-        .filter(|base| with(|s| s.registry.is_waited_name(base)))
-        .unwrap_or(arg);
-    if with(|s| s.registry.is_waited_name(name)) {
-        defer(Work::ServeName(name.to_vec()));
+/// `key` of database `db` changed by another hand than this module's (a write, expiry,
+/// eviction, delete, rename, flush of one key): if it is a waited-on semaphore or one of its
+/// derived keys, that line is served after the command. Costs a few lookups, whatever the
+/// number of waiters.
+pub fn touched(db: i32, key: &[u8]) {
+    if !queued_anywhere() {
+        return;
+    }
+    let names = std::iter::once(key).chain(
+        [OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX]
+            .iter()
+            .filter_map(|suffix| key.strip_suffix(*suffix)),
+    );
+    let waited: Vec<SemKey> = with(|s| {
+        names
+            .map(|name| SemKey {
+                db,
+                name: name.to_vec(),
+            })
+            .filter(|sem| s.registry.is_waited(sem))
+            .collect()
+    });
+    for sem in waited {
+        defer(Work::Serve(sem));
     }
 }
 
 fn defer(work: Work) {
     with(|s| s.work.insert(work));
-    let now = now_ms();
+    let now = clock_ms();
     timer::arm(now, now);
 }
 
 /// The module's timer fired: end the waits that are over, serve the semaphores whose lease
-/// ended, and do the deferred work.
+/// ended, and do the deferred work, one item at a time, each at the time read for it. Work
+/// left when the slice runs out goes on at the next turn of the event loop, after other
+/// clients are answered.
 pub fn on_timer(ctx: &Context) {
-    let now = now_ms();
     if !is_primary(ctx) {
         // A replica grants nothing; `became_replica` answered the waiters.
         with(|s| s.work.clear());
         return;
     }
     if writes_paused() {
-        wait_for_writes(now);
+        wait_for_writes(clock_ms());
         return;
     }
-    let (due, work) = with(|s| (s.registry.take_due(now), std::mem::take(&mut s.work)));
-    let mut to_serve: BTreeSet<SemKey> = BTreeSet::new();
-    for item in due {
-        match item {
-            Due::Timeout(id) => {
-                let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
-                answer(id, Outcome::TimedOut);
-                to_serve.extend(sem);
-            }
-            Due::LeaseEnd(sem) => {
-                to_serve.insert(sem);
-            }
+    stats::count(&COUNTERS.timer_runs);
+    let slice = Slice::start();
+    let mut first = true;
+    loop {
+        if !first && slice.is_over() {
+            stats::count(&COUNTERS.timer_runs_continued);
+            let now = clock_ms();
+            timer::arm(now, now);
+            return;
         }
-    }
-    for item in work {
-        match item {
-            Work::Serve(sem) => {
-                to_serve.insert(sem);
+        first = false;
+        if let Some(due) = with(|s| s.registry.take_one_due(clock_ms())) {
+            let sem = match due {
+                Due::Timeout(id) => {
+                    let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
+                    answer(id, Outcome::TimedOut);
+                    sem
+                }
+                Due::LeaseEnd(sem) => Some(sem),
+            };
+            // Whoever stood behind a waiter that left may fit now.
+            if let Some(sem) = sem {
+                with(|s| s.work.insert(Work::Serve(sem)));
             }
-            Work::ServeName(name) => {
-                let named = with(|s| s.registry.waited(None));
-                to_serve.extend(named.into_iter().filter(|sem| sem.name == name));
-            }
-            Work::ServeDb(db) => {
-                to_serve.extend(with(|s| s.registry.waited(db)));
-            }
+            continue;
+        }
+        let Some(work) = with(|s| s.work.pop_first()) else {
+            break;
+        };
+        match work {
+            Work::Serve(sem) => serve_outside(ctx, &sem, &slice),
+            Work::ServeDb(db) => with(|s| {
+                let sems = s.registry.waited(db);
+                s.work.extend(sems.into_iter().map(Work::Serve));
+            }),
             Work::GiveBack(binding, why) => {
-                give_back(ctx, &binding, why, now);
-                to_serve.insert(binding.sem);
+                give_back(ctx, &binding, why);
+                with(|s| s.work.insert(Work::Serve(binding.sem)));
             }
         }
-    }
-    for sem in to_serve {
-        serve_outside(ctx, &sem, now);
     }
     if let Some(at) = with(|s| s.registry.next_due_ms()) {
-        timer::arm(at, now);
+        timer::arm(at, clock_ms());
     }
 }
 
@@ -598,11 +644,11 @@ fn with_store(
 
 /// Serves `sem`'s line from the timer. If its keys cannot be used (overwritten with another
 /// type, or the slot left this node), every waiter is answered with the reason.
-fn serve_outside(ctx: &Context, sem: &SemKey, now_ms: i64) {
+fn serve_outside(ctx: &Context, sem: &SemKey, slice: &Slice) {
     if queued(sem) == 0 {
         return;
     }
-    if let Err(err) = with_store(ctx, sem, |store| serve(store, sem, now_ms)) {
+    if let Err(err) = with_store(ctx, sem, |store| serve(store, sem, slice)) {
         let waiters = with(|s| {
             let mut waiters = Vec::new();
             while let Some(id) = s.registry.head(sem).map(|w| w.id) {
@@ -621,11 +667,11 @@ fn serve_outside(ctx: &Context, sem: &SemKey, now_ms: i64) {
 
 /// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
 /// grant never reached the client.
-fn give_back(ctx: &Context, binding: &Binding, why: GiveBack, now_ms: i64) {
+fn give_back(ctx: &Context, binding: &Binding, why: GiveBack) {
     with(|s| s.registry.unbind(binding));
     let _ = with_store(ctx, &binding.sem, |store| {
         let holder = store.id(&binding.holder);
-        if let Ok(Holder::Live) = semaphore::release(store, now_ms, &holder, None) {
+        if let Ok(Holder::Live) = semaphore::release(store, clock_ms(), &holder, None) {
             if why == GiveBack::ConnectionClosed {
                 stats::count(&COUNTERS.bound_released);
             }

@@ -9,14 +9,6 @@ use std::time::Duration;
 use common::*;
 use redis::Value;
 
-fn info_sem(conn: &mut redis::Connection) -> BTreeMap<String, u64> {
-    let info: String = run(conn, &["INFO", "sem"]);
-    info.lines()
-        .filter_map(|line| line.split_once(':'))
-        .map(|(k, v)| (k.to_string(), v.trim().parse().expect("a number")))
-        .collect()
-}
-
 #[test]
 fn command_docs_come_from_commands_json() {
     let server = Server::start();

@@ -1,9 +1,13 @@
 //! Server events the module follows. When this node's data may be behind what clients were told
 //! (loading ended, or it became a primary), fair tickets jump (`fencing.rs`). The waiting side
 //! hears of connections closing (BOUND permits), flushes and swapped databases, and this node
-//! becoming a replica, and of keys that expire or are evicted (a waited-on semaphore's keys may
-//! go before its last lease ends: another client shortened their expiry, or memory ran out).
+//! becoming a replica, and of every change another hand makes to keys of the types a
+//! semaphore's keys have, or to any key's existence (write, delete, rename, expiry, eviction):
+//! keyspace events name the key and its database, so a change costs a lookup or two whatever
+//! the number of waiters, and reads cost nothing. (A key overwritten by a command of a list,
+//! set or stream type fires no event here; its waiters are answered at its next lease end.)
 
+use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
 
 use redis_module::raw;
@@ -32,8 +36,13 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     let keyspace = unsafe {
         raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(
             ctx,
-            raw::REDISMODULE_NOTIFY_EXPIRED | raw::REDISMODULE_NOTIFY_EVICTED,
-            Some(on_key_gone),
+            raw::REDISMODULE_NOTIFY_GENERIC
+                | raw::REDISMODULE_NOTIFY_STRING
+                | raw::REDISMODULE_NOTIFY_HASH
+                | raw::REDISMODULE_NOTIFY_ZSET
+                | raw::REDISMODULE_NOTIFY_EXPIRED
+                | raw::REDISMODULE_NOTIFY_EVICTED,
+            Some(on_key_event),
         )
     } == raw::REDISMODULE_OK as c_int;
     if subscribed && keyspace {
@@ -117,20 +126,37 @@ extern "C" fn on_swap(
     guard((), || waiting::swapped(info.dbnum_first, info.dbnum_second));
 }
 
-extern "C" fn on_key_gone(
-    _ctx: *mut raw::RedisModuleCtx,
+thread_local! {
+    /// Set while the module fires the events of its own writes, which are not news to it.
+    static OWN_WRITE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `notify`, which fires keyspace events of a change the module made itself.
+pub fn own_write<T>(notify: impl FnOnce() -> T) -> T {
+    OWN_WRITE.with(|own| own.set(true));
+    let result = notify();
+    OWN_WRITE.with(|own| own.set(false));
+    result
+}
+
+extern "C" fn on_key_event(
+    ctx: *mut raw::RedisModuleCtx,
     _type: c_int,
     _event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    if waiting::queued_anywhere() && !key.is_null() {
+    if waiting::queued_anywhere() && !key.is_null() && !OWN_WRITE.with(Cell::get) {
         let mut len = 0;
-        // SAFETY: Redis passes the key's name, valid for the callback.
-        let name = unsafe {
+        // SAFETY: Redis passes the key's name, valid for the callback, and a context whose
+        // selected database is the key's.
+        let (db, name) = unsafe {
             let ptr = raw::RedisModule_StringPtrLen.unwrap()(key, &mut len);
-            std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+            (
+                raw::RedisModule_GetSelectedDb.unwrap()(ctx),
+                std::slice::from_raw_parts(ptr.cast::<u8>(), len),
+            )
         };
-        guard((), || waiting::touched(name));
+        guard((), || waiting::touched(db, name));
     }
     raw::REDISMODULE_OK as c_int
 }

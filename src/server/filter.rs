@@ -1,9 +1,8 @@
 //! The command filter. It names every key of a SEM.* call to the server (see `keys.rs`): it
 //! inserts the derived key names the command uses right after the name, so Redis's ACL checks
 //! and Cluster redirection see them. While somebody waits for a permit, it also tells the
-//! waiting side of other commands that name a waited-on semaphore's keys (another client may
-//! delete, overwrite or fill them) or move Cluster slots. It runs before every command the
-//! server receives, so for the others it returns after a length check and one atomic load.
+//! waiting side of Cluster slot moves. It runs before every command the server receives, so
+//! for the others it returns after a length check and one atomic load.
 
 use std::os::raw::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -57,7 +56,7 @@ unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     }
     let Some(command) = arg(fctx, 0).and_then(Command::from_name) else {
         if waiting::queued_anywhere() {
-            note_other_command(fctx, argc);
+            note_other_command(fctx);
         }
         return;
     };
@@ -93,17 +92,12 @@ unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     }
 }
 
-/// Another command while somebody waits: every argument that may be a key is reported (the
-/// waiting side checks it against the waited-on names), and a Cluster slot change too.
-unsafe fn note_other_command(fctx: *mut raw::RedisModuleCommandFilterCtx, argc: c_int) {
+/// Another command while somebody waits: a Cluster slot change may take waited-on
+/// semaphores away. (Changes to waited keys are heard of as keyspace events, `events.rs`:
+/// the filter sees reads too, and must cost them nothing.)
+unsafe fn note_other_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     let is = |pos, word: &[u8]| arg(fctx, pos).is_some_and(|a| a.eq_ignore_ascii_case(word));
     if is(0, b"CLUSTER") && is(1, b"SETSLOT") {
         waiting::recheck_all();
-        return;
-    }
-    for pos in 1..argc {
-        if let Some(key) = arg(fctx, pos) {
-            waiting::touched(key);
-        }
     }
 }

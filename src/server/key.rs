@@ -521,14 +521,14 @@ impl<'a> Key<'a> {
     /// Fires the keyspace event Redis's own command would, for clients that subscribe to them.
     fn notify(&self, class: c_int, event: &CStr) {
         // SAFETY: valid context and key name for this call.
-        unsafe {
+        crate::server::events::own_write(|| unsafe {
             raw::RedisModule_NotifyKeyspaceEvent.unwrap()(
                 self.ctx,
                 class,
                 event.as_ptr(),
                 self.name.inner,
             );
-        }
+        });
     }
 }
 

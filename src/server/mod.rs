@@ -123,6 +123,13 @@ pub fn now_ms() -> i64 {
     }
 }
 
+/// The server's clock in Unix milliseconds, read now (not the time cached for the current
+/// command or event-loop turn): a grant made late in a long run of work starts when it is made.
+pub fn clock_ms() -> i64 {
+    // SAFETY: a plain read of the server clock, resolved when the module loaded.
+    unsafe { raw::RedisModule_Milliseconds.unwrap()() }
+}
+
 /// Whether the server called the command only to learn its keys (`getkeys-api`).
 pub fn is_keys_position_request(ctx: &Context) -> bool {
     // SAFETY: the command's own context.

@@ -239,6 +239,15 @@ pub fn unix_ms_now() -> i64 {
     since_epoch.as_millis() as i64
 }
 
+/// `INFO sem`, field by field.
+pub fn info_sem(conn: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
+    let info: String = run(conn, &["INFO", "sem"]);
+    info.lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().parse().expect("a number")))
+        .collect()
+}
+
 /// A replica of `primary`, with no persistence, once its link is up.
 pub fn start_replica_of(primary: &Server) -> Server {
     let port = primary.port.to_string();
