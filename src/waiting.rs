@@ -22,6 +22,7 @@ use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
 use crate::queue::{Ask, Binding, Due, Registry, SemKey, WaiterId};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
+use crate::server::events;
 use crate::server::key::Access;
 use crate::server::{clock_ms, cluster_can_serve, is_primary, select_db, timer, writes_paused};
 use crate::stats::{self, COUNTERS};
@@ -178,6 +179,7 @@ pub fn wait(
             Ok(())
         }
     })?;
+    events::follow_keys(ctx.ctx)?;
     let blocked = block::block(ctx).ok_or(SemError::Internal)?;
     let key = blocked.key();
     let client = block::client_id(ctx);

@@ -1,17 +1,19 @@
 //! Server events the module follows. When this node's data may be behind what clients were told
 //! (loading ended, or it became a primary), fair tickets jump (`fencing.rs`). The waiting side
 //! hears of connections closing (BOUND permits), flushes and swapped databases, and this node
-//! becoming a replica, and of every change another hand makes to keys of the types a
-//! semaphore's keys have, or to any key's existence (write, delete, rename, expiry, eviction):
-//! keyspace events name the key and its database, so a change costs a lookup or two whatever
-//! the number of waiters, and reads cost nothing. (A key overwritten by a command of a list,
+//! becoming a replica, and, once a client has waited, of every change another hand makes to keys
+//! of the types a semaphore's keys have, or to any key's existence (write, delete, rename,
+//! expiry, eviction): keyspace events name the key and its database, so a change costs a lookup
+//! or two whatever the number of waiters, and reads cost nothing. (A key overwritten by a command of a list,
 //! set or stream type fires no event here; its waiters are answered at its next lease end.)
 
 use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::raw;
 
+use crate::error::SemError;
 use crate::server::guard;
 use crate::{fencing, waiting};
 
@@ -32,8 +34,28 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         && subscribe(raw::REDISMODULE_EVENT_CLIENT_CHANGE, Some(on_client_change))
         && subscribe(raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush))
         && subscribe(raw::REDISMODULE_EVENT_SWAPDB, Some(on_swap));
-    // SAFETY: called from OnLoad with its context; the callback is a plain function.
-    let keyspace = unsafe {
+    FOLLOWING_KEYS.store(false, Ordering::Relaxed);
+    if subscribed {
+        Ok(())
+    } else {
+        Err("the server refused the event subscriptions".into())
+    }
+}
+
+/// Whether the module follows keyspace events (since the first wait of this load).
+static FOLLOWING_KEYS: AtomicBool = AtomicBool::new(false);
+
+/// Starts following changes to keys, once per load, when the first client waits: until then
+/// nothing needs them, and every event costs the server a module context (about 600
+/// instructions per event in Redis's module layer, the callback itself a few). Redis offers no
+/// way to stop following again.
+pub fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
+    if FOLLOWING_KEYS.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    // SAFETY: a command's context (the module pointer is what Redis takes from it); the
+    // callback is a plain function.
+    let status = unsafe {
         raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(
             ctx,
             raw::REDISMODULE_NOTIFY_GENERIC
@@ -44,12 +66,12 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
                 | raw::REDISMODULE_NOTIFY_EVICTED,
             Some(on_key_event),
         )
-    } == raw::REDISMODULE_OK as c_int;
-    if subscribed && keyspace {
-        Ok(())
-    } else {
-        Err("the server refused the event subscriptions".into())
+    };
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(SemError::Internal);
     }
+    FOLLOWING_KEYS.store(true, Ordering::Relaxed);
+    Ok(())
 }
 
 extern "C" fn on_loading(
