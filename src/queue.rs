@@ -102,13 +102,42 @@ pub struct Binding {
     pub holder: Vec<u8>,
 }
 
+/// A map keyed by a number the module itself hands out (waiter ids, client ids, handle
+/// addresses): no client chooses these keys, so they need no keyed hash against collision
+/// floods, and one multiplication does (SipHash costs far more on the hot path).
+pub type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`IdMap`]: Fibonacci hashing of one integer.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
 /// Everything the waiting side remembers. Each entry lives exactly as long as its reason: a
 /// waiter until it is served, times out or goes; a due time until it passes or is replaced; a
 /// binding until its permit is given back or its connection closes.
 #[derive(Debug)]
 pub struct Registry<H> {
     next_id: WaiterId,
-    waiters: HashMap<WaiterId, Waiter<H>>,
+    waiters: IdMap<WaiterId, Waiter<H>>,
     /// Each semaphore's waiters in arrival order (ids only grow). Ordered by database first,
     /// so one database's lines are a range.
     lines: BTreeMap<SemKey, BTreeSet<WaiterId>>,
@@ -118,8 +147,8 @@ pub struct Registry<H> {
     /// Where each semaphore's lease-end entry is in `schedule`.
     lease_ends: HashMap<SemKey, (i64, u64)>,
     /// Where each waiter's timeout entry is in `schedule`.
-    timeouts: HashMap<WaiterId, (i64, u64)>,
-    bound: HashMap<u64, HashSet<Binding>>,
+    timeouts: IdMap<WaiterId, (i64, u64)>,
+    bound: IdMap<u64, HashSet<Binding>>,
     bound_by: HashMap<Binding, u64>,
     /// Each semaphore's bound holders, to forget them all when its keys vanished; by database
     /// first, so a flush or swap touches only its own.
@@ -130,13 +159,13 @@ impl<H> Default for Registry<H> {
     fn default() -> Self {
         Registry {
             next_id: 1,
-            waiters: HashMap::new(),
+            waiters: IdMap::default(),
             lines: BTreeMap::new(),
             schedule: BTreeMap::new(),
             next_seq: 0,
             lease_ends: HashMap::new(),
-            timeouts: HashMap::new(),
-            bound: HashMap::new(),
+            timeouts: IdMap::default(),
+            bound: IdMap::default(),
             bound_by: HashMap::new(),
             bound_in: BTreeMap::new(),
         }

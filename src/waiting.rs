@@ -8,7 +8,7 @@
 //! flush. Work that Redis reports where keys must not be written (disconnect and free callbacks,
 //! the command filter) is deferred to the timer, which fires right after the current command.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
-use crate::queue::{Ask, Binding, Due, Registry, SemKey, WaiterId};
+use crate::queue::{Ask, Binding, Due, IdMap, Registry, SemKey, WaiterId};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
 use crate::server::events;
@@ -71,7 +71,7 @@ enum GiveBack {
 struct State {
     registry: Registry<Blocked>,
     /// Blocked-client handles to their waiters, for the disconnect callback.
-    by_handle: HashMap<usize, WaiterId>,
+    by_handle: IdMap<usize, WaiterId>,
     work: BTreeSet<Work>,
 }
 
