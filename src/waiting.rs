@@ -425,7 +425,8 @@ pub fn left(handle: usize) -> bool {
 /// grant: a give-back of its old permit still pending (its BOUND connection closed in the same
 /// moment) must not take the new one away.
 pub fn granted_again(sem: &SemKey, holder: &[u8]) {
-    if WAITERS.load(Ordering::Relaxed) == 0 && !any_pending() {
+    // Give-backs are work for the timer: with none pending there is nothing to take back.
+    if !any_pending() {
         return;
     }
     let binding = Binding {
