@@ -303,12 +303,18 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
                     holder: ask.holder.clone(),
                 };
                 granted_again(sem, &ask.holder);
-                let client = with(|s| s.registry.waiter(id).map(|w| w.client));
-                with(|s| match client {
-                    Some(client) if ask.bound => s.registry.bind(client, binding.clone()),
-                    _ if !renewed => s.registry.unbind(&binding),
-                    _ => {}
-                });
+                // A new permit of an identifier ends an older binding of it; with no binding
+                // anywhere there is none to end.
+                if ask.bound || (!renewed && any_bindings()) {
+                    with(|s| {
+                        let client = s.registry.waiter(id).map(|w| w.client);
+                        match client {
+                            Some(client) if ask.bound => s.registry.bind(client, binding.clone()),
+                            _ if !renewed => s.registry.unbind(&binding),
+                            _ => {}
+                        }
+                    });
+                }
                 Outcome::Granted {
                     binding,
                     ticket,
