@@ -23,7 +23,7 @@ use crate::contenders::Keys;
 use crate::handoff::{self, HandoffContender, HandoffMeasurement};
 use crate::report::group_thousands;
 use crate::resp::{self, Ping, RawConn, Reply};
-use crate::scenarios::Server;
+use crate::scenarios::{server_cpu_us, Server};
 use crate::stats::percentile;
 use crate::BoxError;
 
@@ -38,6 +38,9 @@ const WAIT: &str = "60";
 const STORM_WAITER_LEASE_MS: u64 = 60_000;
 /// Commands per pipeline when filling or deleting thousands of keys.
 const BATCH: usize = 1_000;
+/// Shortest stretch of `EXISTS` calls whose server CPU is counted: the
+/// kernel accounts CPU time in ticks of a few ms.
+const READ_WINDOW: Duration = Duration::from_millis(200);
 /// How long the server may take to report every armed client as blocked.
 const BLOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -111,9 +114,21 @@ pub struct ReadRep {
     pub waited_rtt_us: Vec<f64>,
     /// Round trips of `EXISTS` over as many keys nobody waits on, µs, sorted.
     pub idle_rtt_us: Vec<f64>,
-    /// The server's own time per call (`INFO commandstats`), µs.
-    pub waited_server_us: f64,
-    pub idle_server_us: f64,
+    /// `EXISTS`'s own time per call (`INFO commandstats`), µs: what the
+    /// command itself took, not what the module did around it.
+    pub waited_command_us: f64,
+    pub idle_command_us: f64,
+    /// The server main thread's CPU per call, µs: everything it did.
+    pub waited_cpu_us: f64,
+    pub idle_cpu_us: f64,
+}
+
+/// What `time_exists` measures.
+struct ExistsTimes {
+    /// Round trips, µs, sorted.
+    rtt_us: Vec<f64>,
+    command_us: f64,
+    cpu_us: f64,
 }
 
 pub struct Storm {
@@ -143,15 +158,18 @@ pub struct Memory {
     pub waiters: usize,
     /// `used_memory` after opening the connections, minus before.
     pub idle_delta: i64,
-    /// `used_memory` with every connection waiting, minus before opening.
-    pub waiting_delta: i64,
     /// `used_memory` with every connection in `BLPOP`, minus idle.
     pub list_waiting_delta: i64,
+    /// `used_memory` idle again after the `BLPOP`s, minus before opening.
+    pub idle_again_delta: i64,
+    /// `used_memory` with every connection waiting on its semaphore, minus
+    /// idle again.
+    pub waiting_delta: i64,
 }
 
 impl Memory {
     pub fn bytes_per_waiter(&self) -> f64 {
-        (self.waiting_delta - self.idle_delta) as f64 / self.waiters as f64
+        self.waiting_delta as f64 / self.waiters as f64
     }
 
     pub fn bytes_per_list_waiter(&self) -> f64 {
@@ -294,7 +312,7 @@ async fn reads(
     reps: usize,
 ) -> Result<Vec<ReadRep>, BoxError> {
     let all = names("read", sizes.read_waiters + sizes.read_keys);
-    let (waited, idle) = all.split_at(sizes.read_waiters);
+    let (waited, unwaited) = all.split_at(sizes.read_waiters);
     let waited_read = &waited[..sizes.read_keys];
     fill_full(control, &all).await?;
     let mut conns = open_many(port, sizes.read_waiters).await?;
@@ -302,10 +320,8 @@ async fn reads(
     for rep in 0..reps {
         for waiters in [sizes.read_keys, sizes.read_waiters] {
             arm(control, &mut conns[..waiters], &waited[..waiters]).await?;
-            let (waited_rtt_us, waited_server_us) =
-                time_exists(control, waited_read, sizes.read_samples).await?;
-            let (idle_rtt_us, idle_server_us) =
-                time_exists(control, idle, sizes.read_samples).await?;
+            let waited = time_exists(control, waited_read, sizes.read_samples).await?;
+            let idle = time_exists(control, unwaited, sizes.read_samples).await?;
             unblock(control, &mut conns[..waiters]).await?;
             eprintln!(
                 "[scale: reads] rep {} · {} waiters: EXISTS of {} waited keys {:.0} µs, \
@@ -313,17 +329,19 @@ async fn reads(
                 rep + 1,
                 group_thousands(waiters as u64),
                 group_thousands(sizes.read_keys as u64),
-                median(&waited_rtt_us),
+                median(&waited.rtt_us),
                 group_thousands(sizes.read_keys as u64),
-                median(&idle_rtt_us),
+                median(&idle.rtt_us),
             );
             out.push(ReadRep {
                 waiters,
                 rep,
-                waited_rtt_us,
-                idle_rtt_us,
-                waited_server_us,
-                idle_server_us,
+                waited_command_us: waited.command_us,
+                idle_command_us: idle.command_us,
+                waited_cpu_us: waited.cpu_us,
+                idle_cpu_us: idle.cpu_us,
+                waited_rtt_us: waited.rtt_us,
+                idle_rtt_us: idle.rtt_us,
             });
         }
     }
@@ -332,18 +350,21 @@ async fn reads(
     Ok(out)
 }
 
-/// `samples` round trips of one `EXISTS` naming `keys` (sorted, µs), and
-/// the server's own µs per call from `INFO commandstats` over them.
+/// At least `samples` round trips of one `EXISTS` naming `keys`, and for
+/// at least `READ_WINDOW`, with the command's own time and the server's CPU
+/// per call over them.
 async fn time_exists(
     control: &mut MultiplexedConnection,
     keys: &[String],
     samples: usize,
-) -> Result<(Vec<f64>, f64), BoxError> {
+) -> Result<ExistsTimes, BoxError> {
     let mut exists = redis::cmd("EXISTS");
     exists.arg(keys);
     let before = exists_stats(control).await?;
+    let cpu_before = server_cpu_us(control).await?;
     let mut rtts = Vec::with_capacity(samples);
-    for _ in 0..samples {
+    let started = Instant::now();
+    while rtts.len() < samples || (started.elapsed() < READ_WINDOW && rtts.len() < 100_000) {
         let sent = Instant::now();
         let found: usize = exists.query_async(control).await?;
         rtts.push(sent.elapsed().as_secs_f64() * 1e6);
@@ -351,10 +372,15 @@ async fn time_exists(
             return Err(format!("EXISTS found {found} of {} semaphores", keys.len()).into());
         }
     }
+    let cpu_after = server_cpu_us(control).await?;
     let after = exists_stats(control).await?;
     rtts.sort_by(f64::total_cmp);
     let calls = (after.0 - before.0).max(1.0);
-    Ok((rtts, (after.1 - before.1) / calls))
+    Ok(ExistsTimes {
+        rtt_us: rtts,
+        command_us: (after.1 - before.1) / calls,
+        cpu_us: (cpu_after - cpu_before) / calls,
+    })
 }
 
 /// `EXISTS`'s calls and µs so far, from `INFO commandstats`.
@@ -573,36 +599,39 @@ async fn start_to_reply(
 }
 
 /// Part d: `used_memory` with `waiters` connections open and idle, then
-/// with each waiting on a full semaphore of its own; and the same for
-/// Redis's own wait, `BLPOP` on an empty list, for reference.
+/// with each waiting in Redis's own `BLPOP` on an empty list (the
+/// reference), then idle again and with each waiting on a full semaphore of
+/// its own. `BLPOP` goes first: it leaves next to nothing behind, while a
+/// module's blocked clients may be freed later than they are unblocked.
 async fn memory(
     control: &mut MultiplexedConnection,
     port: u16,
     waiters: usize,
 ) -> Result<Memory, BoxError> {
     let names = names("memory", waiters);
+    let lists = self::names("memory-list", waiters);
     fill_full(control, &names).await?;
     let before = used_memory(control).await?;
     let mut conns = open_many(port, waiters).await?;
     let idle = used_memory(control).await?;
-    arm(control, &mut conns, &names).await?;
-    let waiting = used_memory(control).await?;
-    unblock(control, &mut conns).await?;
-    let lists = self::names("memory-list", waiters);
-    let idle_again = used_memory(control).await?;
     arm_with(control, &mut conns, &lists, |name| {
         ["BLPOP", name, WAIT].map(String::from).to_vec()
     })
     .await?;
     let list_waiting = used_memory(control).await?;
     unblock(control, &mut conns).await?;
+    let idle_again = used_memory(control).await?;
+    arm(control, &mut conns, &names).await?;
+    let waiting = used_memory(control).await?;
+    unblock(control, &mut conns).await?;
     drop(conns);
     delete_semaphores(control, &names).await?;
     let out = Memory {
         waiters,
         idle_delta: idle - before,
-        waiting_delta: waiting - before,
-        list_waiting_delta: list_waiting - idle_again,
+        list_waiting_delta: list_waiting - idle,
+        idle_again_delta: idle_again - before,
+        waiting_delta: waiting - idle_again,
     };
     eprintln!(
         "[scale: memory] {} waiters: {:.0} bytes each over an idle connection \
