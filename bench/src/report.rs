@@ -529,23 +529,28 @@ fn reads_table(out: &mut String, r: &ScaleResults) {
         "\nScale, reads: one `EXISTS` naming {keys} semaphores that each have a client waiting \
          (every waiter on a full semaphore of its own), with {keys} and with {} waiters in \
          all; and one `EXISTS` naming {keys} full semaphores nobody waits on, for reference. \
-         Round trip from the load generator (median of at least {} calls and 0.2 s per \
-         repetition, then median (min–max) over {} repetitions; states alternate); the server main thread's CPU per \
-         call (everything the server did, inside the command or around it); and the command's \
-         own time per call from `INFO commandstats` (which leaves out work done around it).\n\n\
-         | Waiters in all | EXISTS of waited keys, round trip µs | server CPU µs/call | EXISTS's own µs/call | EXISTS of keys nobody waits on, round trip µs | server CPU µs/call | EXISTS's own µs/call |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+         Round trip from the load generator, one call after the other, at least {} calls and \
+         0.2 s per repetition: the median, and the mean (work the server defers to right \
+         after a reply delays the next call instead, so the median can fall on either side \
+         of such an alternation; the mean counts it either way); then median (min–max) over \
+         {} repetitions, states alternating. Also the server main thread's CPU per call \
+         (everything the server did, inside the command or around it) and the command's own \
+         time per call from `INFO commandstats` (which leaves out work done around it).\n\n\
+         | Waiters in all | EXISTS of waited keys, round trip µs, median | mean | server CPU µs/call | EXISTS's own µs/call | EXISTS of keys nobody waits on, round trip µs, median | mean | server CPU µs/call | EXISTS's own µs/call |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         group_thousands(r.sizes.read_waiters as u64),
         r.sizes.read_samples,
         r.reads.len() / 2,
     );
     let figures = |waiters: usize| -> Vec<Spread> {
         let reps: Vec<&scale::ReadRep> = r.reads.iter().filter(|x| x.waiters == waiters).collect();
-        let columns: [fn(&scale::ReadRep) -> f64; 6] = [
+        let columns: [fn(&scale::ReadRep) -> f64; 8] = [
             |x| scale::median(&x.waited_rtt_us),
+            |x| scale::mean(&x.waited_rtt_us),
             |x| x.waited_cpu_us,
             |x| x.waited_command_us,
             |x| scale::median(&x.idle_rtt_us),
+            |x| scale::mean(&x.idle_rtt_us),
             |x| x.idle_cpu_us,
             |x| x.idle_command_us,
         ];
@@ -556,21 +561,23 @@ fn reads_table(out: &mut String, r: &ScaleResults) {
     };
     let (few, many) = (figures(r.sizes.read_keys), figures(r.sizes.read_waiters));
     for (waiters, f) in [(r.sizes.read_keys, &few), (r.sizes.read_waiters, &many)] {
-        if f.len() == 6 {
+        if f.len() == 8 {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 group_thousands(waiters as u64),
                 with_range(f[0], short),
-                short(f[1].median),
+                with_range(f[1], short),
                 short(f[2].median),
-                with_range(f[3], short),
-                short(f[4].median),
-                short(f[5].median),
+                short(f[3].median),
+                with_range(f[4], short),
+                with_range(f[5], short),
+                short(f[6].median),
+                short(f[7].median),
             );
         }
     }
-    if few.len() < 6 || many.len() < 6 {
+    if few.len() < 8 || many.len() < 8 {
         return;
     }
     let names = format!(
@@ -579,13 +586,18 @@ fn reads_table(out: &mut String, r: &ScaleResults) {
     );
     let ratios = [
         Ratio {
-            what: format!("EXISTS of {keys} waited keys, round trip, {names}"),
+            what: format!("EXISTS of {keys} waited keys, median round trip, {names}"),
             value: many[0].median / few[0].median,
             target: Target::AtMost(1.5),
         },
         Ratio {
-            what: format!("the same, server CPU per call, {names}"),
+            what: format!("the same, mean round trip, {names}"),
             value: many[1].median / few[1].median,
+            target: Target::AtMost(1.5),
+        },
+        Ratio {
+            what: format!("the same, server CPU per call, {names}"),
+            value: many[2].median / few[2].median,
             target: Target::AtMost(1.5),
         },
     ];
@@ -677,10 +689,14 @@ fn memory_table(out: &mut String, r: &ScaleResults) {
          before they opened), then with each waiting in Redis's own `BLPOP` on an empty list \
          (the reference; Δ over idle), then idle again (Δ over before they opened), then with \
          each waiting on a full semaphore of its own (Δ over idle again; the semaphores were \
-         filled before the first reading). Per waiter: that last Δ / {n}.\n\n\
+         filled before the first reading). Per waiter: that last Δ / {n}. Each reading is \
+         taken {:.1} s after its state was reached, when the server has trimmed the buffers \
+         of clients idle for 2 s, so the figures are those of clients that stay idle or \
+         waiting.\n\n\
          | Waiters | idle, Δ bytes | BLPOP waiting, Δ bytes | BLPOP: bytes per waiter | idle again, Δ bytes | SEM.ACQUIRE WAIT waiting, Δ bytes | SEM.ACQUIRE WAIT: bytes per waiter |\n\
          | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n\
          | {n} | {} | {} | {:.0} | {} | {} | {:.0} |",
+        scale::MEMORY_SETTLE.as_secs_f64(),
         signed_thousands(m.idle_delta),
         signed_thousands(m.list_waiting_delta),
         m.bytes_per_list_waiter(),
@@ -718,12 +734,15 @@ pub fn scale_tsv(r: &ScaleResults) -> String {
                 "exists_waited_rtt_us_median",
                 scale::median(&x.waited_rtt_us),
             ),
+            ("exists_waited_rtt_us_mean", scale::mean(&x.waited_rtt_us)),
+            ("exists_waited_calls", x.waited_rtt_us.len() as f64),
             ("exists_waited_cpu_us", x.waited_cpu_us),
             ("exists_waited_command_us", x.waited_command_us),
             (
                 "exists_unwaited_rtt_us_median",
                 scale::median(&x.idle_rtt_us),
             ),
+            ("exists_unwaited_rtt_us_mean", scale::mean(&x.idle_rtt_us)),
             ("exists_unwaited_cpu_us", x.idle_cpu_us),
             ("exists_unwaited_command_us", x.idle_command_us),
         ];

@@ -41,6 +41,8 @@ const BATCH: usize = 1_000;
 /// Shortest stretch of `EXISTS` calls whose server CPU is counted: the
 /// kernel accounts CPU time in ticks of a few ms.
 const READ_WINDOW: Duration = Duration::from_millis(200);
+/// Wait before each memory reading (see `used_memory`).
+pub const MEMORY_SETTLE: Duration = Duration::from_millis(3_500);
 /// How long the server may take to report every armed client as blocked.
 const BLOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -324,12 +326,14 @@ async fn reads(
             let idle = time_exists(control, unwaited, sizes.read_samples).await?;
             unblock(control, &mut conns[..waiters]).await?;
             eprintln!(
-                "[scale: reads] rep {} · {} waiters: EXISTS of {} waited keys {:.0} µs, \
-                 of {} keys nobody waits on {:.0} µs",
+                "[scale: reads] rep {} · {} waiters: EXISTS of {} waited keys {:.0} µs \
+                 (mean {:.0} µs, server CPU {:.0} µs), of {} keys nobody waits on {:.0} µs",
                 rep + 1,
                 group_thousands(waiters as u64),
                 group_thousands(sizes.read_keys as u64),
                 median(&waited.rtt_us),
+                mean(&waited.rtt_us),
+                waited.cpu_us,
                 group_thousands(sizes.read_keys as u64),
                 median(&idle.rtt_us),
             );
@@ -643,7 +647,11 @@ async fn memory(
     Ok(out)
 }
 
+/// `used_memory` once the state just reached has settled: the server's
+/// cron trims the buffers of clients idle for 2 s (waiting ones included),
+/// visiting each client once a second, so every reading sees trimmed ones.
 async fn used_memory(control: &mut MultiplexedConnection) -> Result<i64, BoxError> {
+    tokio::time::sleep(MEMORY_SETTLE).await;
     let info: String = redis::cmd("INFO")
         .arg("memory")
         .query_async(control)
@@ -798,6 +806,11 @@ async fn wait_blocked(control: &mut MultiplexedConnection, target: u64) -> Resul
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Mean of values.
+pub fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
 /// Median of sorted values.
