@@ -690,9 +690,9 @@ fn memory_table(out: &mut String, r: &ScaleResults) {
          (the reference; Δ over idle), then idle again (Δ over before they opened), then with \
          each waiting on a full semaphore of its own (Δ over idle again; the semaphores were \
          filled before the first reading). Per waiter: that last Δ / {n}. Each reading is \
-         taken {:.1} s after its state was reached, when the server has trimmed the buffers \
-         of clients idle for 2 s, so the figures are those of clients that stay idle or \
-         waiting.\n\n\
+         taken {:.1} s or more after its state was reached, once two readings half a second \
+         apart agree within 256 KiB (the server trims the buffers of clients idle for 2 s), so \
+         the figures are those of clients that stay idle or waiting; this part runs first.\n\n\
          | Waiters | idle, Δ bytes | BLPOP waiting, Δ bytes | BLPOP: bytes per waiter | idle again, Δ bytes | SEM.ACQUIRE WAIT waiting, Δ bytes | SEM.ACQUIRE WAIT: bytes per waiter |\n\
          | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n\
          | {n} | {} | {} | {:.0} | {} | {} | {:.0} |",

@@ -42,7 +42,9 @@ const BATCH: usize = 1_000;
 /// kernel accounts CPU time in ticks of a few ms.
 const READ_WINDOW: Duration = Duration::from_millis(200);
 /// Wait before each memory reading (see `used_memory`).
-pub const MEMORY_SETTLE: Duration = Duration::from_millis(3_500);
+pub const MEMORY_SETTLE: Duration = Duration::from_millis(3_000);
+const MEMORY_SETTLE_MAX: Duration = Duration::from_secs(10);
+const MEMORY_STEADY: i64 = 256 * 1024;
 /// How long the server may take to report every armed client as blocked.
 const BLOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -197,10 +199,11 @@ pub async fn run(
     duration: Duration,
 ) -> Result<ScaleResults, BoxError> {
     check_connection_limits(&mut server.control, sizes.most_connections() + 64).await?;
+    // Memory first, on a server that no earlier part has left freeing.
+    let memory = memory(&mut server.control, port, sizes.memory_waiters).await?;
     let crowd = crowd(server, port, sizes, reps, handoff_clients, duration).await?;
     let reads = reads(&mut server.control, port, sizes, reps).await?;
     let storm = storm(&mut server.control, port, sizes).await?;
-    let memory = memory(&mut server.control, port, sizes.memory_waiters).await?;
     Ok(ScaleResults {
         sizes,
         crowd,
@@ -648,10 +651,26 @@ async fn memory(
 }
 
 /// `used_memory` once the state just reached has settled: the server's
-/// cron trims the buffers of clients idle for 2 s (waiting ones included),
-/// visiting each client once a second, so every reading sees trimmed ones.
+/// cron trims the buffers of clients idle for 2 s, visiting each client
+/// once a second, and frees what earlier parts left behind over a few
+/// seconds; so wait, then read until two readings half a second apart
+/// agree within `MEMORY_STEADY` bytes (for at most `MEMORY_SETTLE_MAX`).
 async fn used_memory(control: &mut MultiplexedConnection) -> Result<i64, BoxError> {
     tokio::time::sleep(MEMORY_SETTLE).await;
+    let started = Instant::now();
+    let mut last = read_used_memory(control).await?;
+    while started.elapsed() < MEMORY_SETTLE_MAX {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = read_used_memory(control).await?;
+        if (now - last).abs() < MEMORY_STEADY {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
+async fn read_used_memory(control: &mut MultiplexedConnection) -> Result<i64, BoxError> {
     let info: String = redis::cmd("INFO")
         .arg("memory")
         .query_async(control)
