@@ -9,6 +9,7 @@ use clap::{value_parser, Parser};
 
 use crate::contenders::Contender;
 use crate::handoff::HandoffContender;
+use crate::scale::ScaleSizes;
 use crate::scenarios::UNCONTENDED_LIMIT;
 
 /// Compares redsem's semaphore commands with the client-side recipes and a
@@ -31,7 +32,9 @@ pub struct Args {
     plain_port: Option<u16>,
 
     /// Scenario sets to run, comma-separated: pairs (every contender in
-    /// every scenario), handoff (limit 1, clients passing one permit).
+    /// every scenario), handoff (limit 1, clients passing one permit), scale
+    /// (thousands of waiting clients, a storm of lease ends; needs a server
+    /// with --maxclients 20000).
     #[arg(long, value_delimiter = ',', default_values_t = Set::ALL)]
     sets: Vec<Set>,
 
@@ -68,7 +71,7 @@ pub struct Args {
     handoff_clients: u32,
 
     /// Contenders to run in the handoff set, comma-separated: fair-wait,
-    /// wait, poll, round-trip.
+    /// wait, poll, token-list, round-trip.
     #[arg(long, value_delimiter = ',', default_values_t = HandoffContender::ALL)]
     handoff_contenders: Vec<HandoffContender>,
 
@@ -102,15 +105,18 @@ pub enum Set {
     Pairs,
     /// One permit (limit 1) passed between clients.
     Handoff,
+    /// Thousands of waiters and leases ending at once.
+    Scale,
 }
 
 impl Set {
-    pub const ALL: [Set; 2] = [Set::Pairs, Set::Handoff];
+    pub const ALL: [Set; 3] = [Set::Pairs, Set::Handoff, Set::Scale];
 
     fn slug(self) -> &'static str {
         match self {
             Set::Pairs => "pairs",
             Set::Handoff => "handoff",
+            Set::Scale => "scale",
         }
     }
 }
@@ -128,7 +134,7 @@ impl FromStr for Set {
         Set::ALL
             .into_iter()
             .find(|set| set.slug() == s)
-            .ok_or_else(|| format!("unknown set {s:?}; expected pairs or handoff"))
+            .ok_or_else(|| format!("unknown set {s:?}; expected pairs, handoff or scale"))
     }
 }
 
@@ -146,6 +152,8 @@ pub struct Settings {
     pub handoff_clients: usize,
     /// Empty when the handoff set is not run.
     pub handoff_contenders: Vec<HandoffContender>,
+    /// `None` when the scale set is not run.
+    pub scale: Option<ScaleSizes>,
     pub out_dir: PathBuf,
     pub font: PathBuf,
     pub invoked_as: String,
@@ -201,7 +209,12 @@ impl Settings {
         contenders.dedup();
         handoff_contenders.sort_by_key(|&c| c as usize);
         handoff_contenders.dedup();
-        if contenders.is_empty() && handoff_contenders.is_empty() {
+        let scale = args.sets.contains(&Set::Scale).then_some(if args.smoke {
+            ScaleSizes::SMOKE
+        } else {
+            ScaleSizes::FULL
+        });
+        if contenders.is_empty() && handoff_contenders.is_empty() && scale.is_none() {
             return Err("nothing to run: no contender in any set".into());
         }
         Ok(Settings {
@@ -214,6 +227,7 @@ impl Settings {
             contenders,
             handoff_clients: args.handoff_clients as usize,
             handoff_contenders,
+            scale,
             out_dir,
             font: args.font,
             invoked_as,

@@ -32,6 +32,8 @@ pub const LEASE_SECS: &str = "10";
 pub const WAIT_SECS: &str = "10";
 /// How long the polling client sleeps after a nil, as client libraries wait.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// The one value the token list holds.
+const TOKEN: &str = "x";
 /// Upper bound on the grants (or round trips) one client runs in one
 /// measurement, so each loop is bounded in count as well as in time.
 const MAX_GRANTS_PER_CLIENT: usize = 10_000_000;
@@ -44,16 +46,21 @@ pub enum HandoffContender {
     Wait,
     /// `SEM.ACQUIRE h 1 <lease>`; on nil, sleep 10 ms and try again.
     Poll,
+    /// Redis's own blocking hand-off, the speed anchor: a list holding one
+    /// token, taken with `BLPOP` and given back with `RPUSH`. No lease, no
+    /// identity: not a peer of the semaphores, the cost of waking a waiter.
+    TokenList,
     /// One connection sending `INCR`s one after the other: the limit of a
     /// chain of hand-offs that each need one round trip.
     RoundTrip,
 }
 
 impl HandoffContender {
-    pub const ALL: [HandoffContender; 4] = [
+    pub const ALL: [HandoffContender; 5] = [
         HandoffContender::FairWait,
         HandoffContender::Wait,
         HandoffContender::Poll,
+        HandoffContender::TokenList,
         HandoffContender::RoundTrip,
     ];
 
@@ -63,6 +70,7 @@ impl HandoffContender {
             HandoffContender::FairWait => "fair-wait",
             HandoffContender::Wait => "wait",
             HandoffContender::Poll => "poll",
+            HandoffContender::TokenList => "token-list",
             HandoffContender::RoundTrip => "round-trip",
         }
     }
@@ -73,12 +81,18 @@ impl HandoffContender {
             HandoffContender::FairWait => "SEM.ACQUIREFAIR WAIT",
             HandoffContender::Wait => "SEM.ACQUIRE WAIT",
             HandoffContender::Poll => "SEM.ACQUIRE, poll every 10 ms",
+            HandoffContender::TokenList => "token list: BLPOP + RPUSH (no lease)",
             HandoffContender::RoundTrip => "floor: sequential INCR, 1 connection",
         }
     }
 
-    /// The acquire every client of a semaphore contender sends.
+    /// The acquire every client sends (for the token list: the `BLPOP`).
     fn acquire(self, keys: &Keys) -> redis::Cmd {
+        if self == HandoffContender::TokenList {
+            let mut cmd = redis::cmd("BLPOP");
+            cmd.arg(&keys.holders).arg(WAIT_SECS);
+            return cmd;
+        }
         let mut cmd = redis::cmd(if self == HandoffContender::FairWait {
             "SEM.ACQUIREFAIR"
         } else {
@@ -205,6 +219,13 @@ pub async fn measure(
         .into());
     }
     keys.delete(&mut server.control).await?;
+    if contender == HandoffContender::TokenList {
+        redis::cmd("RPUSH")
+            .arg(&keys.holders)
+            .arg(TOKEN)
+            .query_async::<()>(&mut server.control)
+            .await?;
+    }
     let keys = Arc::new(keys);
     let cpu_before = server_cpu_us(&mut server.control).await?;
     let client_cpu_before = own_cpu_us();
@@ -255,15 +276,7 @@ pub async fn measure(
     let elapsed = started.elapsed();
     let client_cpu_us = own_cpu_us() - client_cpu_before;
     let cpu_after = server_cpu_us(&mut server.control).await?;
-    if contender != HandoffContender::RoundTrip {
-        let held: u64 = redis::cmd("SEM.GET")
-            .arg(&keys.holders)
-            .query_async(&mut server.control)
-            .await?;
-        if held != 0 {
-            return Err(format!("{contender}: {held} permits still held after the run").into());
-        }
-    }
+    check_nothing_held(contender, &mut server.control, &keys).await?;
     keys.delete(&mut server.control).await?;
 
     latencies_ns.sort_unstable();
@@ -281,6 +294,30 @@ pub async fn measure(
         client_cpu_us,
         grants_min_max,
     })
+}
+
+/// After a run every permit must be back: the semaphore has no holder, the
+/// token list its one token.
+async fn check_nothing_held(
+    contender: HandoffContender,
+    conn: &mut MultiplexedConnection,
+    keys: &Keys,
+) -> Result<(), BoxError> {
+    let (command, expected) = match contender {
+        HandoffContender::RoundTrip => return Ok(()),
+        HandoffContender::TokenList => ("LLEN", 1),
+        _ => ("SEM.GET", 0),
+    };
+    let found: u64 = redis::cmd(command)
+        .arg(&keys.holders)
+        .query_async(conn)
+        .await?;
+    if found != expected {
+        return Err(
+            format!("{contender}: {command} says {found} after the run, not {expected}").into(),
+        );
+    }
+    Ok(())
 }
 
 /// CPU time (user + sys) of this process so far, in µs.
@@ -329,8 +366,7 @@ async fn client(
     };
     let mut grants = 0;
     while grants < MAX_GRANTS_PER_CLIENT && Instant::now() < deadline {
-        let id: Option<String> = acquire.query_async(&mut conn).await?;
-        let Some(id) = id else {
+        let Some(id) = take(contender, &acquire, &mut conn).await? else {
             log.refusals += 1;
             if contender == HandoffContender::Poll && Instant::now() < deadline {
                 tokio::time::sleep(POLL_INTERVAL).await;
@@ -340,20 +376,59 @@ async fn client(
         log.events.push((Instant::now(), Event::Grant));
         grants += 1;
         log.events.push((Instant::now(), Event::ReleaseSent));
-        let released: i64 = redis::cmd("SEM.RELEASE")
-            .arg(&keys.holders)
-            .arg(&id)
-            .query_async(&mut conn)
-            .await?;
-        if released != 1 {
-            return Err(format!(
-                "{contender}: SEM.RELEASE found no permit for a holder it had granted \
-                 (did a {LEASE_SECS} s lease run out?)"
-            )
-            .into());
-        }
+        give_back(contender, &mut conn, &keys, &id).await?;
     }
     Ok(log)
+}
+
+/// Sends the acquire; the holder's identifier (the token for the list), or
+/// `None` when the wait or the poll came back empty.
+async fn take(
+    contender: HandoffContender,
+    acquire: &redis::Cmd,
+    conn: &mut MultiplexedConnection,
+) -> Result<Option<String>, BoxError> {
+    if contender == HandoffContender::TokenList {
+        let popped: Option<(String, String)> = acquire.query_async(conn).await?;
+        return Ok(popped.map(|(_, token)| token));
+    }
+    Ok(acquire.query_async(conn).await?)
+}
+
+/// Releases the permit, failing if the server no longer knew of it (or, for
+/// the list, if a second token appeared).
+async fn give_back(
+    contender: HandoffContender,
+    conn: &mut MultiplexedConnection,
+    keys: &Keys,
+    id: &str,
+) -> Result<(), BoxError> {
+    if contender == HandoffContender::TokenList {
+        let length: i64 = redis::cmd("RPUSH")
+            .arg(&keys.holders)
+            .arg(id)
+            .query_async(conn)
+            .await?;
+        if length != 1 {
+            return Err(
+                format!("{contender}: {length} tokens in the list after a give-back").into(),
+            );
+        }
+        return Ok(());
+    }
+    let released: i64 = redis::cmd("SEM.RELEASE")
+        .arg(&keys.holders)
+        .arg(id)
+        .query_async(conn)
+        .await?;
+    if released != 1 {
+        return Err(format!(
+            "{contender}: SEM.RELEASE found no permit for a holder it had granted \
+             (did a {LEASE_SECS} s lease run out?)"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// The floor: sequential INCRs on one connection, each timed from send to

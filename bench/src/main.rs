@@ -9,6 +9,8 @@ mod cli;
 mod contenders;
 mod handoff;
 mod report;
+mod resp;
+mod scale;
 mod scenarios;
 mod stats;
 
@@ -46,13 +48,14 @@ async fn main() -> ExitCode {
 async fn run(settings: Settings) -> Result<(), BoxError> {
     let pairs = !settings.contenders.is_empty();
     let handoffs = !settings.handoff_contenders.is_empty();
+    let scale = settings.scale.is_some();
     // Before any load: a missing font should not cost a whole run.
     if pairs {
         chart::load_font(&settings.font)?;
     }
     std::fs::create_dir_all(&settings.out_dir)?;
 
-    let workers = if handoffs {
+    let workers = if handoffs || scale {
         settings.connections.max(settings.handoff_clients)
     } else {
         settings.connections
@@ -64,7 +67,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         settings.duration,
     )
     .await?;
-    let needs_module = handoffs || settings.contenders.iter().any(|c| c.needs_module());
+    let needs_module = handoffs || scale || settings.contenders.iter().any(|c| c.needs_module());
     if needs_module {
         check_module(bench.control(), settings.port, true).await?;
     }
@@ -132,6 +135,23 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         }
     }
 
+    // The scale set last: its thousands of connections come and go after
+    // every other measurement.
+    let scale_results = match settings.scale {
+        Some(sizes) => Some(
+            scale::run(
+                bench.module(),
+                settings.port,
+                sizes,
+                settings.reps,
+                settings.handoff_clients,
+                settings.duration,
+            )
+            .await?,
+        ),
+        None => None,
+    };
+
     let summaries = stats::summarize(&measurements, &plan, &settings.contenders);
     let handoff_summaries = handoff::summarize(&handoff_measurements, &settings.handoff_contenders);
     let markdown = report::markdown(
@@ -141,6 +161,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         &measurements,
         &summaries,
         &handoff_summaries,
+        scale_results.as_ref(),
     );
     let md_path = settings.out_dir.join("results.md");
     std::fs::write(&md_path, &markdown)?;
@@ -160,6 +181,11 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     if handoffs {
         let tsv_path = settings.out_dir.join("handoff.tsv");
         std::fs::write(&tsv_path, report::handoff_tsv(&handoff_measurements))?;
+        written.push(tsv_path);
+    }
+    if let Some(results) = &scale_results {
+        let tsv_path = settings.out_dir.join("scale.tsv");
+        std::fs::write(&tsv_path, report::scale_tsv(results))?;
         written.push(tsv_path);
     }
     print!("{markdown}");

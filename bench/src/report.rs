@@ -8,6 +8,7 @@ use redis::aio::MultiplexedConnection;
 use crate::cli::Settings;
 use crate::contenders::Contender;
 use crate::handoff::{self, HandoffContender, HandoffMeasurement, HandoffSummary};
+use crate::scale::{self, ScaleResults};
 use crate::scenarios::{Measurement, Scenario, UNCONTENDED_LIMIT};
 use crate::stats::{self, Spread, Summary};
 use crate::BoxError;
@@ -102,9 +103,16 @@ pub fn handoff_tsv(measurements: &[HandoffMeasurement]) -> String {
     let mut out = String::from(
         "contender\trep\tclients\tgrants\thandoffs\trefusals\telapsed_s\thandoffs_per_s\t\
          p50_us\tp99_us\tserver_cpu_us\tcpu_us_per_handoff\tclient_cpu_us\tgrants_min\tgrants_max\t\
-         fair_share\n",
+         fair_share\thandoffs_per_s_vs_token_list\tcpu_per_handoff_vs_token_list\tp50_vs_token_list\n",
     );
     for m in measurements {
+        // Against the token list's run of the same repetition, when there is one.
+        let anchor = measurements
+            .iter()
+            .find(|o| o.contender == HandoffContender::TokenList && o.rep == m.rep);
+        let vs = |f: fn(&HandoffMeasurement) -> f64| {
+            anchor.map_or(String::new(), |a| format!("{:.4}", f(m) / f(a)))
+        };
         let (min, max) = m
             .grants_min_max
             .map_or((String::new(), String::new()), |(min, max)| {
@@ -112,7 +120,7 @@ pub fn handoff_tsv(measurements: &[HandoffMeasurement]) -> String {
             });
         let _ = writeln!(
             out,
-            "{}\t{}\t{}\t{}\t{}\t{}\t{:.6}\t{:.1}\t{:.1}\t{:.1}\t{:.0}\t{:.2}\t{:.0}\t{min}\t{max}\t{:.1}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{:.6}\t{:.1}\t{:.1}\t{:.1}\t{:.0}\t{:.2}\t{:.0}\t{min}\t{max}\t{:.1}\t{}\t{}\t{}",
             m.contender,
             m.rep + 1,
             m.clients,
@@ -127,6 +135,9 @@ pub fn handoff_tsv(measurements: &[HandoffMeasurement]) -> String {
             m.cpu_us_per_handoff(),
             m.client_cpu_us,
             m.fair_share(),
+            vs(HandoffMeasurement::handoffs_per_sec),
+            vs(HandoffMeasurement::cpu_us_per_handoff),
+            vs(|m| m.p50_us),
         );
     }
     out
@@ -139,6 +150,7 @@ pub fn markdown(
     measurements: &[Measurement],
     summaries: &[Summary],
     handoffs: &[HandoffSummary],
+    scale: Option<&ScaleResults>,
 ) -> String {
     let mut out = String::new();
     let pinning = if env.server_cpus == env.client_cpus {
@@ -170,6 +182,9 @@ pub fn markdown(
     }
     if !handoffs.is_empty() {
         handoff_section(&mut out, settings, handoffs);
+    }
+    if let Some(results) = scale {
+        scale_section(&mut out, settings, results);
     }
     out
 }
@@ -281,9 +296,12 @@ fn handoff_section(out: &mut String, settings: &Settings, summaries: &[HandoffSu
          server did, polls and waits included; server and load generator busy are the shares of \
          the wall time each was on its CPU (both well below 100%: the chain is bound by latency). Grants per client: the most one client got over \
          the fair share (grants / clients), and the fair share over the fewest, from the most \
-         uneven repetition.\n\n\
-         | Contender | hand-offs/s | grants/s | p50 µs | p99 µs | server CPU µs/hand-off | server busy | load generator busy | most / fair share | fair share / fewest | nil replies/s |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+         uneven repetition. The token list (`BLPOP` to take the one token, `RPUSH` to give it \
+         back, no lease) is Redis's own blocking hand-off, the speed anchor: the three \
+         \"÷ token list\" columns are each contender's median over the token list's median \
+         from this run.\n\n\
+         | Contender | hand-offs/s | grants/s | p50 µs | p99 µs | server CPU µs/hand-off | server busy | load generator busy | most / fair share | fair share / fewest | nil replies/s | hand-offs/s ÷ token list | CPU/hand-off ÷ token list | p50 ÷ token list |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         settings.handoff_clients,
         handoff::LEASE_SECS,
         handoff::WAIT_SECS,
@@ -292,10 +310,16 @@ fn handoff_section(out: &mut String, settings: &Settings, summaries: &[HandoffSu
         settings.duration.as_secs_f64(),
     );
     let rate = |v: f64| group_thousands(v.round() as u64);
+    let anchor = handoff::find(summaries, HandoffContender::TokenList);
+    let vs = |s: &HandoffSummary, f: fn(&HandoffSummary) -> Spread| {
+        anchor.map_or("–".into(), |a| {
+            format!("{:.3}", f(s).median / f(a).median)
+        })
+    };
     for s in summaries {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.contender.label(),
             with_range(s.handoffs_per_sec, rate),
             rate(s.grants_per_sec.median),
@@ -309,8 +333,19 @@ fn handoff_section(out: &mut String, settings: &Settings, summaries: &[HandoffSu
             s.fair_over_min
                 .map_or("–".into(), |v| finite_or_infinity(v, 2)),
             rate(s.refusals_per_sec.median),
+            vs(s, |s| s.handoffs_per_sec),
+            vs(s, |s| s.cpu_us_per_handoff),
+            vs(s, |s| s.p50_us),
         );
     }
+    ratio_table(
+        out,
+        &format!(
+            "Targets against {}, ratios of medians from this run:",
+            HandoffContender::TokenList.label()
+        ),
+        &token_list_ratios(summaries),
+    );
     ratio_table(
         out,
         &format!(
@@ -364,6 +399,395 @@ fn handoff_ratios(summaries: &[HandoffSummary]) -> Vec<Ratio> {
             target: Target::AtMost(2.0),
         });
     }
+    out
+}
+
+/// The targets against the token list: fair `WAIT` at 0.8 × its hand-offs/s
+/// for under 1.4 × its server CPU per hand-off, plain `WAIT` at 0.85 ×, and
+/// both within 1.3 × its p50.
+fn token_list_ratios(summaries: &[HandoffSummary]) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    let Some(list) = handoff::find(summaries, HandoffContender::TokenList) else {
+        return out;
+    };
+    let targets = [
+        (HandoffContender::FairWait, 0.8, Some(1.4)),
+        (HandoffContender::Wait, 0.85, None),
+    ];
+    for (contender, rate_target, cpu_target) in targets {
+        let Some(s) = handoff::find(summaries, contender) else {
+            continue;
+        };
+        let name = contender.label();
+        out.push(Ratio {
+            what: format!("{name}: hand-offs/s ÷ token list's"),
+            value: s.handoffs_per_sec.median / list.handoffs_per_sec.median,
+            target: Target::AtLeast(rate_target),
+        });
+        if let Some(cpu_target) = cpu_target {
+            out.push(Ratio {
+                what: format!("{name}: server CPU per hand-off ÷ token list's"),
+                value: s.cpu_us_per_handoff.median / list.cpu_us_per_handoff.median,
+                target: Target::Below(cpu_target),
+            });
+        }
+        out.push(Ratio {
+            what: format!("{name}: p50 hand-off latency ÷ token list's"),
+            value: s.p50_us.median / list.p50_us.median,
+            target: Target::AtMost(1.3),
+        });
+    }
+    out
+}
+
+fn scale_section(out: &mut String, settings: &Settings, r: &ScaleResults) {
+    crowd_table(out, settings, r);
+    reads_table(out, r);
+    storm_table(out, r);
+    memory_table(out, r);
+}
+
+/// Part a: fair hand-offs with thousands of other clients waiting.
+fn crowd_table(out: &mut String, settings: &Settings, r: &ScaleResults) {
+    let others = group_thousands(r.sizes.others as u64);
+    let _ = writeln!(
+        out,
+        "\nScale, crowd: `{}` hand-offs as in the hand-off set ({} clients, limit 1) while \
+         {others} other clients each wait in `SEM.ACQUIRE <own name> 1 60 WAIT 60` on a \
+         semaphore of its own that one holder keeps full, against none; {} × {:.2} s per \
+         state, alternating (none, {others}, none, …; the waiting connections stay open and \
+         are unblocked between repetitions). Median (min–max) over the repetitions.\n\n\
+         | Others waiting | hand-offs/s | p50 µs | p99 µs | server CPU µs/hand-off |\n\
+         | ---: | ---: | ---: | ---: | ---: |",
+        HandoffContender::FairWait.label(),
+        settings.handoff_clients,
+        settings.reps,
+        settings.duration.as_secs_f64(),
+    );
+    let spread = |waiting: usize, f: fn(&HandoffMeasurement) -> f64| {
+        Spread::of(
+            r.crowd
+                .iter()
+                .filter(|c| c.waiting == waiting)
+                .map(|c| f(&c.m)),
+        )
+    };
+    for waiting in [0, r.sizes.others] {
+        let (Some(rate), Some(p50), Some(p99), Some(cpu)) = (
+            spread(waiting, HandoffMeasurement::handoffs_per_sec),
+            spread(waiting, |m| m.p50_us),
+            spread(waiting, |m| m.p99_us),
+            spread(waiting, HandoffMeasurement::cpu_us_per_handoff),
+        ) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            group_thousands(waiting as u64),
+            with_range(rate, |v| group_thousands(v.round() as u64)),
+            short(p50.median),
+            short(p99.median),
+            with_range(cpu, short),
+        );
+    }
+    let rate = |waiting| spread(waiting, HandoffMeasurement::handoffs_per_sec);
+    let mut ratios = Vec::new();
+    if let (Some(crowded), Some(alone)) = (rate(r.sizes.others), rate(0)) {
+        ratios.push(Ratio {
+            what: format!("hand-offs/s with {others} others waiting ÷ with none"),
+            value: crowded.median / alone.median,
+            target: Target::AtLeast(0.9),
+        });
+    }
+    // Each crowded repetition over the quiet one run just before it: on a
+    // shared machine, steadier than the ratio of the medians.
+    let paired = r.crowd.iter().filter(|c| c.waiting > 0).filter_map(|c| {
+        r.crowd
+            .iter()
+            .find(|q| q.waiting == 0 && q.m.rep == c.m.rep)
+            .map(|q| c.m.handoffs_per_sec() / q.m.handoffs_per_sec())
+    });
+    if let Some(paired) = Spread::of(paired) {
+        ratios.push(Ratio {
+            what: format!(
+                "the same, median of the repetitions' own ratios (min {:.3}, max {:.3})",
+                paired.min, paired.max
+            ),
+            value: paired.median,
+            target: Target::AtLeast(0.9),
+        });
+    }
+    ratio_table(out, "Target, ratios from this run:", &ratios);
+}
+
+/// Part b: the cost of one `EXISTS` over waited keys, few and many waiters.
+fn reads_table(out: &mut String, r: &ScaleResults) {
+    let keys = group_thousands(r.sizes.read_keys as u64);
+    let _ = writeln!(
+        out,
+        "\nScale, reads: one `EXISTS` naming {keys} semaphores that each have a client waiting \
+         (every waiter on a full semaphore of its own), with {keys} and with {} waiters in \
+         all; and one `EXISTS` naming {keys} full semaphores nobody waits on, for reference. \
+         Round trip from the load generator, one call after the other, at least {} calls and \
+         0.2 s per repetition: the median, and the mean (work the server defers to right \
+         after a reply delays the next call instead, so the median can fall on either side \
+         of such an alternation; the mean counts it either way); then median (min–max) over \
+         {} repetitions, states alternating. Also the server main thread's CPU per call \
+         (everything the server did, inside the command or around it) and the command's own \
+         time per call from `INFO commandstats` (which leaves out work done around it).\n\n\
+         | Waiters in all | EXISTS of waited keys, round trip µs, median | mean | server CPU µs/call | EXISTS's own µs/call | EXISTS of keys nobody waits on, round trip µs, median | mean | server CPU µs/call | EXISTS's own µs/call |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        group_thousands(r.sizes.read_waiters as u64),
+        r.sizes.read_samples,
+        r.reads.len() / 2,
+    );
+    let figures = |waiters: usize| -> Vec<Spread> {
+        let reps: Vec<&scale::ReadRep> = r.reads.iter().filter(|x| x.waiters == waiters).collect();
+        let columns: [fn(&scale::ReadRep) -> f64; 8] = [
+            |x| scale::median(&x.waited_rtt_us),
+            |x| scale::mean(&x.waited_rtt_us),
+            |x| x.waited_cpu_us,
+            |x| x.waited_command_us,
+            |x| scale::median(&x.idle_rtt_us),
+            |x| scale::mean(&x.idle_rtt_us),
+            |x| x.idle_cpu_us,
+            |x| x.idle_command_us,
+        ];
+        columns
+            .iter()
+            .filter_map(|f| Spread::of(reps.iter().map(|x| f(x))))
+            .collect()
+    };
+    let (few, many) = (figures(r.sizes.read_keys), figures(r.sizes.read_waiters));
+    for (waiters, f) in [(r.sizes.read_keys, &few), (r.sizes.read_waiters, &many)] {
+        if f.len() == 8 {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                group_thousands(waiters as u64),
+                with_range(f[0], short),
+                with_range(f[1], short),
+                short(f[2].median),
+                short(f[3].median),
+                with_range(f[4], short),
+                with_range(f[5], short),
+                short(f[6].median),
+                short(f[7].median),
+            );
+        }
+    }
+    if few.len() < 8 || many.len() < 8 {
+        return;
+    }
+    let names = format!(
+        "{} waiters ÷ {keys}",
+        group_thousands(r.sizes.read_waiters as u64)
+    );
+    let ratios = [
+        Ratio {
+            what: format!("EXISTS of {keys} waited keys, median round trip, {names}"),
+            value: many[0].median / few[0].median,
+            target: Target::AtMost(1.5),
+        },
+        Ratio {
+            what: format!("the same, mean round trip, {names}"),
+            value: many[1].median / few[1].median,
+            target: Target::AtMost(1.5),
+        },
+        Ratio {
+            what: format!("the same, server CPU per call, {names}"),
+            value: many[2].median / few[2].median,
+            target: Target::AtMost(1.5),
+        },
+    ];
+    ratio_table(out, "Target, ratios of medians from this run:", &ratios);
+}
+
+/// Part c: leases ending together, their waiters served, pings meanwhile.
+fn storm_table(out: &mut String, r: &ScaleResults) {
+    let s = &r.storm;
+    let sizes = &r.sizes;
+    let _ = writeln!(
+        out,
+        "\nScale, lease-end storm: {} semaphores of limit {}, filled with {} holders each \
+         ({} holders) of a {:.1} s lease inside one `MULTI`, so their deadlines lie within \
+         {:.0} ms of each other (the module reads the live clock, so one `MULTI` cannot put \
+         them in the very same millisecond); {} of the semaphores have one client waiting \
+         in `SEM.ACQUIRE … WAIT`. A separate connection (an OS thread of the load generator) \
+         sends `PING` about every millisecond; the storm's pings are those sent from 20 ms \
+         before the first deadline to the last waiter's grant reply. Reply times are when \
+         the load generator read them, as Unix ms; the common deadline is the latest holder \
+         deadline. Granted: {} of {} waiters.\n\n\
+         | Measure | Value | Target | |\n| --- | ---: | ---: | --- |",
+        group_thousands(sizes.storm_semaphores as u64),
+        sizes.storm_limit,
+        sizes.storm_limit,
+        group_thousands(s.holders as u64),
+        sizes.storm_lease_ms as f64 / 1e3,
+        s.deadline_spread_ms,
+        group_thousands(s.waiters as u64),
+        group_thousands(s.granted as u64),
+        group_thousands(s.waiters as u64),
+    );
+    let rows = [
+        (
+            format!("PING p99 during the storm, ms ({} pings)", s.pings),
+            s.ping_p99_ms,
+            Some(Target::Below(25.0)),
+        ),
+        ("PING p50 during the storm, ms".into(), s.ping_p50_ms, None),
+        ("PING max during the storm, ms".into(), s.ping_max_ms, None),
+        (
+            "common deadline → last waiter's grant reply, ms".into(),
+            s.last_grant_after_deadline_ms,
+            Some(Target::AtMost(1000.0)),
+        ),
+        (
+            "largest (reply read − its semaphore's first deadline), ms".into(),
+            s.worst_wait_past_own_deadline_ms,
+            None,
+        ),
+        (
+            "largest (reply read − recorded lease start), ms".into(),
+            s.start_to_reply_max_ms,
+            None,
+        ),
+        (
+            "smallest (reply read − recorded lease start), ms".into(),
+            s.start_to_reply_min_ms,
+            None,
+        ),
+        (
+            "holder deadlines, latest − earliest, ms".into(),
+            s.deadline_spread_ms,
+            None,
+        ),
+    ];
+    for (what, value, target) in rows {
+        let (target, verdict) = target.map_or(("–".into(), ""), |t| {
+            (
+                t.to_string(),
+                if t.met_by(value) { "met" } else { "**missed**" },
+            )
+        });
+        let _ = writeln!(
+            out,
+            "| {what} | {} | {target} | {verdict} |",
+            finite_or_infinity(value, 1)
+        );
+    }
+}
+
+/// Part d: memory per waiting client.
+fn memory_table(out: &mut String, r: &ScaleResults) {
+    let m = &r.memory;
+    let n = group_thousands(m.waiters as u64);
+    let _ = writeln!(
+        out,
+        "\nScale, memory: `INFO memory` used_memory with {n} connections open and idle (Δ over \
+         before they opened), then with each waiting in Redis's own `BLPOP` on an empty list \
+         (the reference; Δ over idle), then idle again (Δ over before they opened), then with \
+         each waiting on a full semaphore of its own (Δ over idle again; the semaphores were \
+         filled before the first reading). Per waiter: that last Δ / {n}. Each reading is \
+         taken {:.1} s or more after its state was reached, once two readings half a second \
+         apart agree within 256 KiB (the server trims the buffers of clients idle for 2 s), so \
+         the figures are those of clients that stay idle or waiting; this part runs first.\n\n\
+         | Waiters | idle, Δ bytes | BLPOP waiting, Δ bytes | BLPOP: bytes per waiter | idle again, Δ bytes | SEM.ACQUIRE WAIT waiting, Δ bytes | SEM.ACQUIRE WAIT: bytes per waiter |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n\
+         | {n} | {} | {} | {:.0} | {} | {} | {:.0} |",
+        scale::MEMORY_SETTLE.as_secs_f64(),
+        signed_thousands(m.idle_delta),
+        signed_thousands(m.list_waiting_delta),
+        m.bytes_per_list_waiter(),
+        signed_thousands(m.idle_again_delta),
+        signed_thousands(m.waiting_delta),
+        m.bytes_per_waiter(),
+    );
+}
+
+/// The scale set's figures, one per row: part, state, repetition, metric.
+pub fn scale_tsv(r: &ScaleResults) -> String {
+    let mut out = String::from("part\tstate\trep\tmetric\tvalue\n");
+    let mut rows = |part: &str, state: String, rep: usize, figures: &[(&str, f64)]| {
+        for (metric, value) in figures {
+            let _ = writeln!(out, "{part}\t{state}\t{rep}\t{metric}\t{value:.3}");
+        }
+    };
+    for c in &r.crowd {
+        let figures = [
+            ("handoffs_per_s", c.m.handoffs_per_sec()),
+            ("p50_us", c.m.p50_us),
+            ("p99_us", c.m.p99_us),
+            ("cpu_us_per_handoff", c.m.cpu_us_per_handoff()),
+        ];
+        rows(
+            "crowd",
+            format!("{} others waiting", c.waiting),
+            c.m.rep + 1,
+            &figures,
+        );
+    }
+    for x in &r.reads {
+        let figures = [
+            (
+                "exists_waited_rtt_us_median",
+                scale::median(&x.waited_rtt_us),
+            ),
+            ("exists_waited_rtt_us_mean", scale::mean(&x.waited_rtt_us)),
+            ("exists_waited_calls", x.waited_rtt_us.len() as f64),
+            ("exists_waited_cpu_us", x.waited_cpu_us),
+            ("exists_waited_command_us", x.waited_command_us),
+            (
+                "exists_unwaited_rtt_us_median",
+                scale::median(&x.idle_rtt_us),
+            ),
+            ("exists_unwaited_rtt_us_mean", scale::mean(&x.idle_rtt_us)),
+            ("exists_unwaited_cpu_us", x.idle_cpu_us),
+            ("exists_unwaited_command_us", x.idle_command_us),
+        ];
+        rows(
+            "reads",
+            format!("{} waiters", x.waiters),
+            x.rep + 1,
+            &figures,
+        );
+    }
+    let s = &r.storm;
+    let figures = [
+        ("granted", s.granted as f64),
+        ("deadline_spread_ms", s.deadline_spread_ms),
+        (
+            "last_grant_after_deadline_ms",
+            s.last_grant_after_deadline_ms,
+        ),
+        (
+            "worst_wait_past_own_deadline_ms",
+            s.worst_wait_past_own_deadline_ms,
+        ),
+        ("start_to_reply_max_ms", s.start_to_reply_max_ms),
+        ("start_to_reply_min_ms", s.start_to_reply_min_ms),
+        ("pings", s.pings as f64),
+        ("ping_p50_ms", s.ping_p50_ms),
+        ("ping_p99_ms", s.ping_p99_ms),
+        ("ping_max_ms", s.ping_max_ms),
+    ];
+    rows(
+        "storm",
+        format!("{} holders, {} waiters", s.holders, s.waiters),
+        1,
+        &figures,
+    );
+    let m = &r.memory;
+    let figures = [
+        ("idle_delta_bytes", m.idle_delta as f64),
+        ("blpop_waiting_delta_bytes", m.list_waiting_delta as f64),
+        ("blpop_bytes_per_waiter", m.bytes_per_list_waiter()),
+        ("idle_again_delta_bytes", m.idle_again_delta as f64),
+        ("waiting_delta_bytes", m.waiting_delta as f64),
+        ("bytes_per_waiter", m.bytes_per_waiter()),
+    ];
+    rows("memory", format!("{} waiters", m.waiters), 1, &figures);
     out
 }
 
@@ -600,6 +1024,12 @@ fn short(us: f64) -> String {
 /// which is still just "100%".
 fn percent(share: f64) -> String {
     format!("{:.0}%", (share * 100.0).min(100.0))
+}
+
+/// -1000 → "−1,000".
+fn signed_thousands(n: i64) -> String {
+    let sign = if n < 0 { "−" } else { "" };
+    format!("{sign}{}", group_thousands(n.unsigned_abs()))
 }
 
 /// 1000000 → "1,000,000".
