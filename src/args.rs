@@ -60,6 +60,11 @@ pub fn parse_wait_ms(arg: &[u8]) -> Result<i64, SemError> {
         .ok_or(SemError::InvalidWait)
 }
 
+/// The timeout of `SEM.WAITEMPTY`, as `WAIT`'s: 0 waits without limit.
+pub fn parse_timeout_ms(arg: &[u8]) -> Result<i64, SemError> {
+    parse_wait_ms(arg).map_err(|_| SemError::InvalidTimeout)
+}
+
 /// `digits[.d[d[d]]]` seconds in milliseconds, saturating; `None` if malformed.
 fn seconds_ms(arg: &[u8]) -> Option<u64> {
     let (whole, fraction) = match arg.iter().position(|&b| b == b'.') {

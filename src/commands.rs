@@ -9,7 +9,8 @@ use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisVa
 use serde_json::{json, Value};
 
 use crate::args::{
-    non_empty, parse_count, parse_lease_ms, parse_limit, parse_release_count, parse_wait_ms,
+    non_empty, parse_count, parse_lease_ms, parse_limit, parse_release_count, parse_timeout_ms,
+    parse_wait_ms,
 };
 use crate::config;
 use crate::error::SemError;
@@ -21,7 +22,7 @@ use crate::server::block::{can_block, in_script};
 use crate::server::command::{run, Arg};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
-use crate::server::{guard, is_keys_position_request, key_at, now_ms, selected_db};
+use crate::server::{guard, is_keys_position_request, is_primary, key_at, now_ms, selected_db};
 use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
@@ -61,6 +62,7 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
             Command::Refresh => refresh(ctx, &call),
             Command::Release => release(ctx, &call),
             Command::Get => get(ctx, &call),
+            Command::WaitEmpty => wait_empty(ctx, &call),
         }
     };
     match catch_unwind(AssertUnwindSafe(run)) {
@@ -163,6 +165,29 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     } else {
         Ok(RedisValue::Integer(semaphore::in_use(&store, now)? as i64))
     }
+}
+
+/// `SEM.WAITEMPTY name seconds`: 1 once `name` has no live holder (at once if it has none), 0
+/// when `seconds` pass first. It takes nothing and holds nobody back.
+fn wait_empty(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
+    let [seconds] = call.exact_args()?;
+    let wait_ms = parse_timeout_ms(seconds.as_slice())?;
+    let store = RedisStore::open(ctx, &call.keys(), Access::Read)?;
+    let now = now_ms();
+    if semaphore::in_use(&store, now)? == 0 {
+        return Ok(RedisValue::Integer(1));
+    }
+    // Inside MULTI or a script, as WAIT: the answer is what holds now.
+    if !can_block(ctx) {
+        return Ok(RedisValue::Integer(0));
+    }
+    if !is_primary(ctx) {
+        return Err(SemError::ReplicaCannotWait);
+    }
+    let next_deadline = store.next_deadline(now);
+    waiting::wait_empty(ctx, call.sem(ctx), now, wait_ms, next_deadline)?;
+    stats::count(&COUNTERS.empty_waits_started);
+    Ok(RedisValue::NoReply)
 }
 
 /// `SEM.ACQUIRE name limit lease [ID identifier] [COUNT n] [WAIT seconds] [BOUND]` and
@@ -405,11 +430,7 @@ fn new_identifier(buffer: &mut [u8; 36]) -> &[u8] {
 }
 
 /// SEM.GET JSON's document. Identifiers that are not UTF-8 are shown with U+FFFD.
-fn snapshot_json(
-    name: &[u8],
-    snapshot: &Snapshot<RedisString>,
-    (waiters, longest_wait_ms): (usize, Option<i64>),
-) -> Value {
+fn snapshot_json(name: &[u8], snapshot: &Snapshot<RedisString>, line: waiting::Line) -> Value {
     let holders: Vec<Value> = snapshot
         .holders
         .iter()
@@ -428,7 +449,8 @@ fn snapshot_json(
         "counter": snapshot.counter,
         "in_use": snapshot.in_use,
         "holders": holders,
-        "waiters": waiters,
-        "longest_wait_ms": longest_wait_ms,
+        "waiters": line.waiters,
+        "longest_wait_ms": line.longest_wait_ms,
+        "waiting_for_empty": line.waiting_for_empty,
     })
 }

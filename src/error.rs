@@ -20,6 +20,8 @@ pub enum SemError {
         max_ms: i64,
     },
     InvalidWait,
+    /// The timeout of `SEM.WAITEMPTY` is malformed or too long.
+    InvalidTimeout,
     /// `COUNT` of an acquire outside 1..=limit.
     InvalidCount,
     /// `COUNT` of a release outside 1..=4294967295.
@@ -58,6 +60,8 @@ pub enum SemError {
     },
     /// BOUND from a script: the script's connection is not the caller's, and never closes.
     BoundInScript,
+    /// `SEM.WAITEMPTY` on a replica, whose semaphores only change by its primary's hand.
+    ReplicaCannotWait,
     /// The server became a replica while the command waited: it grants nothing any more.
     BecameReplica,
     /// In Redis Cluster, the semaphore's slot left this node (or is leaving) while the command
@@ -88,6 +92,12 @@ impl fmt::Display for SemError {
             SemError::InvalidWait => write!(
                 f,
                 "ERR WAIT must be a number of seconds from 0 (no limit) to {}, \
+                 with at most 3 decimals",
+                MAX_LEASE_MS / 1000
+            ),
+            SemError::InvalidTimeout => write!(
+                f,
+                "ERR timeout must be a number of seconds from 0 (no limit) to {}, \
                  with at most 3 decimals",
                 MAX_LEASE_MS / 1000
             ),
@@ -153,6 +163,9 @@ impl fmt::Display for SemError {
                 "ERR BOUND cannot be used from a script or function: its connection is not the \
                  client's",
             ),
+            SemError::ReplicaCannotWait => f.write_str(
+                "READONLY SEM.WAITEMPTY waits on the primary only: this server is a replica",
+            ),
             SemError::BecameReplica => f.write_str(
                 "READONLY the server became a replica while the command waited for a permit",
             ),
@@ -185,6 +198,7 @@ mod tests {
             SemError::InvalidLimit,
             SemError::InvalidLease { max_ms: 1000 },
             SemError::InvalidWait,
+            SemError::InvalidTimeout,
             SemError::InvalidCount,
             SemError::InvalidReleaseCount,
             SemError::CountMismatch { held: 4 },
@@ -208,6 +222,7 @@ mod tests {
                 max: 1,
             },
             SemError::BoundInScript,
+            SemError::ReplicaCannotWait,
             SemError::BecameReplica,
             SemError::SlotMoved,
             SemError::Internal,

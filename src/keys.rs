@@ -25,15 +25,17 @@ pub enum Command {
     Refresh,
     Release,
     Get,
+    WaitEmpty,
 }
 
 impl Command {
-    pub const ALL: [Command; 5] = [
+    pub const ALL: [Command; 6] = [
         Command::Acquire,
         Command::AcquireFair,
         Command::Refresh,
         Command::Release,
         Command::Get,
+        Command::WaitEmpty,
     ];
 
     /// The command's name as registered, and as Redis writes it in error messages.
@@ -44,13 +46,14 @@ impl Command {
             Command::Refresh => "sem.refresh",
             Command::Release => "sem.release",
             Command::Get => "sem.get",
+            Command::WaitEmpty => "sem.waitempty",
         }
     }
 
     /// Which command `name` calls (case-insensitive), if a SEM.* one. Cheap for the others:
     /// the filter asks this of every command the server runs.
     pub fn from_name(name: &[u8]) -> Option<Command> {
-        if !matches!(name.len(), 7 | 11 | 15) || !name[..4].eq_ignore_ascii_case(b"sem.") {
+        if !matches!(name.len(), 7 | 11 | 13 | 15) || !name[..4].eq_ignore_ascii_case(b"sem.") {
             return None;
         }
         Command::ALL

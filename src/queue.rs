@@ -40,19 +40,39 @@ pub struct Ask {
     pub bound: bool,
 }
 
+/// What a waiter waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wants {
+    /// Permits, in its semaphore's line.
+    Permits(Ask),
+    /// The semaphore to have no live holder (`SEM.WAITEMPTY`): it takes nothing and stands in
+    /// nobody's way, so it is not in the line.
+    Empty,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiter<H> {
     pub id: WaiterId,
     pub sem: SemKey,
     /// The connection waiting.
     pub client: u64,
-    pub ask: Ask,
+    pub wants: Wants,
     /// When it started waiting.
     pub since_ms: i64,
     /// When it stops waiting; `None` waits without limit.
     pub until_ms: Option<i64>,
     /// The server's handle on the blocked connection.
     pub handle: H,
+}
+
+impl<H> Waiter<H> {
+    /// What a waiter for permits asked for.
+    pub fn ask(&self) -> Option<&Ask> {
+        match &self.wants {
+            Wants::Permits(ask) => Some(ask),
+            Wants::Empty => None,
+        }
+    }
 }
 
 /// How a newcomer is treated while others wait for the same semaphore.
@@ -141,6 +161,10 @@ pub struct Registry<H> {
     /// Each semaphore's waiters in arrival order (ids only grow). Ordered by database first,
     /// so one database's lines are a range.
     lines: BTreeMap<SemKey, BTreeSet<WaiterId>>,
+    /// Each semaphore's waiters for it to empty, in arrival order.
+    empties: BTreeMap<SemKey, BTreeSet<WaiterId>>,
+    /// How many wait for a semaphore to empty, in all.
+    empty_waiters: usize,
     /// Due times, earliest first; the sequence number tells equal times apart.
     schedule: BTreeMap<(i64, u64), Due>,
     next_seq: u64,
@@ -161,6 +185,8 @@ impl<H> Default for Registry<H> {
             next_id: 1,
             waiters: IdMap::default(),
             lines: BTreeMap::new(),
+            empties: BTreeMap::new(),
+            empty_waiters: 0,
             schedule: BTreeMap::new(),
             next_seq: 0,
             lease_ends: HashMap::new(),
@@ -183,9 +209,40 @@ impl<H> Registry<H> {
         until_ms: Option<i64>,
         handle: H,
     ) -> WaiterId {
+        self.add(sem, client, Wants::Permits(ask), now_ms, until_ms, handle)
+    }
+
+    /// Adds a waiter for `sem` to have no live holder.
+    pub fn enqueue_empty(
+        &mut self,
+        sem: SemKey,
+        client: u64,
+        now_ms: i64,
+        until_ms: Option<i64>,
+        handle: H,
+    ) -> WaiterId {
+        self.add(sem, client, Wants::Empty, now_ms, until_ms, handle)
+    }
+
+    fn add(
+        &mut self,
+        sem: SemKey,
+        client: u64,
+        wants: Wants,
+        now_ms: i64,
+        until_ms: Option<i64>,
+        handle: H,
+    ) -> WaiterId {
         let id = self.next_id;
         self.next_id += 1;
-        self.lines.entry(sem.clone()).or_default().insert(id);
+        let waiting = match wants {
+            Wants::Permits(_) => &mut self.lines,
+            Wants::Empty => {
+                self.empty_waiters += 1;
+                &mut self.empties
+            }
+        };
+        waiting.entry(sem.clone()).or_default().insert(id);
         if let Some(until) = until_ms {
             let slot = self.schedule_at(until, Due::Timeout(id));
             self.timeouts.insert(id, slot);
@@ -194,7 +251,7 @@ impl<H> Registry<H> {
             id,
             sem,
             client,
-            ask,
+            wants,
             since_ms: now_ms,
             until_ms,
             handle,
@@ -209,14 +266,22 @@ impl<H> Registry<H> {
         if let Some(slot) = self.timeouts.remove(&id) {
             self.schedule.remove(&slot);
         }
-        let line = self
-            .lines
+        let waiting = match waiter.wants {
+            Wants::Permits(_) => &mut self.lines,
+            Wants::Empty => {
+                self.empty_waiters -= 1;
+                &mut self.empties
+            }
+        };
+        let line = waiting
             .get_mut(&waiter.sem)
             .expect("a waiter is in its line");
         line.remove(&id);
         if line.is_empty() {
-            self.lines.remove(&waiter.sem);
-            self.set_lease_end(&waiter.sem, None);
+            waiting.remove(&waiter.sem);
+            if !self.is_waited(&waiter.sem) {
+                self.set_lease_end(&waiter.sem, None);
+            }
         }
         Some(waiter)
     }
@@ -239,32 +304,56 @@ impl<H> Registry<H> {
         self.waiters.len()
     }
 
+    /// How many wait for `sem` to empty.
+    pub fn waiting_for_empty(&self, sem: &SemKey) -> usize {
+        self.empties.get(sem).map_or(0, BTreeSet::len)
+    }
+
+    /// How many wait for a semaphore to empty, in all.
+    pub fn empty_waiters(&self) -> usize {
+        self.empty_waiters
+    }
+
+    /// Takes out every waiter for `sem` to empty, in arrival order: it is empty.
+    pub fn take_empties(&mut self, sem: &SemKey) -> Vec<Waiter<H>> {
+        let ids: Vec<WaiterId> = self
+            .empties
+            .get(sem)
+            .map(|ids| ids.iter().copied().collect())
+            .unwrap_or_default();
+        ids.into_iter().filter_map(|id| self.remove(id)).collect()
+    }
+
     /// How long the head of `sem`'s line has waited.
     pub fn longest_wait_ms(&self, sem: &SemKey, now_ms: i64) -> Option<i64> {
         self.head(sem).map(|w| now_ms.saturating_sub(w.since_ms))
     }
 
-    /// Whether somebody waits for `sem`.
+    /// Whether somebody waits for `sem`: for permits, or for it to empty.
     pub fn is_waited(&self, sem: &SemKey) -> bool {
-        self.lines.contains_key(sem)
+        self.lines.contains_key(sem) || self.empties.contains_key(sem)
     }
 
-    /// How many semaphores have waiters.
+    /// How many semaphores have waiters for permits.
     pub fn waited_count(&self) -> usize {
         self.lines.len()
     }
 
-    /// The semaphores with waiters, in `db` (every database when `None`), in order: the cost
-    /// is theirs only, not every line's.
+    /// The semaphores with waiters of either kind, in `db` (every database when `None`), in
+    /// order: the cost is theirs only, not every line's.
     pub fn waited(&self, db: Option<i32>) -> Vec<SemKey> {
-        match db {
-            None => self.lines.keys().cloned().collect(),
-            Some(db) => self
-                .lines
-                .range(db_range(db))
-                .map(|(sem, _)| sem.clone())
-                .collect(),
-        }
+        let in_db = |map: &BTreeMap<SemKey, BTreeSet<WaiterId>>| -> BTreeSet<SemKey> {
+            match db {
+                None => map.keys().cloned().collect(),
+                Some(db) => map
+                    .range(db_range(db))
+                    .map(|(sem, _)| sem.clone())
+                    .collect(),
+            }
+        };
+        let mut sems = in_db(&self.lines);
+        sems.extend(in_db(&self.empties));
+        sems.into_iter().collect()
     }
 
     /// Schedules (or moves, or with `None` cancels) `sem`'s next lease end.
@@ -491,7 +580,11 @@ mod tests {
         assert_eq!(r.longest_wait_ms(&sem("s"), 10), Some(10));
         // Leaving from the middle keeps the order of the others.
         r.remove(b).unwrap();
-        assert_eq!(r.remove(a).map(|w| w.ask.holder), Some(b"a".to_vec()));
+        assert_eq!(
+            r.remove(a)
+                .and_then(|w| w.ask().map(|ask| ask.holder.clone())),
+            Some(b"a".to_vec())
+        );
         assert_eq!(r.head(&sem("s")).map(|w| w.id), Some(c));
         assert_eq!(r.head(&sem("t")).map(|w| w.id), Some(x));
         assert!(r.is_waited(&sem("s")) && r.is_waited(&sem("t")));
@@ -520,6 +613,38 @@ mod tests {
         assert!(r.is_waited(&in_db(3, "s")), "still waited on in db 3");
         r.remove(b);
         assert!(!r.is_waited(&in_db(3, "s")));
+    }
+
+    #[test]
+    fn waiters_for_empty_stand_outside_the_line() {
+        let mut r = Registry::default();
+        let e1 = r.enqueue_empty(sem("s"), 1, 0, Some(50), ());
+        let a = r.enqueue(sem("s"), 2, ask("a"), 1, None, ());
+        let e2 = r.enqueue_empty(sem("s"), 3, 2, None, ());
+        r.enqueue_empty(sem("t"), 4, 3, None, ());
+        // The line has only the waiter for permits; the others are counted apart.
+        assert_eq!(r.head(&sem("s")).map(|w| w.id), Some(a));
+        assert_eq!(r.queued(&sem("s")), 1);
+        assert_eq!(r.waiting_for_empty(&sem("s")), 2);
+        assert_eq!(
+            (r.empty_waiters(), r.total_waiters(), r.waited_count()),
+            (3, 4, 1)
+        );
+        assert_eq!(r.waited(None), [sem("s"), sem("t")]);
+        r.set_lease_end(&sem("s"), Some(10));
+        // The line emptying keeps the lease end while some wait for empty.
+        r.remove(a);
+        assert!(r.is_waited(&sem("s")));
+        assert_eq!(r.next_due_ms(), Some(10));
+        let ids: Vec<WaiterId> = r.take_empties(&sem("s")).iter().map(|w| w.id).collect();
+        assert_eq!(ids, [e1, e2]);
+        assert!(!r.is_waited(&sem("s")));
+        assert_eq!(r.empty_waiters(), 1);
+        assert_eq!(
+            r.take_due(1_000),
+            [],
+            "their timeout and lease end went with them"
+        );
     }
 
     #[test]
@@ -570,7 +695,7 @@ mod tests {
         let all: Vec<Vec<u8>> = r
             .take_all_waiters()
             .into_iter()
-            .map(|w| w.ask.holder)
+            .filter_map(|w| w.ask().map(|ask| ask.holder.clone()))
             .collect();
         assert_eq!(all, [b"a".to_vec(), b"b".to_vec()]);
         assert_eq!(r.total_waiters(), 0);

@@ -42,6 +42,11 @@ counters! {
     waits_cancelled: "Waits that ended otherwise without a permit: the client left or was \
         unblocked (CLIENT UNBLOCK), or an error answered it.",
     bound_released: "BOUND holders given back because their connection closed.",
+    empty_waits_started: "SEM.WAITEMPTY calls that started waiting.",
+    empty_waits_emptied: "Waits for empty answered 1: the semaphore had no live holder left.",
+    empty_waits_timed_out: "Waits for empty that ran out of time (answered 0).",
+    empty_waits_cancelled: "Waits for empty that ended otherwise: the client left or was \
+        unblocked, or an error answered it.",
     lines_served: "Wait lines looked at for a grant: after a change to that semaphore (a \
         release, a lease end, a wait that ended, another client's write), never for a read or \
         for other semaphores' changes.",

@@ -45,6 +45,10 @@ pub enum Outcome {
     },
     /// The wait ended without a permit.
     TimedOut,
+    /// `SEM.WAITEMPTY`: the semaphore has no live holder (reply 1).
+    Emptied,
+    /// `SEM.WAITEMPTY`: the wait ended while it still had one (reply 0).
+    NotEmptied,
     Failed(SemError),
 }
 
@@ -115,25 +119,41 @@ pub fn queued(sem: &SemKey) -> usize {
     with(|s| s.registry.queued(sem))
 }
 
-/// Waiters of `sem`, and how long the first has waited.
-pub fn line(sem: &SemKey, now_ms: i64) -> (usize, Option<i64>) {
+/// What SEM.GET JSON shows of the waiting side of one semaphore.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Line {
+    /// Waiters for permits.
+    pub waiters: usize,
+    /// How long the first of them has waited.
+    pub longest_wait_ms: Option<i64>,
+    /// Waiters for the semaphore to empty.
+    pub waiting_for_empty: usize,
+}
+
+/// The waiting side of `sem`.
+pub fn line(sem: &SemKey, now_ms: i64) -> Line {
     if WAITERS.load(Ordering::Relaxed) == 0 {
-        return (0, None);
+        return Line::default();
     }
-    with(|s| {
-        (
-            s.registry.queued(sem),
-            s.registry.longest_wait_ms(sem, now_ms),
-        )
+    with(|s| Line {
+        waiters: s.registry.queued(sem),
+        longest_wait_ms: s.registry.longest_wait_ms(sem, now_ms),
+        waiting_for_empty: s.registry.waiting_for_empty(sem),
     })
+}
+
+/// Whether anybody waits for `sem`, for permits or for it to empty.
+fn is_waited(sem: &SemKey) -> bool {
+    WAITERS.load(Ordering::Relaxed) > 0 && with(|s| s.registry.is_waited(sem))
 }
 
 /// The gauges of `INFO sem`.
 pub fn gauges() -> Vec<(&'static str, u64)> {
-    let (semaphores, waiters, scheduled, bound) = with(|s| {
+    let (semaphores, waiters, empty, scheduled, bound) = with(|s| {
         (
             s.registry.waited_count(),
-            s.registry.total_waiters(),
+            s.registry.total_waiters() - s.registry.empty_waiters(),
+            s.registry.empty_waiters(),
             s.registry.scheduled(),
             s.registry.bound_count(),
         )
@@ -141,6 +161,7 @@ pub fn gauges() -> Vec<(&'static str, u64)> {
     vec![
         ("semaphores_with_waiters", semaphores as u64),
         ("waiters", waiters as u64),
+        ("waiting_for_empty", empty as u64),
         ("scheduled_wakeups", scheduled as u64),
         ("armed_timers", u64::from(timer::is_armed())),
         ("bound_holders", bound as u64),
@@ -162,10 +183,35 @@ pub fn wait(
     wait_ms: i64,
     next_deadline: Option<i64>,
 ) -> Result<(), SemError> {
+    block_caller(ctx, sem, Some(ask), now_ms, wait_ms, next_deadline)
+}
+
+/// Blocks the caller until `sem` has no live holder (`SEM.WAITEMPTY`); the timer is armed for
+/// its wait's end and the next lease end.
+pub fn wait_empty(
+    ctx: &Context,
+    sem: SemKey,
+    now_ms: i64,
+    wait_ms: i64,
+    next_deadline: Option<i64>,
+) -> Result<(), SemError> {
+    block_caller(ctx, sem, None, now_ms, wait_ms, next_deadline)
+}
+
+/// Blocks the caller for permits (`ask`) or for `sem` to empty (`None`).
+fn block_caller(
+    ctx: &Context,
+    sem: SemKey,
+    ask: Option<Ask>,
+    now_ms: i64,
+    wait_ms: i64,
+    next_deadline: Option<i64>,
+) -> Result<(), SemError> {
     with(|s| {
         let per_semaphore = config::MAX_WAITERS_PER_SEMAPHORE.get();
         let total = config::MAX_WAITERS.get();
-        if s.registry.queued(&sem) as i64 >= per_semaphore {
+        let here = s.registry.queued(&sem) + s.registry.waiting_for_empty(&sem);
+        if here as i64 >= per_semaphore {
             Err(SemError::TooManyWaiters {
                 per_semaphore: true,
                 max: per_semaphore,
@@ -185,9 +231,14 @@ pub fn wait(
     let client = block::client_id(ctx);
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
     let due = with(|s| {
-        let id = s
-            .registry
-            .enqueue(sem.clone(), client, ask, now_ms, until, blocked);
+        let id = match ask {
+            Some(ask) => s
+                .registry
+                .enqueue(sem.clone(), client, ask, now_ms, until, blocked),
+            None => s
+                .registry
+                .enqueue_empty(sem.clone(), client, now_ms, until, blocked),
+        };
         s.by_handle.insert(key, id);
         s.registry.set_lease_end(&sem, next_deadline);
         s.registry.next_due_ms()
@@ -258,12 +309,15 @@ impl Slice {
 /// every change that may free a permit. When `slice` runs out, the timer goes on after the
 /// server has answered other clients.
 pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
-    if queued(sem) == 0 {
+    if !is_waited(sem) {
         return;
     }
     stats::count(&COUNTERS.lines_served);
     let mut granted_any = false;
-    while let Some((id, ask)) = with(|s| s.registry.head(sem).map(|w| (w.id, w.ask.clone()))) {
+    while let Some((id, ask)) = with(|s| {
+        let head = s.registry.head(sem)?;
+        head.ask().map(|ask| (head.id, ask.clone()))
+    }) {
         if granted_any && slice.is_over() {
             defer(Work::Serve(sem.clone()));
             break;
@@ -328,9 +382,10 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         answer(id, outcome);
     }
     let now_ms = clock_ms();
+    answer_if_empty(store, sem, now_ms);
     let next = store.next_deadline(now_ms);
     let due = with(|s| {
-        if s.registry.queued(sem) > 0 {
+        if s.registry.is_waited(sem) {
             s.registry.set_lease_end(sem, next);
         }
         s.registry.next_due_ms()
@@ -338,6 +393,33 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     if let Some(at) = due {
         timer::arm(at, now_ms);
     }
+}
+
+/// Answers those who wait for `sem` to empty, if it has no live holder now (or its keys cannot
+/// be read: then with the error).
+fn answer_if_empty(store: &RedisStore, sem: &SemKey, now_ms: i64) {
+    if with(|s| s.registry.waiting_for_empty(sem)) == 0 {
+        return;
+    }
+    let failed = match semaphore::in_use(store, now_ms) {
+        Ok(0) => None,
+        Ok(_) => return,
+        Err(err) => Some(err),
+    };
+    for waiter in with(|s| {
+        let waiters = s.registry.take_empties(sem);
+        for waiter in &waiters {
+            s.by_handle.remove(&waiter.handle.key());
+        }
+        waiters
+    }) {
+        let outcome = match &failed {
+            None => Outcome::Emptied,
+            Some(err) => Outcome::Failed(err.clone()),
+        };
+        end_wait(waiter.handle, outcome, true);
+    }
+    disarm_if_idle();
 }
 
 /// Takes waiter `id` out of its line and unblocks it with `outcome`.
@@ -348,16 +430,21 @@ fn answer(id: WaiterId, outcome: Outcome) {
         Some(waiter)
     });
     if let Some(waiter) = waiter {
-        end_wait(waiter.handle, outcome);
+        let for_empty = waiter.ask().is_none();
+        end_wait(waiter.handle, outcome, for_empty);
     }
     disarm_if_idle();
 }
 
-/// Unblocks a waiter already taken out of its line, counting how its wait ended.
-fn end_wait(handle: Blocked, outcome: Outcome) {
+/// Unblocks a waiter already taken out of its line (of waiters for permits, or `for_empty`),
+/// counting how its wait ended.
+fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
     stats::count(match outcome {
         Outcome::Granted { .. } => &COUNTERS.waits_granted,
         Outcome::TimedOut => &COUNTERS.waits_timed_out,
+        Outcome::Emptied => &COUNTERS.empty_waits_emptied,
+        Outcome::NotEmptied => &COUNTERS.empty_waits_timed_out,
+        Outcome::Failed(_) if for_empty => &COUNTERS.empty_waits_cancelled,
         Outcome::Failed(_) => &COUNTERS.waits_cancelled,
     });
     block::unblock(handle, Box::new(outcome));
@@ -391,6 +478,8 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
             })
         }
         Outcome::TimedOut => Ok(RedisValue::Null),
+        Outcome::Emptied => Ok(RedisValue::Integer(1)),
+        Outcome::NotEmptied => Ok(RedisValue::Integer(0)),
         Outcome::Failed(err) => Err(err.clone().into()),
     }
 }
@@ -412,19 +501,31 @@ pub fn free(outcome: Outcome, _disconnected: bool) {
 /// A waiter left on its own: it disconnected, or `CLIENT UNBLOCK` ended its wait. Returns
 /// whether it was still waiting; if not, the module already answered it (Redis reports a
 /// disconnect even then, until the answer is processed) and its outcome reaches [`free`].
-pub fn left(handle: usize) -> bool {
-    let sem = with(|s| {
+pub fn left(handle: usize) -> Left {
+    let waiter = with(|s| {
         let id = s.by_handle.remove(&handle)?;
-        let waiter = s.registry.remove(id)?;
-        Some(waiter.sem)
+        s.registry.remove(id)
     });
-    // Whoever stood behind it may fit now.
-    let Some(sem) = sem else {
-        return false;
+    let Some(waiter) = waiter else {
+        return Left::NotWaiting;
     };
+    if waiter.ask().is_none() {
+        stats::count(&COUNTERS.empty_waits_cancelled);
+        return Left::ForEmpty;
+    }
+    // Whoever stood behind it may fit now.
     stats::count(&COUNTERS.waits_cancelled);
-    defer(Work::Serve(sem));
-    true
+    defer(Work::Serve(waiter.sem));
+    Left::ForPermits
+}
+
+/// What a waiter that left on its own was doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Left {
+    /// Already answered by the module (or not one of its waiters).
+    NotWaiting,
+    ForPermits,
+    ForEmpty,
 }
 
 /// `holder` of `sem` was granted again (renewed, or a new permit) by a command or a waiter's
@@ -498,7 +599,12 @@ pub fn became_replica() {
         s.registry.take_all_waiters()
     });
     for waiter in waiters {
-        end_wait(waiter.handle, Outcome::Failed(SemError::BecameReplica));
+        let for_empty = waiter.ask().is_none();
+        end_wait(
+            waiter.handle,
+            Outcome::Failed(SemError::BecameReplica),
+            for_empty,
+        );
     }
     timer::disarm();
 }
@@ -563,11 +669,7 @@ pub fn on_timer(ctx: &Context) {
         first = false;
         if let Some(due) = with(|s| s.registry.take_one_due(clock_ms())) {
             let sem = match due {
-                Due::Timeout(id) => {
-                    let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
-                    answer(id, Outcome::TimedOut);
-                    sem
-                }
+                Due::Timeout(id) => time_up(id),
                 Due::LeaseEnd(sem) => Some(sem),
             };
             // Whoever stood behind a waiter that left may fit now.
@@ -596,6 +698,21 @@ pub fn on_timer(ctx: &Context) {
     }
 }
 
+/// Waiter `id`'s time is up: nil for permits, 0 for a wait for empty. Returns its semaphore.
+fn time_up(id: WaiterId) -> Option<SemKey> {
+    let (sem, for_empty) = with(|s| {
+        let waiter = s.registry.waiter(id)?;
+        Some((waiter.sem.clone(), waiter.ask().is_none()))
+    })?;
+    let outcome = if for_empty {
+        Outcome::NotEmptied
+    } else {
+        Outcome::TimedOut
+    };
+    answer(id, outcome);
+    Some(sem)
+}
+
 /// How often the timer looks again while writes are paused.
 const PAUSE_RECHECK_MS: i64 = 10;
 
@@ -604,11 +721,7 @@ const PAUSE_RECHECK_MS: i64 = 10;
 fn wait_for_writes(now: i64) {
     for item in with(|s| s.registry.take_due(now)) {
         let sem = match item {
-            Due::Timeout(id) => {
-                let sem = with(|s| s.registry.waiter(id).map(|w| w.sem.clone()));
-                answer(id, Outcome::TimedOut);
-                sem
-            }
+            Due::Timeout(id) => time_up(id),
             Due::LeaseEnd(sem) => Some(sem),
         };
         if let Some(sem) = sem {
@@ -654,7 +767,7 @@ fn with_store(
 /// Serves `sem`'s line from the timer. If its keys cannot be used (overwritten with another
 /// type, or the slot left this node), every waiter is answered with the reason.
 fn serve_outside(ctx: &Context, sem: &SemKey, slice: &Slice) {
-    if queued(sem) == 0 {
+    if !is_waited(sem) {
         return;
     }
     if let Err(err) = with_store(ctx, sem, |store| serve(store, sem, slice)) {
@@ -666,11 +779,17 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: &Slice) {
                     waiters.push(waiter);
                 }
             }
+            for waiter in s.registry.take_empties(sem) {
+                s.by_handle.remove(&waiter.handle.key());
+                waiters.push(waiter);
+            }
             waiters
         });
         for waiter in waiters {
-            end_wait(waiter.handle, Outcome::Failed(err.clone()));
+            let for_empty = waiter.ask().is_none();
+            end_wait(waiter.handle, Outcome::Failed(err.clone()), for_empty);
         }
+        disarm_if_idle();
     }
 }
 

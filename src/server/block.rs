@@ -10,7 +10,7 @@ use redis_module::{raw, Context, RedisValue};
 
 use crate::error::SemError;
 use crate::server::guard;
-use crate::waiting;
+use crate::waiting::{self, Left};
 
 /// A blocked client, as the module holds it until it calls [`finish`] on it.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -110,7 +110,8 @@ unsafe extern "C" fn on_reply(
     context.reply(reply) as c_int
 }
 
-/// `CLIENT UNBLOCK <id>` (without ERROR) ends a wait through the timeout callback: nil.
+/// `CLIENT UNBLOCK <id>` (without ERROR) ends a wait through the timeout callback: nil, or 0
+/// for a wait for empty.
 unsafe extern "C" fn on_unblock_request(
     ctx: *mut raw::RedisModuleCtx,
     _argv: *mut *mut raw::RedisModuleString,
@@ -119,10 +120,16 @@ unsafe extern "C" fn on_unblock_request(
     // SAFETY: the context of the blocked client's timeout.
     let bc = unsafe { raw::RedisModule_GetBlockedClientHandle.unwrap()(ctx) };
     // (Redis skips this callback for a client the module already answered.)
-    if guard(false, || waiting::left(bc as usize)) {
+    let left = guard(Left::NotWaiting, || waiting::left(bc as usize));
+    if left != Left::NotWaiting {
         finish(bc);
     }
-    Context::new(ctx).reply(Ok(RedisValue::Null)) as c_int
+    // A wait for empty that ends early ends as its timeout would: 0.
+    let reply = match left {
+        Left::ForEmpty => RedisValue::Integer(0),
+        Left::ForPermits | Left::NotWaiting => RedisValue::Null,
+    };
+    Context::new(ctx).reply(Ok(reply)) as c_int
 }
 
 /// The client went away while waiting (or `CLIENT UNBLOCK <id> ERROR` answered it). Redis
@@ -134,7 +141,7 @@ unsafe extern "C" fn on_disconnect(
     _ctx: *mut raw::RedisModuleCtx,
     bc: *mut raw::RedisModuleBlockedClient,
 ) {
-    if guard(false, || waiting::left(bc as usize)) {
+    if guard(Left::NotWaiting, || waiting::left(bc as usize)) != Left::NotWaiting {
         finish(bc);
     }
 }

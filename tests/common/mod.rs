@@ -276,3 +276,42 @@ pub fn wait_for_replica(primary: &mut redis::Connection) {
     let acked: i64 = run(primary, &["WAIT", "1", "5000"]);
     assert_eq!(acked, 1, "the replica did not acknowledge in time");
 }
+
+/// A command sent from a thread of its own, on a connection of its own, whose reply is read
+/// later: a client blocked in the server.
+pub struct Pending {
+    /// The connection's `CLIENT ID`.
+    pub client_id: i64,
+    handle: std::thread::JoinHandle<(redis::RedisResult<redis::Value>, redis::Connection)>,
+}
+
+impl Pending {
+    /// Sends `args`; the reply is waited for at most 20 s.
+    pub fn send(server: &Server, args: &[&str]) -> Pending {
+        let mut conn = server.connection();
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("read timeout");
+        let client_id: i64 = run(&mut conn, &["CLIENT", "ID"]);
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let handle = std::thread::spawn(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            (try_run(&mut conn, &args), conn)
+        });
+        Pending { client_id, handle }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// The reply, and the connection (still open).
+    pub fn finish(self) -> (redis::RedisResult<redis::Value>, redis::Connection) {
+        self.handle
+            .join()
+            .expect("a pending command's thread panicked")
+    }
+
+    pub fn reply(self) -> redis::RedisResult<redis::Value> {
+        self.finish().0
+    }
+}

@@ -1145,6 +1145,7 @@ fn rules(
                 // Nobody waits while this model's single client runs a command.
                 "waiters": 0,
                 "longest_wait_ms": null,
+                "waiting_for_empty": 0,
             });
             Ok((Reply::Json(doc), Effect::Described, None))
         }
