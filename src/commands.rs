@@ -28,6 +28,8 @@ use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
 use crate::waiting;
 
+mod sets;
+
 /// The entry point of every SEM.* command.
 pub extern "C" fn entry(
     ctx: *mut raw::RedisModuleCtx,
@@ -55,6 +57,14 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
         if args.len() < 2 {
             return Err(SemError::Arity(command.name()));
         }
+        if command.set_step().is_some() {
+            let call = sets::SetCall::new(ctx, args, command)?;
+            return match command {
+                Command::AcquireAll => sets::acquire_all(ctx, &call),
+                Command::ReleaseAll => sets::release_all(ctx, &call),
+                _ => sets::refresh_all(ctx, &call),
+            };
+        }
         let call = Call::new(ctx, args, command)?;
         match command {
             Command::Acquire => acquire(ctx, &call, Kind::Plain),
@@ -63,6 +73,9 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
             Command::Release => release(ctx, &call),
             Command::Get => get(ctx, &call),
             Command::WaitEmpty => wait_empty(ctx, &call),
+            Command::AcquireAll | Command::ReleaseAll | Command::RefreshAll => {
+                Err(SemError::Internal)
+            }
         }
     };
     match catch_unwind(AssertUnwindSafe(run)) {
@@ -84,7 +97,7 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         Holder::Expired => lost(&store),
         Holder::Absent => {}
     }
-    after_write(ctx, call, &mut store);
+    after_write(&mut store, || call.sem(ctx));
     Ok(RedisValue::Integer(refreshed.reply()))
 }
 
@@ -115,7 +128,7 @@ fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         Holder::Expired => lost(&store),
         Holder::Absent => {}
     }
-    after_write(ctx, call, &mut store);
+    after_write(&mut store, || call.sem(ctx));
     Ok(RedisValue::Integer(released.reply()))
 }
 
@@ -138,9 +151,9 @@ fn open_for_write<'a>(ctx: &'a Context, call: &Call<'a>) -> Result<RedisStore<'a
 /// The end of every write: permits it freed go to the semaphore's waiters at once, in the same
 /// command, and bindings of permits that are gone are forgotten. Nothing to do (and nothing
 /// looked up) while nobody waits and nothing is bound.
-fn after_write(ctx: &Context, call: &Call, store: &mut RedisStore) {
+fn after_write(store: &mut RedisStore, sem: impl FnOnce() -> SemKey) {
     if waiting::queued_anywhere() || waiting::any_bindings() {
-        let sem = call.sem(ctx);
+        let sem = sem();
         waiting::forget_gone(store, &sem);
         waiting::serve(store, &sem, &waiting::Slice::start());
     }
@@ -297,7 +310,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             // After the call's own removals are forgotten (an expired permit of the same
             // identifier may be among them): a BOUND grant binds the new permit; another new
             // grant of an identifier ends an old binding of it, whose permit is gone.
-            after_write(ctx, call, &mut store);
+            after_write(&mut store, || call.sem(ctx));
             waiting::granted_again(&call.sem(ctx), id.as_slice());
             if bound {
                 let holder = id.as_slice().to_vec();
@@ -323,7 +336,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
     // A caller refused or queued frees nothing unless its call removed something: otherwise
     // the head of the line fits no better than after the last change, when it was served.
     if !matches!(outcome, Acquired::Granted { .. }) && store.may_have_freed() {
-        after_write(ctx, call, &mut store);
+        after_write(&mut store, || call.sem(ctx));
     }
     Ok(reply)
 }
@@ -408,6 +421,10 @@ fn report_keys(ctx: &Context, args: &[Arg], command: Command) {
         return;
     }
     let (name_flags, derived_flags) = key_flags(command);
+    if command.set_step().is_some() {
+        sets::report_keys(ctx, args, command, name_flags, derived_flags);
+        return;
+    }
     key_at(ctx, 1, name_flags);
     if let Some(end) = derived_end(args, command) {
         for pos in 2..end {

@@ -32,16 +32,31 @@ pub struct KeySpecDoc {
     pub flags: Vec<String>,
     /// An index spec (the name at this position), or an unknown one (the derived keys).
     pub index: Option<i32>,
+    /// With an index spec: the keys' count is at `keynumidx` after it, the first key
+    /// `firstkey` after it, each `step` apart (`numsems name ...`); without, the one key at
+    /// the index.
+    pub keynum: Option<Keynum>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keynum {
+    pub keynumidx: i32,
+    pub firstkey: i32,
+    pub step: i32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArgDoc {
     pub name: String,
-    /// `key`, `string`, `integer`, `double`, `pure-token`.
+    /// `key`, `string`, `integer`, `double`, `pure-token`, `block`.
     pub kind: String,
     pub token: Option<String>,
     pub optional: bool,
+    /// The argument repeats (`name [name ...]`).
+    pub multiple: bool,
     pub key_spec_index: Option<i32>,
+    /// A block's arguments.
+    pub subargs: Vec<ArgDoc>,
 }
 
 /// Every command, in the file's order.
@@ -77,6 +92,36 @@ fn text(value: &Value, field: &str) -> Result<String, String> {
         .ok_or_else(|| format!("missing \"{field}\""))
 }
 
+fn keynum(spec: &Value) -> Option<Keynum> {
+    let field = |name: &str| spec[name].as_i64().map(|v| v as i32);
+    Some(Keynum {
+        keynumidx: field("keynumidx")?,
+        firstkey: field("firstkey")?,
+        step: field("step")?,
+    })
+}
+
+fn args(list: &Value) -> Result<Vec<ArgDoc>, String> {
+    list.as_array()
+        .ok_or("missing arguments")?
+        .iter()
+        .map(|arg| {
+            Ok(ArgDoc {
+                name: text(arg, "name")?,
+                kind: text(arg, "type")?,
+                token: arg["token"].as_str().map(str::to_string),
+                optional: arg["optional"].as_bool().unwrap_or(false),
+                multiple: arg["multiple"].as_bool().unwrap_or(false),
+                key_spec_index: arg["key_spec_index"].as_i64().map(|i| i as i32),
+                subargs: match arg.get("arguments") {
+                    Some(sub) => args(sub)?,
+                    None => Vec::new(),
+                },
+            })
+        })
+        .collect()
+}
+
 fn parse(json: &str) -> Result<Vec<CommandDoc>, String> {
     let root: serde_json::Map<String, Value> =
         serde_json::from_str(json).map_err(|e| e.to_string())?;
@@ -92,22 +137,10 @@ fn parse(json: &str) -> Result<Vec<CommandDoc>, String> {
                     index: spec["begin_search"]["index"]["pos"]
                         .as_i64()
                         .map(|pos| pos as i32),
+                    keynum: keynum(&spec["find_keys"]["keynum"]),
                 })
                 .collect();
-            let arguments = doc["arguments"]
-                .as_array()
-                .ok_or("missing arguments")?
-                .iter()
-                .map(|arg| {
-                    Ok(ArgDoc {
-                        name: text(arg, "name")?,
-                        kind: text(arg, "type")?,
-                        token: arg["token"].as_str().map(str::to_string),
-                        optional: arg["optional"].as_bool().unwrap_or(false),
-                        key_spec_index: arg["key_spec_index"].as_i64().map(|i| i as i32),
-                    })
-                })
-                .collect::<Result<_, String>>()?;
+            let arguments = args(&doc["arguments"])?;
             Ok(CommandDoc {
                 summary: text(&doc, "summary")?,
                 complexity: text(&doc, "complexity")?,
@@ -124,6 +157,27 @@ fn parse(json: &str) -> Result<Vec<CommandDoc>, String> {
         .collect()
 }
 
+impl ArgDoc {
+    /// `name`, `[ID identifier]`, `name [name ...]`, `name limit count [name limit count ...]`.
+    #[cfg(test)]
+    fn syntax(&self) -> String {
+        let word = match (&self.token, self.kind.as_str()) {
+            (Some(token), "pure-token") => token.clone(),
+            (Some(token), _) => format!("{token} {}", self.name),
+            (None, "block") => {
+                let words: Vec<String> = self.subargs.iter().map(ArgDoc::syntax).collect();
+                words.join(" ")
+            }
+            (None, _) => self.name.clone(),
+        };
+        match (self.optional, self.multiple) {
+            (_, true) => format!("{word} [{word} ...]"),
+            (true, false) => format!("[{word}]"),
+            (false, false) => word,
+        }
+    }
+}
+
 impl CommandDoc {
     /// The syntax line, as the README's headings and redis-cli's hints show it:
     /// `SEM.GET name [JSON]`.
@@ -131,17 +185,8 @@ impl CommandDoc {
     pub fn syntax(&self) -> String {
         let mut line = self.name.clone();
         for arg in &self.arguments {
-            let word = match (&arg.token, arg.kind.as_str()) {
-                (Some(token), "pure-token") => token.clone(),
-                (Some(token), _) => format!("{token} {}", arg.name),
-                (None, _) => arg.name.clone(),
-            };
             line.push(' ');
-            if arg.optional {
-                line.push_str(&format!("[{word}]"));
-            } else {
-                line.push_str(&word);
-            }
+            line.push_str(&arg.syntax());
         }
         line
     }
@@ -178,8 +223,37 @@ mod tests {
             let doc = command(each.name());
             assert_eq!(doc.key_specs.len(), 2, "{}", doc.name);
             assert_eq!(doc.key_specs[0].index, Some(1));
-            assert_eq!(doc.arguments[0].key_spec_index, Some(0));
+            assert_eq!(doc.key_specs[1].index, None, "the derived keys: unknown");
+            // The names: the first argument, or every `step`th after numsems.
+            match each.set_step() {
+                None => {
+                    assert_eq!(doc.key_specs[0].keynum, None);
+                    assert_eq!(doc.arguments[0].key_spec_index, Some(0));
+                }
+                Some(step) => {
+                    let keynum = doc.key_specs[0].keynum.expect("a keynum spec");
+                    assert_eq!((keynum.keynumidx, keynum.firstkey), (0, 1));
+                    assert_eq!(keynum.step as usize, step, "{}", doc.name);
+                    let names = &doc.arguments[1];
+                    assert!(names.multiple, "{}", doc.name);
+                    let name = names.subargs.first().unwrap_or(names);
+                    assert_eq!(name.key_spec_index, Some(0), "{}", doc.name);
+                }
+            }
         }
+    }
+
+    #[test]
+    fn syntax_lines_of_sets() {
+        assert_eq!(
+            command("sem.releaseall").syntax(),
+            "SEM.RELEASEALL numsems name [name ...] identifier"
+        );
+        assert_eq!(
+            command("sem.acquireall").syntax(),
+            "SEM.ACQUIREALL numsems name limit count [name limit count ...] lease \
+             [ID identifier] [FAIR] [WITHTICKET] [BOUND]"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::fmt;
 
 use redis_module::RedisError;
 
+use crate::keys::MAX_SET;
 use crate::types::{Kind, MAX_LEASE_MS, MAX_LIMIT};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +39,10 @@ pub enum SemError {
     PermitsCorrupt,
     EmptyName,
     EmptyIdentifier,
+    /// `numsems` of a call on a set is not a number from 1 to 64.
+    InvalidNumsems,
+    /// A call on a set names a semaphore twice, or one whose keys are another's.
+    NamedTwice,
     /// One of the semaphore's keys holds another type.
     WrongType,
     /// `<name>:counter` exists but is not an integer from 0 to 2^53.
@@ -120,6 +125,15 @@ impl fmt::Display for SemError {
             ),
             SemError::EmptyName => f.write_str("ERR semaphore name must not be empty"),
             SemError::EmptyIdentifier => f.write_str("ERR identifier must not be empty"),
+            SemError::InvalidNumsems => write!(
+                f,
+                "ERR numsems must be an integer from 1 to {MAX_SET}, followed by that many \
+                 semaphores"
+            ),
+            SemError::NamedTwice => f.write_str(
+                "ERR a semaphore is named twice, or one name is another's key \
+                 (<name>:owner, <name>:counter, <name>:permits)",
+            ),
             SemError::WrongType => {
                 f.write_str("WRONGTYPE Operation against a key holding the wrong kind of value")
             }
@@ -206,6 +220,8 @@ mod tests {
             SemError::PermitsCorrupt,
             SemError::EmptyName,
             SemError::EmptyIdentifier,
+            SemError::InvalidNumsems,
+            SemError::NamedTwice,
             SemError::WrongType,
             SemError::CounterNotInteger,
             SemError::CounterExhausted,

@@ -26,16 +26,22 @@ pub enum Command {
     Release,
     Get,
     WaitEmpty,
+    AcquireAll,
+    ReleaseAll,
+    RefreshAll,
 }
 
 impl Command {
-    pub const ALL: [Command; 6] = [
+    pub const ALL: [Command; 9] = [
         Command::Acquire,
         Command::AcquireFair,
         Command::Refresh,
         Command::Release,
         Command::Get,
         Command::WaitEmpty,
+        Command::AcquireAll,
+        Command::ReleaseAll,
+        Command::RefreshAll,
     ];
 
     /// The command's name as registered, and as Redis writes it in error messages.
@@ -47,13 +53,17 @@ impl Command {
             Command::Release => "sem.release",
             Command::Get => "sem.get",
             Command::WaitEmpty => "sem.waitempty",
+            Command::AcquireAll => "sem.acquireall",
+            Command::ReleaseAll => "sem.releaseall",
+            Command::RefreshAll => "sem.refreshall",
         }
     }
 
     /// Which command `name` calls (case-insensitive), if a SEM.* one. Cheap for the others:
     /// the filter asks this of every command the server runs.
     pub fn from_name(name: &[u8]) -> Option<Command> {
-        if !matches!(name.len(), 7 | 11 | 13 | 15) || !name[..4].eq_ignore_ascii_case(b"sem.") {
+        if !matches!(name.len(), 7 | 11 | 13 | 14 | 15) || !name[..4].eq_ignore_ascii_case(b"sem.")
+        {
             return None;
         }
         Command::ALL
@@ -67,6 +77,35 @@ impl Command {
     pub fn derived_suffixes(self) -> &'static [&'static [u8]] {
         DERIVED
     }
+
+    /// For a command on a set of semaphores (`numsems name ...`), how far apart the names are:
+    /// a name, limit and count each for SEM.ACQUIREALL, one word each for the others.
+    pub fn set_step(self) -> Option<usize> {
+        match self {
+            Command::AcquireAll => Some(3),
+            Command::ReleaseAll | Command::RefreshAll => Some(1),
+            _ => None,
+        }
+    }
+}
+
+/// The most semaphores one call may name.
+pub const MAX_SET: usize = 64;
+
+/// Where the names of a call on a set of semaphores are, given `numsems` as sent and the
+/// number of arguments the client sent (command name included): `None` when `numsems` is not
+/// a number from 1 to [`MAX_SET`] or the arguments end before the last name. The filter
+/// appends each name's derived keys after the client's arguments, in the names' order.
+pub fn set_name_positions(step: usize, numsems: &[u8], sent: usize) -> Option<Vec<usize>> {
+    if numsems.is_empty() || numsems.len() > 2 || !numsems.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: usize = std::str::from_utf8(numsems).ok()?.parse().ok()?;
+    if !(1..=MAX_SET).contains(&n) {
+        return None;
+    }
+    let positions: Vec<usize> = (0..n).map(|i| 2 + i * step).collect();
+    (positions[n - 1] < sent).then_some(positions)
 }
 
 /// Calls `use_key` with `<name><suffix>`, assembled on the stack for names of usual length so
@@ -145,6 +184,18 @@ mod tests {
         ] {
             assert_eq!(Command::from_name(other), None, "{other:?}");
         }
+    }
+
+    #[test]
+    fn set_calls_find_their_names() {
+        assert_eq!(set_name_positions(3, b"2", 9), Some(vec![2, 5]));
+        assert_eq!(set_name_positions(1, b"3", 6), Some(vec![2, 3, 4]));
+        assert_eq!(set_name_positions(1, b"3", 4), None, "a name missing");
+        for bad in [&b"0"[..], b"", b"-1", b"1x", b"65", b"999", b" 1"] {
+            assert_eq!(set_name_positions(1, bad, 100), None, "{bad:?}");
+        }
+        assert_eq!(set_name_positions(1, b"64", 66).map(|p| p.len()), Some(64));
+        assert_eq!(set_name_positions(1, b"07", 100).map(|p| p.len()), Some(7));
     }
 
     #[test]

@@ -362,6 +362,43 @@ pub fn acquire<S: Store>(
     })
 }
 
+/// Whether [`acquire`] would grant `id` now (a new grant that fits, or a renewal), changing
+/// nothing: the survey of one semaphore of a set acquire, which takes all or none. An error
+/// here is the error `acquire` would answer.
+pub fn would_grant<S: Store>(
+    store: &S,
+    now_ms: i64,
+    id: &S::Id,
+    request: &AcquireRequest,
+) -> Result<bool, SemError> {
+    let survey = survey(store, now_ms)?;
+    if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
+        return Err(SemError::KindMismatch { held });
+    }
+    if store.deadline(id).is_some_and(|d| d > now_ms) {
+        if let Some(count) = request.count {
+            let held = store.weight(id)?;
+            if count != held {
+                return Err(SemError::CountMismatch { held });
+            }
+        }
+        if request.kind == Kind::Fair {
+            store
+                .owner_score(id)
+                .and_then(ticket_from_score)
+                .ok_or(SemError::InvalidTicket)?;
+        }
+        return Ok(true);
+    }
+    if survey.in_use().saturating_add(request.permits()) > request.limit {
+        return Ok(false);
+    }
+    if request.kind == Kind::Fair {
+        next_ticket(store.counter()?.unwrap_or(0), request.ticket_margin)?;
+    }
+    Ok(true)
+}
+
 /// Renews live holder `id`: its deadline moves, its permits and ticket stay. A COUNT other than
 /// what it holds, or (fair) an owner entry that is not a ticket, is an error that changes
 /// nothing.

@@ -42,6 +42,10 @@ counters! {
     waits_cancelled: "Waits that ended otherwise without a permit: the client left or was \
         unblocked (CLIENT UNBLOCK), or an error answered it.",
     bound_released: "BOUND holders given back because their connection closed.",
+    set_acquired: "SEM.ACQUIREALL calls granted (each semaphore's grant also counts in \
+        acquired or renewed).",
+    set_refused: "SEM.ACQUIREALL calls answered nil: one of the semaphores was full (or had a \
+        fair line to wait in); nothing changed.",
     empty_waits_started: "SEM.WAITEMPTY calls that started waiting.",
     empty_waits_emptied: "Waits for empty answered 1: the semaphore had no live holder left.",
     empty_waits_timed_out: "Waits for empty that ran out of time (answered 0).",

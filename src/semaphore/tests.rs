@@ -859,3 +859,70 @@ fn a_large_request_at_the_head_is_measured_against_permits_in_use() {
     );
     run_on(&mut store, &[(4, "r3", fair(4, 1000), Ok(Acquired::Full))]);
 }
+
+/// `would_grant` answers what `acquire` then does, and changes nothing.
+#[test]
+fn would_grant_foretells_acquire_without_a_change() {
+    let lease = 1_000;
+    let held_by_h = |request: AcquireRequest, ticket| -> Vec<Step> {
+        vec![(0, "h", request, Ok(granted(ticket)))]
+    };
+    // (setup, request, who, at)
+    let cases: Vec<(Vec<Step>, AcquireRequest, &str, i64)> = vec![
+        (vec![], plain(1, lease), "a", 0),
+        (held_by_h(plain(1, lease), None), plain(1, lease), "a", 10),
+        (held_by_h(plain(1, lease), None), plain(1, lease), "h", 10),
+        (
+            held_by_h(plain(1, lease), None),
+            plain(1, lease),
+            "a",
+            1_000,
+        ),
+        (
+            held_by_h(plain(3, lease), None),
+            weighted(plain(3, lease), 2),
+            "a",
+            10,
+        ),
+        (
+            held_by_h(plain(3, lease), None),
+            weighted(plain(3, lease), 3),
+            "a",
+            10,
+        ),
+        (held_by_h(fair(2, lease), Some(1)), fair(2, lease), "a", 10),
+        (held_by_h(fair(1, lease), Some(1)), fair(1, lease), "h", 10),
+        (held_by_h(fair(1, lease), Some(1)), fair(1, lease), "a", 10),
+    ];
+    for (i, (setup, request, who, at)) in cases.into_iter().enumerate() {
+        let mut store = run(&setup);
+        let effects = store.effects.len();
+        let foretold = would_grant(&store, T0 + at, &id(who), &request).expect("no error");
+        assert_eq!(
+            store.effects.len(),
+            effects,
+            "case {i}: it changed something"
+        );
+        let acquired = acquire(&mut store, T0 + at, &id(who), &request).expect("no error");
+        assert_eq!(
+            foretold,
+            matches!(acquired, Acquired::Granted { .. }),
+            "case {i}: {acquired:?}"
+        );
+    }
+}
+
+#[test]
+fn would_grant_answers_the_errors_acquire_would() {
+    let lease = 1_000;
+    let store = run(&[(0, "h", fair(3, lease), Ok(granted(Some(1))))]);
+    assert_eq!(
+        would_grant(&store, T0 + 10, &id("a"), &plain(3, lease)),
+        Err(SemError::KindMismatch { held: Kind::Fair })
+    );
+    let store = run(&[(0, "h", weighted(plain(3, lease), 2), Ok(granted(None)))]);
+    assert_eq!(
+        would_grant(&store, T0 + 10, &id("h"), &weighted(plain(3, lease), 1)),
+        Err(SemError::CountMismatch { held: 2 })
+    );
+}

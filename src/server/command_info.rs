@@ -121,11 +121,18 @@ fn arg_type(kind: &str) -> raw::RedisModuleCommandArgType {
         "integer" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
         "double" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
         "pure-token" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+        "block" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
         other => panic!("unknown argument type {other} in commands.json"),
     }
 }
 
-fn command_arg(arg: &ArgDoc, strings: &mut Strings) -> raw::RedisModuleCommandArg {
+/// One argument for `SetCommandInfo`; a block's subarguments are kept in `blocks` (zero-
+/// terminated arrays that must live until the call returns, as the strings).
+fn command_arg(
+    arg: &ArgDoc,
+    strings: &mut Strings,
+    blocks: &mut Vec<Vec<raw::RedisModuleCommandArg>>,
+) -> raw::RedisModuleCommandArg {
     // SAFETY: an all-zero argument is valid (null strings, no subarguments).
     let mut out: raw::RedisModuleCommandArg = unsafe { std::mem::zeroed() };
     out.name = strings.keep(&arg.name);
@@ -134,8 +141,25 @@ fn command_arg(arg: &ArgDoc, strings: &mut Strings) -> raw::RedisModuleCommandAr
     if let Some(token) = &arg.token {
         out.token = strings.keep(token);
     }
+    let mut flags = 0;
     if arg.optional {
-        out.flags = raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int;
+        flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
+    }
+    if arg.multiple {
+        flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE;
+    }
+    out.flags = flags as c_int;
+    if !arg.subargs.is_empty() {
+        let mut subargs: Vec<raw::RedisModuleCommandArg> = arg
+            .subargs
+            .iter()
+            .map(|sub| command_arg(sub, strings, blocks))
+            .collect();
+        // SAFETY: the zeroed terminator.
+        subargs.push(unsafe { std::mem::zeroed() });
+        // The vector's heap buffer does not move when the vector itself is moved.
+        out.subargs = subargs.as_mut_ptr();
+        blocks.push(subargs);
     }
     out
 }
@@ -159,12 +183,23 @@ fn set_info(handle: *mut raw::RedisModuleCommand, doc: &CommandDoc) -> Result<()
                 out.begin_search_type =
                     raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
                 out.bs.index.pos = pos;
-                out.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-                out.fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
-                    lastkey: 0,
-                    keystep: 1,
-                    limit: 0,
-                };
+                if let Some(keynum) = spec.keynum {
+                    out.find_keys_type =
+                        raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+                    out.fk.keynum = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 {
+                        keynumidx: keynum.keynumidx,
+                        firstkey: keynum.firstkey,
+                        keystep: keynum.step,
+                    };
+                } else {
+                    out.find_keys_type =
+                        raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+                    out.fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                        lastkey: 0,
+                        keystep: 1,
+                        limit: 0,
+                    };
+                }
             }
             None => {
                 out.begin_search_type =
@@ -174,10 +209,11 @@ fn set_info(handle: *mut raw::RedisModuleCommand, doc: &CommandDoc) -> Result<()
             }
         }
     }
+    let mut blocks = Vec::new();
     let mut args: Vec<raw::RedisModuleCommandArg> = doc
         .arguments
         .iter()
-        .map(|arg| command_arg(arg, &mut strings))
+        .map(|arg| command_arg(arg, &mut strings, &mut blocks))
         .collect();
     // SAFETY: the zeroed terminator.
     args.push(unsafe { std::mem::zeroed() });

@@ -9,7 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
 
-use crate::keys::{is_derived, with_derived, Command};
+use crate::keys::{is_derived, set_name_positions, with_derived, Command};
 use crate::waiting;
 
 /// Registers the filter.
@@ -60,6 +60,10 @@ unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
         }
         return;
     };
+    if let Some(step) = command.set_step() {
+        append_set_keys(fctx, argc, step, command.derived_suffixes());
+        return;
+    }
     let Some(name) = arg(fctx, 1) else {
         return;
     };
@@ -89,6 +93,59 @@ unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     for (i, key) in keys[..suffixes.len()].iter().enumerate() {
         // Redis owns the string from here and frees it with the command's arguments.
         insert(fctx, 2 + i as c_int, *key);
+    }
+}
+
+/// A call on a set of semaphores (`numsems name ...`): each name's derived keys are appended
+/// after the client's arguments, in the names' order. A call whose `numsems` or names are
+/// malformed is left as sent: the command answers the error.
+unsafe fn append_set_keys(
+    fctx: *mut raw::RedisModuleCommandFilterCtx,
+    argc: c_int,
+    step: usize,
+    suffixes: &[&[u8]],
+) {
+    let sent = argc as usize;
+    let Some(positions) = arg(fctx, 1).and_then(|n| set_name_positions(step, n, sent)) else {
+        return;
+    };
+    let total = positions.len() * suffixes.len();
+    // Redis 7.0 filters a command again when it runs it after a pause: the keys are there.
+    let last_name = positions[positions.len() - 1];
+    if sent >= last_name + 1 + total {
+        let start = sent - total;
+        let already = positions.iter().enumerate().all(|(i, &pos)| {
+            arg(fctx, pos as c_int).is_some_and(|name| {
+                suffixes.iter().enumerate().all(|(j, suffix)| {
+                    let at = start + i * suffixes.len() + j;
+                    arg(fctx, at as c_int).is_some_and(|key| is_derived(key, name, suffix))
+                })
+            })
+        });
+        if already {
+            return;
+        }
+    }
+    // Every key is built before the first insertion moves the argument vector.
+    let mut keys = Vec::with_capacity(total);
+    for &pos in &positions {
+        let Some(name) = arg(fctx, pos as c_int) else {
+            return;
+        };
+        for suffix in suffixes {
+            keys.push(with_derived(name, suffix, |bytes| {
+                raw::RedisModule_CreateString.unwrap()(
+                    std::ptr::null_mut(),
+                    bytes.as_ptr().cast::<c_char>(),
+                    bytes.len(),
+                )
+            }));
+        }
+    }
+    let insert = raw::RedisModule_CommandFilterArgInsert.unwrap();
+    for (i, key) in keys.into_iter().enumerate() {
+        // Redis owns the string from here and frees it with the command's arguments.
+        insert(fctx, argc + i as c_int, key);
     }
 }
 

@@ -1,0 +1,341 @@
+//! The commands on a set of semaphores: `SEM.ACQUIREALL`, `SEM.RELEASEALL`, `SEM.REFRESHALL`.
+//! Each names `numsems` semaphores; the command filter appends every name's derived keys after
+//! the client's arguments (see `keys.rs`). A set acquire surveys every semaphore first and
+//! changes nothing unless each would grant; then each records the holder exactly as a single
+//! acquire would, so everything else (refresh, release, expiry, BOUND, replication) works per
+//! semaphore unchanged.
+
+use redis_module::{Context, ContextFlags, RedisString, RedisValue};
+
+use super::{after_write, identifier, lost, new_identifier, Arg};
+use crate::args::{parse_count, parse_lease_ms, parse_limit};
+use crate::config;
+use crate::error::SemError;
+use crate::fencing;
+use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command};
+use crate::queue::{Binding, SemKey};
+use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Store};
+use crate::server::block::in_script;
+use crate::server::key::Access;
+use crate::server::{key_at, now_ms, selected_db};
+use crate::stats::{self, COUNTERS};
+use crate::store::{RedisStore, SemKeys};
+use crate::types::Kind;
+use crate::waiting;
+
+/// A call on a set of semaphores, seen without the keys the filter appended.
+pub struct SetCall<'a> {
+    command: Command,
+    args: &'a [Arg],
+    /// Where each name is.
+    names: Vec<usize>,
+    /// Where the client's arguments end and the appended keys begin.
+    sent: usize,
+}
+
+impl<'a> SetCall<'a> {
+    pub fn new(ctx: &Context, args: &'a [Arg], command: Command) -> Result<SetCall<'a>, SemError> {
+        let step = command.set_step().ok_or(SemError::Internal)?;
+        let arity = SemError::Arity(command.name());
+        let numsems = args[1].as_slice();
+        let n = set_name_positions(step, numsems, usize::MAX)
+            .ok_or(SemError::InvalidNumsems)?
+            .len();
+        let derived = command.derived_suffixes();
+        let sent = args
+            .len()
+            .checked_sub(n * derived.len())
+            .ok_or(arity.clone())?;
+        let names = set_name_positions(step, numsems, sent)
+            .filter(|names| names[names.len() - 1] + step <= sent)
+            .ok_or(arity.clone())?;
+        // The filter appended every name's keys; a call without them ends before a name.
+        let appended = names.iter().enumerate().all(|(i, &pos)| {
+            derived.iter().enumerate().all(|(j, suffix)| {
+                let key = args[sent + i * derived.len() + j].as_slice();
+                is_derived(key, args[pos].as_slice(), suffix)
+            })
+        });
+        if !appended {
+            return Err(arity);
+        }
+        let call = SetCall {
+            command,
+            args,
+            names,
+            sent,
+        };
+        let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+        for (i, &pos) in call.names.iter().enumerate() {
+            let name = args[pos].as_slice();
+            if name.is_empty() {
+                return Err(SemError::EmptyName);
+            }
+            if cluster && !has_hash_tag(name) {
+                return Err(SemError::NeedsHashTag);
+            }
+            let clash = |other: &[u8]| {
+                other == name
+                    || command.derived_suffixes().iter().any(|suffix| {
+                        is_derived(other, name, suffix) || is_derived(name, other, suffix)
+                    })
+            };
+            if call.names[..i].iter().any(|&p| clash(args[p].as_slice())) {
+                return Err(SemError::NamedTwice);
+            }
+        }
+        Ok(call)
+    }
+
+    /// The client's arguments after the names (after the last triple for SEM.ACQUIREALL).
+    fn rest(&self) -> &'a [Arg] {
+        let step = self.command.set_step().unwrap_or(1);
+        let end = self.names[self.names.len() - 1] + step;
+        self.args.get(end..self.sent).unwrap_or(&[])
+    }
+
+    /// The keys of the `i`th semaphore.
+    fn keys(&self, i: usize) -> SemKeys<'a> {
+        let at = self.sent + i * 3;
+        SemKeys {
+            name: &self.args[self.names[i]],
+            owner: &self.args[at],
+            counter: &self.args[at + 1],
+            permits: &self.args[at + 2],
+        }
+    }
+
+    fn sem(&self, ctx: &Context, i: usize) -> SemKey {
+        SemKey {
+            db: selected_db(ctx),
+            name: self.args[self.names[i]].as_slice().to_vec(),
+        }
+    }
+
+    /// Every semaphore's keys, opened for writing; a key of the wrong type is an error before
+    /// anything changes.
+    fn open_all(&self, ctx: &'a Context) -> Result<Vec<RedisStore<'a>>, SemError> {
+        (0..self.names.len())
+            .map(|i| {
+                let mut store = RedisStore::open(ctx, &self.keys(i), Access::Write)?;
+                if waiting::any_bindings() {
+                    store.keep_removed();
+                }
+                Ok(store)
+            })
+            .collect()
+    }
+}
+
+/// The keys of a set call, for the server's keys-position requests: the names, and the
+/// appended keys when the arguments carry them.
+pub fn report_keys(
+    ctx: &Context,
+    args: &[Arg],
+    command: Command,
+    name_flags: u32,
+    derived_flags: u32,
+) {
+    let step = command.set_step().unwrap_or(1);
+    let numsems = args[1].as_slice();
+    let Some(n) = set_name_positions(step, numsems, usize::MAX).map(|p| p.len()) else {
+        return;
+    };
+    let derived = n * command.derived_suffixes().len();
+    let appended = args.len().checked_sub(derived).and_then(|sent| {
+        let names = set_name_positions(step, numsems, sent)?;
+        let ours = names.iter().enumerate().all(|(i, &pos)| {
+            command
+                .derived_suffixes()
+                .iter()
+                .enumerate()
+                .all(|(j, suffix)| {
+                    is_derived(
+                        args[sent + i * 3 + j].as_slice(),
+                        args[pos].as_slice(),
+                        suffix,
+                    )
+                })
+        });
+        ours.then_some((names, sent))
+    });
+    match appended {
+        Some((names, sent)) => {
+            for pos in names {
+                key_at(ctx, pos, name_flags);
+            }
+            for pos in sent..args.len() {
+                key_at(ctx, pos, derived_flags);
+            }
+        }
+        // As a client sent it (COMMAND GETKEYS): the names it has.
+        None => {
+            for pos in set_name_positions(step, numsems, args.len()).unwrap_or_default() {
+                key_at(ctx, pos, name_flags);
+            }
+        }
+    }
+}
+
+/// `SEM.ACQUIREALL numsems name limit count [name limit count ...] lease [ID identifier]
+/// [FAIR] [WITHTICKET] [BOUND]`
+pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError> {
+    let mut asks = Vec::with_capacity(call.names.len());
+    for &pos in &call.names {
+        let limit = parse_limit(call.args[pos + 1].as_slice())?;
+        let count = parse_count(call.args[pos + 2].as_slice(), limit)?;
+        asks.push((limit, count));
+    }
+    let [lease, options @ ..] = call.rest() else {
+        return Err(SemError::Arity(call.command.name()));
+    };
+    let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
+    let (mut given_id, mut fair, mut with_ticket, mut bound) = (None, false, false, false);
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        let option = option.as_slice();
+        if option.eq_ignore_ascii_case(b"ID") && given_id.is_none() {
+            given_id = Some(identifier(options.next().ok_or(SemError::Syntax)?)?);
+        } else if option.eq_ignore_ascii_case(b"FAIR") && !fair {
+            fair = true;
+        } else if option.eq_ignore_ascii_case(b"WITHTICKET") && !with_ticket {
+            with_ticket = true;
+        } else if option.eq_ignore_ascii_case(b"BOUND") && !bound {
+            bound = true;
+        } else {
+            return Err(SemError::Syntax);
+        }
+    }
+    if with_ticket && !fair {
+        return Err(SemError::Syntax);
+    }
+    if bound && in_script(ctx) {
+        return Err(SemError::BoundInScript);
+    }
+    let kind = if fair { Kind::Fair } else { Kind::Plain };
+    let mut stores = call.open_all(ctx)?;
+    let made;
+    let id: &RedisString = match given_id {
+        Some(id) => id,
+        None => {
+            made = RedisString::create_from_slice(ctx.ctx, new_identifier(&mut [0; 36]));
+            &made
+        }
+    };
+    let requests: Vec<AcquireRequest> = asks
+        .iter()
+        .enumerate()
+        .map(|(i, &(limit, count))| AcquireRequest {
+            kind,
+            limit,
+            lease_ms,
+            count: Some(count),
+            ticket_margin: match kind {
+                Kind::Fair => fencing::margin_for(call.args[call.names[i]].as_slice()),
+                Kind::Plain => 0,
+            },
+        })
+        .collect();
+    let now = now_ms();
+    // Survey every semaphore before the first change. While others wait in a fair line, only
+    // a renewal gets in (as for SEM.ACQUIREFAIR without WAIT); a plain one may barge.
+    let mut all = true;
+    for (i, store) in stores.iter().enumerate() {
+        let fits = semaphore::would_grant(store, now, id, &requests[i])?;
+        let line_first = kind == Kind::Fair
+            && waiting::queued_anywhere()
+            && waiting::queued(&call.sem(ctx, i)) > 0
+            && store.deadline(id).is_none_or(|d| d <= now);
+        all &= fits && !line_first;
+    }
+    if !all {
+        stats::count(&COUNTERS.set_refused);
+        return Ok(RedisValue::Null);
+    }
+    let mut tickets = Vec::with_capacity(stores.len());
+    for (i, store) in stores.iter_mut().enumerate() {
+        let sem = || call.sem(ctx, i);
+        let (ticket, renewed) = match semaphore::acquire(store, now, id, &requests[i])? {
+            Acquired::Granted { ticket, renewed } => (ticket, renewed),
+            // Nothing changed between the survey and here.
+            Acquired::Full => return Err(SemError::Internal),
+        };
+        if renewed {
+            stats::count(&COUNTERS.renewed);
+        } else {
+            stats::count(&COUNTERS.acquired);
+            store.notify(c"sem.acquire");
+            if requests[i].ticket_margin > 0 {
+                fencing::moved(call.args[call.names[i]].as_slice());
+            }
+        }
+        after_write(store, sem);
+        waiting::granted_again(&sem(), id.as_slice());
+        if bound {
+            let holder = id.as_slice().to_vec();
+            waiting::bind(ctx, Binding { sem: sem(), holder });
+        } else if !renewed && waiting::any_bindings() {
+            waiting::unbind(&sem(), std::slice::from_ref(id));
+        }
+        tickets.push(ticket);
+    }
+    stats::count(&COUNTERS.set_acquired);
+    let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
+    Ok(if with_ticket {
+        let tickets = tickets
+            .into_iter()
+            .map(|t| RedisValue::Integer(t.unwrap_or(0) as i64))
+            .collect();
+        RedisValue::Array(vec![id, RedisValue::Array(tickets)])
+    } else {
+        id
+    })
+}
+
+/// `SEM.RELEASEALL numsems name [name ...] identifier`
+pub fn release_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError> {
+    let [id] = call.rest() else {
+        return Err(SemError::Arity(call.command.name()));
+    };
+    let id = identifier(id)?;
+    let mut stores = call.open_all(ctx)?;
+    let now = now_ms();
+    let mut held = 0;
+    for (i, store) in stores.iter_mut().enumerate() {
+        match semaphore::release(store, now, id, None)? {
+            Holder::Live => {
+                held += 1;
+                stats::count(&COUNTERS.released);
+                store.notify(c"sem.release");
+            }
+            Holder::Expired => lost(store),
+            Holder::Absent => {}
+        }
+        after_write(store, || call.sem(ctx, i));
+    }
+    Ok(RedisValue::Integer(held))
+}
+
+/// `SEM.REFRESHALL numsems name [name ...] identifier lease`
+pub fn refresh_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError> {
+    let [id, lease] = call.rest() else {
+        return Err(SemError::Arity(call.command.name()));
+    };
+    let id = identifier(id)?;
+    let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
+    let mut stores = call.open_all(ctx)?;
+    let now = now_ms();
+    let mut held = 0;
+    for (i, store) in stores.iter_mut().enumerate() {
+        match semaphore::refresh(store, now, id, lease_ms)? {
+            Holder::Live => {
+                held += 1;
+                stats::count(&COUNTERS.refreshed);
+            }
+            Holder::Expired => lost(store),
+            Holder::Absent => {}
+        }
+        after_write(store, || call.sem(ctx, i));
+    }
+    Ok(RedisValue::Integer(held))
+}

@@ -1,0 +1,613 @@
+//! Semaphore sets: `SEM.ACQUIREALL` takes permits of several semaphores all or none,
+//! `SEM.RELEASEALL` and `SEM.REFRESHALL` act on all of them in one step. Checked against real
+//! servers: all or nothing under 50 concurrent clients, nothing changed by a refusal or an
+//! error, the layout a single acquire leaves, BOUND sets, waiters served by RELEASEALL, ACLs,
+//! and a replica and an AOF holding exactly the primary's keys.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::state::snapshot_of_all_keys;
+use common::*;
+use redis::Value;
+
+/// Every key with its value and expiry, and its DUMP (encoding included).
+fn everything(conn: &mut redis::Connection) -> (String, BTreeMap<String, Vec<u8>>) {
+    let state = format!("{:?}", snapshot_of_all_keys(conn));
+    let names: Vec<String> = run(conn, &["KEYS", "*"]);
+    let dumps = names
+        .into_iter()
+        .map(|name| {
+            let dump: Vec<u8> = run(conn, &["DUMP", &name]);
+            (name, dump)
+        })
+        .collect();
+    (state, dumps)
+}
+
+fn acquire_all(conn: &mut redis::Connection, args: &[&str]) -> Value {
+    let mut all = vec!["SEM.ACQUIREALL"];
+    all.extend_from_slice(args);
+    run(conn, &all)
+}
+
+#[test]
+fn a_set_is_taken_whole_or_not_at_all_and_a_refusal_changes_nothing() {
+    let server = Server::start();
+    let mut c = server.connection();
+    // `a` has an expired holder: a refused set acquire does not even remove it.
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "a", "2", "0.05", "ID", "old"]);
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "b", "1", "30", "ID", "full"]);
+    thread::sleep(Duration::from_millis(100));
+    let before = everything(&mut c);
+    let mut watcher = server.connection();
+    let _: () = run(&mut watcher, &["WATCH", "a", "b", "a:owner", "b:permits"]);
+    let refused = acquire_all(
+        &mut c,
+        &["2", "a", "2", "1", "b", "1", "1", "30", "ID", "x"],
+    );
+    assert_eq!(refused, Value::Nil);
+    assert_eq!(everything(&mut c), before, "a refusal changed a key");
+    let exec: Option<Vec<String>> = redis::pipe()
+        .atomic()
+        .cmd("PING")
+        .query(&mut watcher)
+        .expect("EXEC");
+    assert!(exec.is_some(), "a refusal fired WATCH");
+    assert_eq!(info_sem(&mut c)["sem_set_refused"], 1);
+
+    let _: i64 = run(&mut c, &["SEM.RELEASE", "b", "full"]);
+    let granted = acquire_all(
+        &mut c,
+        &["2", "a", "2", "1", "b", "1", "1", "30", "ID", "x"],
+    );
+    assert_eq!(granted, Value::BulkString(b"x".to_vec()));
+    // Each semaphore holds x with the same deadline, as a single acquire leaves it; the
+    // expired holder went with the grant.
+    let in_a = zset(&mut c, "a");
+    let in_b = zset(&mut c, "b");
+    assert_eq!(in_a.len(), 1, "{in_a:?}");
+    assert_eq!(in_a, in_b);
+    assert_eq!(in_a[0].0, "x");
+    let info = info_sem(&mut c);
+    assert_eq!((info["sem_set_acquired"], info["sem_acquired"]), (1, 4));
+}
+
+/// The keys a set acquire leaves are, semaphore by semaphore, the keys single acquires leave.
+#[test]
+fn each_semaphore_records_the_holder_as_a_single_acquire_would() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let mut single = server.connection();
+    let _: () = run(&mut single, &["SELECT", "1"]);
+    let got = acquire_all(
+        &mut c,
+        &[
+            "3", "p", "5", "1", "q", "5", "3", "r", "2", "2", "30", "ID", "h", "FAIR",
+        ],
+    );
+    assert_eq!(got, Value::BulkString(b"h".to_vec()));
+    for (name, count) in [("p", "1"), ("q", "3"), ("r", "2")] {
+        let args = [
+            "SEM.ACQUIREFAIR",
+            name,
+            "5",
+            "30",
+            "ID",
+            "h",
+            "COUNT",
+            count,
+        ];
+        let _: String = run(&mut single, &args);
+    }
+    let deadline: i64 = run(&mut c, &["ZSCORE", "p", "h"]);
+    let shift = |conn: &mut redis::Connection| {
+        // The single acquires ran a moment later: compare with deadlines set equal.
+        for name in ["p", "q", "r"] {
+            let _: i64 = run(conn, &["ZADD", name, &deadline.to_string(), "h"]);
+            for key in [
+                name.to_string(),
+                format!("{name}:owner"),
+                format!("{name}:permits"),
+            ] {
+                let _: i64 = run(conn, &["PEXPIREAT", &key, &deadline.to_string()]);
+            }
+        }
+    };
+    shift(&mut single);
+    let mut in_db1 = server.connection();
+    let _: () = run(&mut in_db1, &["SELECT", "1"]);
+    assert_eq!(everything(&mut c), everything(&mut in_db1));
+}
+
+#[test]
+fn fair_sets_reply_a_ticket_per_semaphore_and_renew_what_they_hold() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "t1", "3", "30", "ID", "early"]);
+    let got = acquire_all(
+        &mut c,
+        &[
+            "2",
+            "t1",
+            "3",
+            "1",
+            "t2",
+            "3",
+            "1",
+            "30",
+            "ID",
+            "w",
+            "FAIR",
+            "WITHTICKET",
+        ],
+    );
+    assert_eq!(
+        got,
+        Value::Array(vec![
+            Value::BulkString(b"w".to_vec()),
+            Value::Array(vec![Value::Int(2), Value::Int(1)]),
+        ])
+    );
+    // w holds t1 and t2; asking again with t3 renews those (same tickets) and takes t3.
+    let deadline_before: i64 = run(&mut c, &["ZSCORE", "t1", "w"]);
+    thread::sleep(Duration::from_millis(20));
+    let got = acquire_all(
+        &mut c,
+        &[
+            "3",
+            "t3",
+            "1",
+            "1",
+            "t1",
+            "3",
+            "1",
+            "t2",
+            "3",
+            "1",
+            "30",
+            "ID",
+            "w",
+            "FAIR",
+            "WITHTICKET",
+        ],
+    );
+    assert_eq!(
+        got,
+        Value::Array(vec![
+            Value::BulkString(b"w".to_vec()),
+            Value::Array(vec![Value::Int(1), Value::Int(2), Value::Int(1)]),
+        ])
+    );
+    let deadline_after: i64 = run(&mut c, &["ZSCORE", "t1", "w"]);
+    assert!(
+        deadline_after > deadline_before,
+        "the renewal moved the deadline"
+    );
+    // t3 full for anyone else: a set that needs it is refused, and w's deadlines stay.
+    let refused = acquire_all(
+        &mut c,
+        &["2", "t1", "3", "1", "t3", "1", "1", "30", "ID", "z", "FAIR"],
+    );
+    assert_eq!(refused, Value::Nil);
+    assert_eq!(zset(&mut c, "t1").len(), 2, "z took nothing");
+}
+
+#[test]
+fn bad_calls_are_errors_that_change_nothing() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "f", "3", "30", "ID", "h"]);
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "p", "3", "30", "ID", "h"]);
+    let _: () = run(&mut c, &["SET", "s", "text"]);
+    let before = everything(&mut c);
+    let cases: &[(&[&str], &str)] = &[
+        (&["SEM.ACQUIREALL", "0", "f", "1", "1", "30"], "ERR numsems"),
+        (
+            &["SEM.ACQUIREALL", "65", "f", "1", "1", "30"],
+            "ERR numsems",
+        ),
+        (&["SEM.ACQUIREALL", "x", "f", "1", "1", "30"], "ERR numsems"),
+        (
+            &["SEM.ACQUIREALL", "2", "f", "1", "1", "30"],
+            "ERR wrong number",
+        ),
+        (
+            &["SEM.ACQUIREALL", "2", "n", "1", "1", "n", "1", "1", "30"],
+            "ERR a semaphore is named twice",
+        ),
+        (
+            &[
+                "SEM.ACQUIREALL",
+                "2",
+                "n",
+                "1",
+                "1",
+                "n:owner",
+                "1",
+                "1",
+                "30",
+            ],
+            "ERR a semaphore is named twice",
+        ),
+        (&["SEM.ACQUIREALL", "1", "n", "2", "0", "30"], "ERR COUNT"),
+        (&["SEM.ACQUIREALL", "1", "n", "2", "3", "30"], "ERR COUNT"),
+        (&["SEM.ACQUIREALL", "1", "n", "0", "1", "30"], "ERR limit"),
+        (&["SEM.ACQUIREALL", "1", "n", "2", "1", "0"], "ERR lease"),
+        (
+            &["SEM.ACQUIREALL", "1", "n", "2", "1", "30", "WITHTICKET"],
+            "ERR syntax error",
+        ),
+        (
+            &["SEM.ACQUIREALL", "1", "n", "2", "1", "30", "WAIT", "1"],
+            "ERR syntax error",
+        ),
+        (
+            &["SEM.ACQUIREALL", "1", "n", "2", "1", "30", "FAIR", "FAIR"],
+            "ERR syntax error",
+        ),
+        (
+            &["SEM.ACQUIREALL", "1", "", "2", "1", "30"],
+            "ERR semaphore name must not be empty",
+        ),
+        (
+            &["SEM.ACQUIREALL", "2", "n", "2", "1", "f", "3", "1", "30"],
+            "ERR the semaphore has live fair holders",
+        ),
+        (
+            &[
+                "SEM.ACQUIREALL",
+                "2",
+                "n",
+                "2",
+                "1",
+                "p",
+                "3",
+                "1",
+                "30",
+                "FAIR",
+            ],
+            "ERR the semaphore has live plain holders",
+        ),
+        (
+            &["SEM.ACQUIREALL", "2", "n", "2", "1", "s", "3", "1", "30"],
+            "WRONGTYPE",
+        ),
+        (
+            &[
+                "SEM.ACQUIREALL",
+                "2",
+                "f",
+                "3",
+                "2",
+                "p",
+                "3",
+                "1",
+                "30",
+                "ID",
+                "h",
+                "FAIR",
+            ],
+            "ERR the holder holds 1 permits",
+        ),
+        (&["SEM.RELEASEALL", "2", "f", "p"], "ERR wrong number"),
+        (
+            &["SEM.RELEASEALL", "2", "f", "f", "h"],
+            "ERR a semaphore is named twice",
+        ),
+        (&["SEM.RELEASEALL", "2", "f", "s", "h"], "WRONGTYPE"),
+        (
+            &["SEM.RELEASEALL", "1", "f", ""],
+            "ERR identifier must not be empty",
+        ),
+        (&["SEM.REFRESHALL", "2", "f", "p", "h", "-1"], "ERR lease"),
+        (&["SEM.REFRESHALL", "2", "f", "p", "h"], "ERR wrong number"),
+    ];
+    for (args, want) in cases {
+        let err = error_of(&mut c, args);
+        assert!(err.starts_with(want), "{args:?}: {err}");
+    }
+    assert_eq!(everything(&mut c), before, "an error changed a key");
+    let keys: Vec<String> = run(
+        &mut c,
+        &[
+            "COMMAND",
+            "GETKEYS",
+            "SEM.ACQUIREALL",
+            "2",
+            "a",
+            "1",
+            "1",
+            "b",
+            "1",
+            "1",
+            "30",
+        ],
+    );
+    assert_eq!(keys, ["a", "b"]);
+}
+
+#[test]
+fn releaseall_and_refreshall_count_what_was_held_and_serve_waiters() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let got = acquire_all(
+        &mut c,
+        &["2", "x", "1", "1", "y", "2", "2", "0.5", "ID", "h"],
+    );
+    assert_eq!(got, Value::BulkString(b"h".to_vec()));
+    let waiter = Pending::send(
+        &server,
+        &["SEM.ACQUIRE", "x", "1", "30", "ID", "w", "WAIT", "10"],
+    );
+    wait_until("the waiter queues", Duration::from_secs(10), || {
+        info_sem(&mut c)["sem_waiters"] == 1
+    });
+    let refreshed: i64 = run(&mut c, &["SEM.REFRESHALL", "3", "x", "y", "z", "h", "30"]);
+    assert_eq!(refreshed, 2, "z was never held");
+    let deadline_x: i64 = run(&mut c, &["ZSCORE", "x", "h"]);
+    let deadline_y: i64 = run(&mut c, &["ZSCORE", "y", "h"]);
+    assert_eq!(deadline_x, deadline_y);
+    assert!(!waiter.is_done());
+    let released: i64 = run(&mut c, &["SEM.RELEASEALL", "3", "z", "y", "x", "h"]);
+    assert_eq!(released, 2);
+    assert_eq!(
+        waiter.reply().expect("granted"),
+        Value::BulkString(b"w".to_vec())
+    );
+    let keys: Vec<String> = run(&mut c, &["KEYS", "*"]);
+    assert_eq!(
+        keys,
+        ["x"],
+        "y and its permits key went with the last holder"
+    );
+    let released: i64 = run(&mut c, &["SEM.RELEASEALL", "2", "y", "x", "h"]);
+    assert_eq!(released, 0);
+}
+
+#[test]
+fn a_bound_set_comes_back_whole_when_its_connection_closes() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let mut holder = server.connection();
+    let id: i64 = run(&mut holder, &["CLIENT", "ID"]);
+    let got = acquire_all(
+        &mut holder,
+        &["2", "b1", "1", "1", "b2", "3", "2", "30", "BOUND"],
+    );
+    assert!(matches!(got, Value::BulkString(_)), "{got:?}");
+    assert_eq!(info_sem(&mut c)["sem_bound_holders"], 2);
+    let _: i64 = run(&mut c, &["CLIENT", "KILL", "ID", &id.to_string()]);
+    wait_until("both permits come back", Duration::from_secs(10), || {
+        let keys: Vec<String> = run(&mut c, &["KEYS", "*"]);
+        keys.is_empty()
+    });
+    assert_eq!(info_sem(&mut c)["sem_bound_released"], 2);
+}
+
+#[test]
+fn a_key_outside_the_callers_acl_refuses_the_whole_set() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(
+        &mut c,
+        &["ACL", "SETUSER", "u", "on", "nopass", "+@all", "~a*"],
+    );
+    let mut user = server.connection();
+    let _: String = run(&mut user, &["AUTH", "u", "x"]);
+    let err = error_of(
+        &mut user,
+        &["SEM.ACQUIREALL", "2", "a1", "1", "1", "b1", "1", "1", "30"],
+    );
+    assert!(err.starts_with("NOPERM"), "{err}");
+    let keys: Vec<String> = run(&mut c, &["KEYS", "*"]);
+    assert!(keys.is_empty(), "{keys:?}");
+    let got: String = run(
+        &mut user,
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            "a1",
+            "1",
+            "1",
+            "a2",
+            "1",
+            "1",
+            "30",
+            "ID",
+            "ok",
+        ],
+    );
+    assert_eq!(got, "ok");
+}
+
+/// 50 clients take random sets of 4 semaphores (limits 1 to 3, counts 1 or 2) in random
+/// orders, hold them briefly and give them back; meanwhile atomic snapshots of all four prove
+/// that no semaphore is ever over its limit and that every holder holds its whole set. Every
+/// client gets its sets in the end.
+#[test]
+fn fifty_clients_never_hold_part_of_a_set_nor_pass_a_limit() {
+    const NAMES: [&str; 4] = ["c0", "c1", "c2", "c3"];
+    const LIMITS: [u64; 4] = [1, 2, 3, 2];
+    let server = Server::start();
+    let stop = Arc::new(AtomicBool::new(false));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let clients: Vec<_> = (0..50u64)
+        .map(|client| {
+            let mut conn = server.connection();
+            thread::spawn(move || {
+                let mut seed = client * 7919 + 17;
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let mut granted = 0u64;
+                let mut round = 0u64;
+                while Instant::now() < deadline || granted == 0 {
+                    round += 1;
+                    let mut picked: Vec<usize> = (0..4).filter(|_| next() % 2 == 0).collect();
+                    if picked.is_empty() {
+                        picked.push((next() % 4) as usize);
+                    }
+                    // A random order: the order names are given in must not matter.
+                    for i in (1..picked.len()).rev() {
+                        picked.swap(i, (next() % (i as u64 + 1)) as usize);
+                    }
+                    let counts: Vec<u64> = picked
+                        .iter()
+                        .map(|&s| 1 + next() % LIMITS[s].min(2))
+                        .collect();
+                    // The identifier tells which permits its holder must hold.
+                    let mut id = format!("k{client}-{round}");
+                    for (&s, &count) in picked.iter().zip(&counts) {
+                        id.push_str(&format!("-{s}x{count}"));
+                    }
+                    let mut args = vec!["SEM.ACQUIREALL".to_string(), picked.len().to_string()];
+                    for (&s, &count) in picked.iter().zip(&counts) {
+                        args.extend([
+                            NAMES[s].to_string(),
+                            LIMITS[s].to_string(),
+                            count.to_string(),
+                        ]);
+                    }
+                    args.extend(["30".into(), "ID".into(), id.clone()]);
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let got: Value = run(&mut conn, &args);
+                    if got == Value::Nil {
+                        thread::sleep(Duration::from_micros(200));
+                        continue;
+                    }
+                    granted += 1;
+                    let mut release = vec!["SEM.RELEASEALL".to_string(), picked.len().to_string()];
+                    release.extend(picked.iter().map(|&s| NAMES[s].to_string()));
+                    release.push(id);
+                    let release: Vec<&str> = release.iter().map(String::as_str).collect();
+                    let released: i64 = run(&mut conn, &release);
+                    assert_eq!(
+                        released,
+                        picked.len() as i64,
+                        "client {client} lost a permit"
+                    );
+                }
+                granted
+            })
+        })
+        .collect();
+    let checker = {
+        let stop = stop.clone();
+        let mut conn = server.connection();
+        thread::spawn(move || {
+            let mut snapshots = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let mut pipe = redis::pipe();
+                pipe.atomic();
+                for name in NAMES {
+                    pipe.cmd("SEM.GET").arg(name).arg("JSON");
+                }
+                let docs: Vec<String> = pipe.query(&mut conn).expect("snapshot");
+                let mut held: BTreeMap<String, BTreeSet<(usize, u64)>> = BTreeMap::new();
+                for (s, doc) in docs.iter().enumerate() {
+                    let doc: serde_json::Value = serde_json::from_str(doc).expect("JSON");
+                    let in_use = doc["in_use"].as_u64().expect("in_use");
+                    assert!(in_use <= LIMITS[s], "{} over its limit: {doc}", NAMES[s]);
+                    for holder in doc["holders"].as_array().expect("holders") {
+                        let id = holder["id"].as_str().expect("id").to_string();
+                        let permits = holder["permits"].as_u64().expect("permits");
+                        held.entry(id).or_default().insert((s, permits));
+                    }
+                }
+                for (id, permits) in held {
+                    let want: BTreeSet<(usize, u64)> = id
+                        .split('-')
+                        .skip(2)
+                        .map(|part| {
+                            let (s, count) = part.split_once('x').expect("s x count");
+                            (s.parse().expect("s"), count.parse().expect("count"))
+                        })
+                        .collect();
+                    assert_eq!(permits, want, "{id} holds part of its set");
+                }
+                snapshots += 1;
+            }
+            snapshots
+        })
+    };
+    let grants: Vec<u64> = clients
+        .into_iter()
+        .map(|c| c.join().expect("a client failed"))
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let snapshots = checker.join().expect("the checker failed");
+    assert!(
+        grants.iter().all(|&g| g > 0),
+        "a client was never served: {grants:?}"
+    );
+    assert!(snapshots > 10, "only {snapshots} snapshots");
+    let mut c = server.connection();
+    let keys: Vec<String> = run(&mut c, &["KEYS", "*"]);
+    assert!(
+        keys.iter()
+            .all(|k| k.ends_with(":counter") || !k.contains(':'))
+            && !keys.iter().any(|k| NAMES.contains(&k.as_str())),
+        "everything was given back: {keys:?}"
+    );
+}
+
+#[test]
+fn a_replica_and_an_aof_hold_exactly_the_primarys_keys() {
+    let primary = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--repl-diskless-sync",
+        "no",
+    ]);
+    let replica = start_replica_of(&primary);
+    let mut p = primary.connection();
+    let long = "600";
+    let _: Value = acquire_all(
+        &mut p,
+        &["2", "r1", "2", "1", "r2", "3", "2", long, "ID", "a"],
+    );
+    let _: Value = acquire_all(
+        &mut p,
+        &["2", "r4", "2", "1", "r3", "1", "1", long, "ID", "b", "FAIR"],
+    );
+    let _: Value = acquire_all(
+        &mut p,
+        &[
+            "3", "f1", "2", "1", "f2", "3", "2", "f3", "1", "1", long, "ID", "c", "FAIR",
+        ],
+    );
+    let _: Value = acquire_all(&mut p, &["1", "r1", "2", "1", long, "ID", "d"]);
+    let _: i64 = run(&mut p, &["SEM.REFRESHALL", "2", "r1", "r2", "a", long]);
+    let _: i64 = run(&mut p, &["SEM.RELEASEALL", "2", "f2", "f3", "c"]);
+    let _: Value = acquire_all(
+        &mut p,
+        &["2", "r2", "3", "1", "x", "1", "1", "0.05", "ID", "gone"],
+    );
+    thread::sleep(Duration::from_millis(100));
+    let _: Value = acquire_all(
+        &mut p,
+        &["2", "r2", "3", "1", "x", "1", "1", long, "ID", "e"],
+    );
+    wait_for_replica(&mut p);
+    let on_primary = snapshot_of_all_keys(&mut p);
+    assert!(on_primary.len() >= 6, "{on_primary:?}");
+    let mut r = replica.connection();
+    assert_eq!(snapshot_of_all_keys(&mut r), on_primary);
+    let dir = primary.stop();
+    let reloaded = Server::restart_in(&dir, &["--appendonly", "yes"]);
+    let mut again = reloaded.connection();
+    assert_eq!(snapshot_of_all_keys(&mut again), on_primary);
+}
