@@ -158,6 +158,33 @@ impl Waiter {
     }
 }
 
+/// MODULE LIST reports the crate's version, encoded as Redis modules do (1.2.3 is 10203), so
+/// a server shows which release it runs.
+#[test]
+fn module_list_reports_the_crates_version() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let modules: Vec<Vec<Value>> = run(&mut c, &["MODULE", "LIST"]);
+    let fields = |module: &Vec<Value>| -> BTreeMap<String, Value> {
+        module
+            .chunks(2)
+            .map(|pair| (redis::from_redis_value(&pair[0]).unwrap(), pair[1].clone()))
+            .collect()
+    };
+    let sem = modules
+        .iter()
+        .map(fields)
+        .find(|module| module.get("name") == Some(&Value::BulkString(b"sem".to_vec())))
+        .expect("MODULE LIST has no module named sem");
+    let [major, minor, patch] = [
+        env!("CARGO_PKG_VERSION_MAJOR"),
+        env!("CARGO_PKG_VERSION_MINOR"),
+        env!("CARGO_PKG_VERSION_PATCH"),
+    ]
+    .map(|part| part.parse::<i64>().unwrap());
+    assert_eq!(sem["ver"], Value::Int(major * 10_000 + minor * 100 + patch));
+}
+
 /// The README's redis.conf snippet, as written there (its `loadmodule` line aside: the harness
 /// loads the module), starts a server with those settings.
 #[test]
