@@ -76,12 +76,72 @@ fn deinit(ctx: &Context) -> Status {
     Status::Ok
 }
 
+/// The version `MODULE LIST` reports, encoded as Redis modules do (1.2.3 is 10203), from the
+/// crate's version so the module, its packages and the server agree on one number.
+const MODULE_VERSION: i32 = encode_version(
+    env!("CARGO_PKG_VERSION_MAJOR"),
+    env!("CARGO_PKG_VERSION_MINOR"),
+    env!("CARGO_PKG_VERSION_PATCH"),
+);
+
+/// `major * 10000 + minor * 100 + patch`; fails the build when a part does not fit in its digits.
+const fn encode_version(major: &str, minor: &str, patch: &str) -> i32 {
+    let (major, minor, patch) = (parse(major), parse(minor), parse(patch));
+    assert!(
+        minor < 100 && patch < 100 && major < 200_000,
+        "version does not fit the encoding"
+    );
+    major * 10_000 + minor * 100 + patch
+}
+
+/// Decimal digits to a number, usable in a const (str::parse is not).
+const fn parse(digits: &str) -> i32 {
+    let bytes = digits.as_bytes();
+    assert!(!bytes.is_empty(), "empty version part");
+    let mut value = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        assert!(
+            bytes[i].is_ascii_digit(),
+            "version part is not decimal digits"
+        );
+        value = value * 10 + (bytes[i] - b'0') as i32;
+        i += 1;
+    }
+    value
+}
+
 redis_module! {
     name: "sem",
-    version: 1,
+    version: MODULE_VERSION,
     allocator: (Allocator, Allocator),
     data_types: [],
     init: init,
     deinit: deinit,
     commands: [],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_encode_as_redis_modules_do() {
+        assert_eq!(encode_version("1", "2", "3"), 10203);
+        assert_eq!(encode_version("0", "1", "0"), 100);
+        assert_eq!(encode_version("10", "0", "99"), 100099);
+    }
+
+    #[test]
+    fn the_module_version_is_the_crates() {
+        let parts: Vec<i32> = env!("CARGO_PKG_VERSION")
+            .split(['.', '-', '+'])
+            .take(3)
+            .map(|part| part.parse().unwrap())
+            .collect();
+        assert_eq!(
+            MODULE_VERSION,
+            parts[0] * 10_000 + parts[1] * 100 + parts[2]
+        );
+    }
 }

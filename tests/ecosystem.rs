@@ -150,6 +150,64 @@ impl Waiter {
     }
 }
 
+/// MODULE LIST reports the crate's version, encoded as Redis modules do (1.2.3 is 10203), so
+/// a server shows which release it runs.
+#[test]
+fn module_list_reports_the_crates_version() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let modules: Vec<Vec<Value>> = run(&mut c, &["MODULE", "LIST"]);
+    let fields = |module: &Vec<Value>| -> BTreeMap<String, Value> {
+        module
+            .chunks(2)
+            .map(|pair| (redis::from_redis_value(&pair[0]).unwrap(), pair[1].clone()))
+            .collect()
+    };
+    let sem = modules
+        .iter()
+        .map(fields)
+        .find(|module| module.get("name") == Some(&Value::BulkString(b"sem".to_vec())))
+        .expect("MODULE LIST has no module named sem");
+    let [major, minor, patch] = [
+        env!("CARGO_PKG_VERSION_MAJOR"),
+        env!("CARGO_PKG_VERSION_MINOR"),
+        env!("CARGO_PKG_VERSION_PATCH"),
+    ]
+    .map(|part| part.parse::<i64>().unwrap());
+    assert_eq!(sem["ver"], Value::Int(major * 10_000 + minor * 100 + patch));
+}
+
+/// One version for all: the client packages carry the module's (the crate's) version, and the
+/// CHANGELOG has an entry for it.
+#[test]
+fn the_packages_and_changelog_carry_the_crates_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let read = |path: &str| {
+        std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap_or_else(|err| panic!("{path}: {err}"))
+    };
+    let version_line = |path: &str| -> String {
+        read(path)
+            .lines()
+            .find_map(|line| line.strip_prefix("version = "))
+            .unwrap_or_else(|| panic!("{path} has no version line"))
+            .trim_matches('"')
+            .to_string()
+    };
+    assert_eq!(version_line("clients/python/pyproject.toml"), version);
+    assert_eq!(version_line("clients/rust/Cargo.toml"), version);
+    let package: serde_json::Value =
+        serde_json::from_str(&read("clients/node/package.json")).unwrap();
+    assert_eq!(package["version"], version);
+    let changelog = read("CHANGELOG.md");
+    assert!(
+        changelog
+            .lines()
+            .any(|line| line == format!("## {version}")),
+        "CHANGELOG.md has no section ## {version}"
+    );
+}
+
 /// The README's redis.conf snippet, as written there (its `loadmodule` line aside: the harness
 /// loads the module), starts a server with those settings.
 #[test]

@@ -1,13 +1,13 @@
 "use strict";
-// Permits of a redsem semaphore (the Redis module `sem`) for ioredis 5 (CommonJS, Node 18+).
-// Copy this file into your project, or require it from here.
+// Permits of a redsem semaphore (the Redis module `sem`) for ioredis 5 or node-redis 4 and 5
+// (the `redis` package), CommonJS, Node 18+. The package redsem-client; types in redsem.d.ts.
 //
-//   const { withPermit } = require("./redsem");
+//   const { withPermit } = require("redsem-client");
 //   await withPermit(redis, "jobs", { limit: 3, lease: 30, wait: 10 }, async (permit) => {
 //     // at most 3 holders here; permit.signal aborts if the permit is lost
 //   });
 //
-// The identifier is made here (a UUID v4) unless `id` gives one, so when ioredis resends an
+// The identifier is made here (a UUID v4) unless `id` gives one, so when the client resends an
 // acquire after a reconnection it renews the same holder rather than taking a second permit.
 
 const { randomUUID } = require("node:crypto");
@@ -83,19 +83,67 @@ function acquireArgs(name, opts, id) {
   return [opts.fair ? "SEM.ACQUIREFAIR" : "SEM.ACQUIRE", ...args];
 }
 
+/**
+ * The four things a permit does with a connection (send a command, open a connection of its
+ * own, close it, drop it), over either client library.
+ */
+function adapt(redis) {
+  if (redis && typeof redis.call === "function" && typeof redis.duplicate === "function") {
+    return {
+      call: (...args) => redis.call(...args),
+      // ioredis connects a duplicate by itself, and queues commands until it has.
+      duplicate: async (override) => adapt(redis.duplicate(override)),
+      close: () => redis.quit().catch(() => redis.disconnect()),
+      destroy: () => redis.disconnect(),
+      commandTimeout: redis.options && redis.options.commandTimeout,
+    };
+  }
+  if (redis && typeof redis.sendCommand === "function" && typeof redis.duplicate === "function") {
+    return {
+      // node-redis sends strings and buffers only.
+      call: (...args) =>
+        redis.sendCommand(args.map((arg) => (Buffer.isBuffer(arg) ? arg : String(arg)))),
+      duplicate: async () => {
+        const own = redis.duplicate();
+        // An 'error' event without a listener would end the process; the permit learns of
+        // errors from its commands, and node-redis reconnects by itself.
+        own.on("error", () => {});
+        await own.connect();
+        return adapt(own);
+      },
+      // node-redis 5 has close() and destroy(); 4 has quit() and disconnect().
+      close: async () => {
+        try {
+          await (typeof redis.close === "function" ? redis.close() : redis.quit());
+        } catch {
+          await Promise.resolve(
+            typeof redis.destroy === "function" ? redis.destroy() : redis.disconnect(),
+          ).catch(() => {});
+        }
+      },
+      destroy: () => {
+        const ended = typeof redis.destroy === "function" ? redis.destroy() : redis.disconnect();
+        Promise.resolve(ended).catch(() => {});
+      },
+      commandTimeout: undefined,
+    };
+  }
+  throw new TypeError("redis must be an ioredis client or a connected node-redis client");
+}
+
 /** The connection a permit uses: its own when it waits or binds, else the caller's. */
-function connectionFor(redis, opts) {
-  if (!opts.wait && !opts.bound && !opts.durableReplicas) return { conn: redis, own: false };
+async function connectionFor(client, opts) {
+  if (!opts.wait && !opts.bound && !opts.durableReplicas) return { conn: client, own: false };
   // WAIT blocks the connection it is sent on, BOUND ties the permit to it, and WAIT numreplicas
-  // covers that connection's writes. A commandTimeout must outlast the server's wait.
+  // covers that connection's writes. An ioredis commandTimeout must outlast the server's wait.
   const override = {};
-  const timeout = redis.options && redis.options.commandTimeout;
+  const timeout = client.commandTimeout;
   if (timeout) {
     const durableMs = opts.durableReplicas ? opts.durableTimeoutMs : 0;
     const blockMs = Math.max((opts.wait || 0) * 1000, durableMs);
     override.commandTimeout = Number.isFinite(blockMs) ? timeout + blockMs : undefined;
   }
-  return { conn: redis.duplicate(override), own: true };
+  return { conn: await client.duplicate(override), own: true };
 }
 
 const asyncDispose = Symbol.asyncDispose || Symbol.for("nodejs.asyncDispose");
@@ -195,7 +243,7 @@ class Permit {
       this._markLost(`the release failed: ${err.message}`);
       throw err;
     } finally {
-      if (this._own) await this._conn.quit().catch(() => this._conn.disconnect());
+      if (this._own) await this._conn.close();
     }
     if (reply !== 1) this._markLost("SEM.RELEASE answered 0: the lease ran out before the release");
     return this._lostError === null;
@@ -267,13 +315,14 @@ class Permit {
  * taking another, so never hold two permits with one id at once), durableReplicas and
  * durableTimeoutMs (WAIT for replicas after the grant), autoRefresh (default true).
  *
- * A permit that waits, binds or asks for replicas uses a connection of its own
- * (`redis.duplicate()`), closed at its release; the others use `redis`.
+ * `redis` is an ioredis client or a connected node-redis client. A permit that waits, binds or
+ * asks for replicas uses a connection of its own (`redis.duplicate()`), closed at its release;
+ * the others use `redis`.
  */
 async function acquire(redis, name, options = {}) {
   const opts = checkOptions(name, options);
   const id = opts.id != null ? opts.id : randomUUID();
-  const { conn, own } = connectionFor(redis, opts);
+  const { conn, own } = await connectionFor(adapt(redis), opts);
   let permit;
   try {
     const sent = performance.now();
@@ -303,7 +352,7 @@ async function acquire(redis, name, options = {}) {
     if (permit) {
       await permit.release().catch(() => {});
     } else if (own) {
-      conn.disconnect(); // a wait under way ends with its connection
+      conn.destroy(); // a wait under way ends with its connection
     }
     throw err;
   }

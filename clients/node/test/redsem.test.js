@@ -1,5 +1,5 @@
 "use strict";
-// Tests of redsem.js against a real redis-server with the module loaded (test/server.js).
+// Tests of redsem-client with ioredis against a real redis-server with the module loaded (test/server.js).
 
 const assert = require("node:assert/strict");
 const fs = require("node:fs");
@@ -8,7 +8,7 @@ const { after, before, beforeEach, test } = require("node:test");
 const { setTimeout: sleep } = require("node:timers/promises");
 const Redis = require("ioredis");
 
-const { acquire, withPermit, NotAcquired, NotDurable, PermitLost } = require("../redsem");
+const { acquire, withPermit, NotAcquired, NotDurable, PermitLost } = require("redsem-client");
 const { startServer } = require("./server");
 
 let server;
@@ -39,7 +39,11 @@ async function waitUntil(what, condition, limitMs = 5000) {
 }
 
 test("the README's example, as written there, on the test server", async () => {
-  const readme = fs.readFileSync(path.join(__dirname, "../../README.md"), "utf8");
+  // REDSEM_CLIENTS_README: where the tests run from an installed copy, outside the repository.
+  const readme = fs.readFileSync(
+    process.env.REDSEM_CLIENTS_README || path.join(__dirname, "../../README.md"),
+    "utf8",
+  );
   const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((match) => match[1]);
   assert.equal(blocks.length, 1);
   assert.ok(blocks[0].includes("new Redis(6379)"));
@@ -47,8 +51,7 @@ test("the README's example, as written there, on the test server", async () => {
   const AsyncFunction = (async () => {}).constructor;
   const printed = [];
   const console = { log: (...args) => printed.push(args.join(" ")) };
-  const requireHere = (name) => require(name === "./redsem" ? "../redsem" : name);
-  await new AsyncFunction("require", "console", code)(requireHere, console);
+  await new AsyncFunction("require", "console", code)(require, console);
   assert.ok(printed.some((line) => line.startsWith("working on 3 as")), printed.join("\n"));
   assert.ok(printed.some((line) => line.endsWith("has ticket 1")), printed.join("\n"));
   assert.equal(await live("jobs"), 0);

@@ -1,6 +1,7 @@
 "use strict";
 // A redis-server with the module loaded, on a free loopback port, in a scratch directory.
-// REDSEM_MODULE names the module (default: the repository's target/debug/libredsem.so),
+// REDSEM_MODULE names the module (default: the repository's target/debug/libredsem.so; set it
+// where the tests run outside the repository),
 // REDIS_SERVER the server binary (default: redis-server).
 
 const { spawn } = require("node:child_process");

@@ -1,7 +1,7 @@
 """Permits of a redsem semaphore (the Redis module ``sem``) for redis-py.
 
-Copy this file into your project, or put its directory on ``sys.path``. It needs Python 3.8 or
-later, redis-py 5 or later (tested with 8.1) and a server with the module loaded.
+Install it with ``pip install clients/python`` (the package redsem-client). It needs Python
+3.8 or later, redis-py 5 or later (tested with 8.1) and a server with the module loaded.
 
     import redis
     from redsem import Semaphore, NotAcquired, PermitLost
@@ -32,7 +32,8 @@ import math
 import threading
 import time
 import uuid
-from typing import Any, Optional, Tuple, Union
+from types import TracebackType
+from typing import Any, List, Optional, Tuple, Type, Union, cast
 
 import redis
 import redis.asyncio
@@ -49,6 +50,18 @@ __all__ = [
 ]
 
 Identifier = Union[str, bytes]
+# A command's arguments as redis-py sends them.
+Args = List[Union[str, bytes, int, float]]
+
+
+def _execute(conn: redis.Redis, *args: Union[str, bytes, int, float]) -> Any:
+    """conn.execute_command, whose signature some redis-py releases leave untyped."""
+    return cast(Any, conn).execute_command(*args)
+
+
+async def _execute_async(conn: redis.asyncio.Redis, *args: Union[str, bytes, int, float]) -> Any:
+    """As _execute, for redis.asyncio."""
+    return await cast(Any, conn).execute_command(*args)
 
 
 class SemaphoreError(Exception):
@@ -95,31 +108,35 @@ def _add_note(exc: BaseException, note: str) -> None:
 _NO_LIMIT = 31536000.0
 
 
-def _run_blocking(conn: redis.Redis, args: list, block: Optional[float]) -> Any:
+def _run_blocking(conn: redis.Redis, args: Args, block: Optional[float]) -> Any:
     """Runs a command that may block ``block`` seconds in the server (None: without limit) on a
     single-connection client. The reply is read for that long plus the connection's
     socket_timeout (redis-py 8 sets 5 s by default, shorter than many waits), and not retried
     (a retried wait would join the end of the line)."""
     connection = conn.connection
+    if connection is None:
+        raise SemaphoreError("a single-connection client has no connection")
     base = connection.socket_timeout
     if (
         block == 0
         or base is None
         or "timeout" not in inspect.signature(connection.read_response).parameters
     ):
-        return conn.execute_command(*args)
-    connection.send_command(*args)
+        return _execute(conn, *args)
+    cast(Any, connection).send_command(*args)  # untyped in some redis-py releases
     # On a timeout redis-py closes the connection (the server then drops the waiter).
     return connection.read_response(timeout=(_NO_LIMIT if block is None else block) + base)
 
 
-async def _run_blocking_async(conn: redis.asyncio.Redis, args: list, block: Optional[float]) -> Any:
+async def _run_blocking_async(conn: redis.asyncio.Redis, args: Args, block: Optional[float]) -> Any:
     """As _run_blocking, for redis.asyncio."""
     await conn.initialize()
     connection = conn.connection
+    if connection is None:
+        raise SemaphoreError("a single-connection client has no connection")
     base = connection.socket_timeout
     if block == 0 or base is None:
-        return await conn.execute_command(*args)
+        return await _execute_async(conn, *args)
     timeout = (_NO_LIMIT if block is None else block) + base
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -129,7 +146,7 @@ async def _run_blocking_async(conn: redis.asyncio.Redis, args: list, block: Opti
         # redis.asyncio answers None to a read that timed out: its reply may still come, so
         # this connection must not serve another command.
         await connection.disconnect()
-        raise redis.TimeoutError(f"no reply to {args[0]} within {timeout} s")
+        raise redis.TimeoutError(f"no reply to {args[0]!s} within {timeout} s")
     return reply
 
 
@@ -176,9 +193,9 @@ class _Options:
         self.durable_timeout_ms = durable_timeout_ms
         self.auto_refresh = auto_refresh
 
-    def acquire_command(self, identifier: Identifier) -> list:
+    def acquire_command(self, identifier: Identifier) -> Args:
         command = "SEM.ACQUIREFAIR" if self.fair else "SEM.ACQUIRE"
-        args = [command, self.name, self.limit, _seconds(self.lease), "ID", identifier]
+        args: Args = [command, self.name, self.limit, _seconds(self.lease), "ID", identifier]
         if self.count is not None:
             args += ["COUNT", self.count]
         if self.fair:
@@ -284,7 +301,14 @@ class Permit(_PermitState):
     """A granted permit: refreshed in a background thread every lease/3 while held, given back
     by ``release()`` or at the end of its ``with`` block."""
 
-    def __init__(self, options, conn, identifier, ticket, sent) -> None:
+    def __init__(
+        self,
+        options: _Options,
+        conn: redis.Redis,
+        identifier: Identifier,
+        ticket: Optional[int],
+        sent: float,
+    ) -> None:
         super().__init__(options, identifier, ticket, sent)
         self._conn = conn
         self._stop = threading.Event()
@@ -293,7 +317,7 @@ class Permit(_PermitState):
 
     def _start_refreshing(self) -> None:
         self._thread = threading.Thread(
-            target=self._refresh_loop, name=f"redsem-refresh-{self.id}", daemon=True
+            target=self._refresh_loop, name=f"redsem-refresh-{self.id!r}", daemon=True
         )
         self._thread.start()
 
@@ -312,14 +336,14 @@ class Permit(_PermitState):
         if self._released is not None:
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
-        reply = self._conn.execute_command("SEM.REFRESH", self.name, self.id, _seconds(self.lease))
+        reply = _execute(self._conn, "SEM.REFRESH", self.name, self.id, _seconds(self.lease))
         return self._refreshed(reply, sent)
 
     def release_some(self, count: int) -> bool:
         """Gives back ``count`` of a weighted permit's permits and keeps holding the rest (with
         its deadline and ticket). Returns False, and marks it lost, if it had run out."""
         self._check_release_some(count)
-        reply = self._conn.execute_command("SEM.RELEASE", self.name, self.id, "COUNT", count)
+        reply = _execute(self._conn, "SEM.RELEASE", self.name, self.id, "COUNT", count)
         if reply == 1:
             self.count -= count
             return True
@@ -338,7 +362,7 @@ class Permit(_PermitState):
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join()  # lets a refresh under way finish first
             try:
-                reply = self._conn.execute_command("SEM.RELEASE", self.name, self.id)
+                reply = _execute(self._conn, "SEM.RELEASE", self.name, self.id)
             except BaseException as err:
                 self._release_failed(err)
                 raise
@@ -349,27 +373,38 @@ class Permit(_PermitState):
     def __enter__(self) -> "Permit":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         try:
             released = self.release()
         except Exception as err:
             if exc is None:
                 raise
             _add_note(exc, f"redsem: releasing {self.name!r} failed too: {err!r}")
-            return False
+            return
         if exc is None and not released:
             raise PermitLost(self._lost_message())
-        return False
 
 
 class AsyncPermit(_PermitState):
     """The asyncio form of Permit: refreshed by an asyncio task every lease/3 while held."""
 
-    def __init__(self, options, conn, identifier, ticket, sent) -> None:
+    def __init__(
+        self,
+        options: _Options,
+        conn: redis.asyncio.Redis,
+        identifier: Identifier,
+        ticket: Optional[int],
+        sent: float,
+    ) -> None:
         super().__init__(options, identifier, ticket, sent)
         self._conn = conn
         self._stop = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
+        self._task: Optional["asyncio.Task[None]"] = None
         self._release_lock = asyncio.Lock()
 
     def _start_refreshing(self) -> None:
@@ -396,7 +431,7 @@ class AsyncPermit(_PermitState):
         if self._released is not None:
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
-        reply = await self._conn.execute_command(
+        reply = await _execute_async(self._conn, 
             "SEM.REFRESH", self.name, self.id, _seconds(self.lease)
         )
         return self._refreshed(reply, sent)
@@ -404,7 +439,7 @@ class AsyncPermit(_PermitState):
     async def release_some(self, count: int) -> bool:
         """As Permit.release_some."""
         self._check_release_some(count)
-        reply = await self._conn.execute_command("SEM.RELEASE", self.name, self.id, "COUNT", count)
+        reply = await _execute_async(self._conn, "SEM.RELEASE", self.name, self.id, "COUNT", count)
         if reply == 1:
             self.count -= count
             return True
@@ -421,7 +456,7 @@ class AsyncPermit(_PermitState):
             if self._task is not None and self._task is not asyncio.current_task():
                 await self._task
             try:
-                reply = await self._conn.execute_command("SEM.RELEASE", self.name, self.id)
+                reply = await _execute_async(self._conn, "SEM.RELEASE", self.name, self.id)
             except BaseException as err:
                 self._release_failed(err)
                 raise
@@ -432,17 +467,21 @@ class AsyncPermit(_PermitState):
     async def __aenter__(self) -> "AsyncPermit":
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         try:
             released = await self.release()
         except Exception as err:
             if exc is None:
                 raise
             _add_note(exc, f"redsem: releasing {self.name!r} failed too: {err!r}")
-            return False
+            return
         if exc is None and not released:
             raise PermitLost(self._lost_message())
-        return False
 
 
 # The permits entered through `with semaphore` in this thread or task, innermost last, so one
@@ -513,7 +552,9 @@ class Semaphore:
         """Takes a permit, or raises NotAcquired (or NotDurable, or a redis-py error)."""
         options = self.options
         identifier = options.identifier or str(uuid.uuid4())
-        conn = self.client.client()  # one connection of the pool, for this permit only
+        # One connection of the pool, for this permit only (client() is untyped in some
+        # redis-py releases).
+        conn: redis.Redis = cast(Any, self.client).client()
         try:
             sent = time.monotonic()
             command = options.acquire_command(identifier)
@@ -526,7 +567,7 @@ class Semaphore:
             raise
         try:
             if options.durable_replicas:
-                wait = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
+                wait: Args = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
                 acked = _run_blocking(conn, wait, options.durable_timeout_ms / 1000 or None)
                 if acked < options.durable_replicas:
                     raise NotDurable(
@@ -553,8 +594,13 @@ class Semaphore:
         _push(self, permit)
         return permit
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        return _pop(self).__exit__(exc_type, exc, tb)
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        _pop(self).__exit__(exc_type, exc, tb)
 
 
 class AsyncSemaphore:
@@ -602,7 +648,7 @@ class AsyncSemaphore:
             raise
         try:
             if options.durable_replicas:
-                wait = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
+                wait: Args = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
                 acked = await _run_blocking_async(
                     conn, wait, options.durable_timeout_ms / 1000 or None
                 )
@@ -630,5 +676,10 @@ class AsyncSemaphore:
         _push(self, permit)
         return permit
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
-        return await _pop(self).__aexit__(exc_type, exc, tb)
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        await _pop(self).__aexit__(exc_type, exc, tb)

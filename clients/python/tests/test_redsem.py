@@ -1,7 +1,7 @@
-"""Tests of redsem.py against a real redis-server with the module loaded.
+"""Tests of the redsem package against a real redis-server with the module loaded.
 
 REDSEM_MODULE names the module (default: target/debug/libredsem.so of the repository),
-REDIS_SERVER the server binary (default: redis-server). Run: python -m pytest clients/python
+REDIS_SERVER the server binary (default: redis-server). Run: pip install clients/python, then python -m pytest clients/python/tests
 """
 
 import asyncio
@@ -33,7 +33,7 @@ from redsem import (
     Semaphore,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODULE = os.environ.get("REDSEM_MODULE") or str(ROOT / "target/debug/libredsem.so")
 REDIS_SERVER = os.environ.get("REDIS_SERVER") or "redis-server"
 
@@ -107,7 +107,7 @@ def wait_until(what, condition, limit=5.0):
 
 def test_the_readme_examples(r, server, capsys):
     """The Python examples of clients/README.md, as written there, on the test server."""
-    readme = Path(__file__).resolve().parent.parent / "README.md"
+    readme = ROOT / "clients/README.md"
     blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
     assert len(blocks) == 2
     for block in blocks:
@@ -165,7 +165,7 @@ def test_wait_is_served_when_a_holder_leaves(r):
 
 @pytest.mark.skipif(
     "timeout" not in inspect.signature(redis.connection.Connection.read_response).parameters,
-    reason="redis-py before 8: a socket_timeout must exceed the wait (see redsem.py)",
+    reason="redis-py before 8: a socket_timeout must exceed the wait (see the redsem package)",
 )
 def test_a_wait_may_outlast_the_socket_timeout(server):
     # No retries: a retried acquire would wait again, and hide the timeout.
@@ -316,9 +316,7 @@ def test_a_bound_permit_is_given_back_when_its_process_dies(r, server):
         "    print(permit.id, flush=True)\n"
         "    time.sleep(60)\n"
     )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=os.path.dirname(__file__)
-    )
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     try:
         holder_id = holder.stdout.readline().strip()
         assert r.zrange("jobs", 0, -1) == [holder_id]

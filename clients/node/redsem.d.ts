@@ -1,0 +1,97 @@
+// Types of redsem.js: permits of redsem semaphores (the Redis module `sem`) for ioredis and
+// node-redis. The clients are described by what the permit uses of them, so this file needs
+// neither library's types and accepts either's client.
+
+/** An ioredis client (`new Redis()`), as far as a permit uses it. */
+export interface IORedisClient {
+  call(command: string, ...args: (string | number | Buffer)[]): Promise<unknown>;
+  duplicate(override?: { commandTimeout?: number }): IORedisClient;
+  quit(): Promise<unknown>;
+  disconnect(): void;
+  options?: { commandTimeout?: number };
+}
+
+/** A connected node-redis client (`await createClient().connect()`), as a permit uses it. */
+export interface NodeRedisClient {
+  sendCommand(args: Array<string | Buffer>): Promise<unknown>;
+  duplicate(): NodeRedisClient;
+  connect(): Promise<unknown>;
+  on(event: "error", listener: (err: Error) => void): unknown;
+}
+
+export type Client = IORedisClient | NodeRedisClient;
+
+export interface PermitOptions {
+  /** Permits of the semaphore in all, from 1 to 4294967295. */
+  limit: number;
+  /** Seconds (milliseconds count); refreshed every lease/3. Default 30. */
+  lease?: number;
+  /** Seconds to wait in the server; null or 0: no waiting, Infinity: no limit. */
+  wait?: number | null;
+  /** SEM.ACQUIREFAIR: first come, first served, and `ticket` is a fencing token. */
+  fair?: boolean;
+  /** Permits taken at once, all or none. */
+  count?: number | null;
+  /** Given back when the permit's connection closes. */
+  bound?: boolean;
+  /** The holder's identifier (default: a new UUID v4); it names one permit. */
+  id?: string | null;
+  /** Replicas that must acknowledge the grant (WAIT numreplicas). Default 0. */
+  durableReplicas?: number;
+  /** How long to wait for them, in milliseconds. Default 1000. */
+  durableTimeoutMs?: number;
+  /** Refresh in the background every lease/3. Default true. */
+  autoRefresh?: boolean;
+}
+
+export class SemaphoreError extends Error {}
+/** No permit was granted: the semaphore was full (for `wait` seconds, when waiting). */
+export class NotAcquired extends SemaphoreError {}
+/** The permit ran out before it was given back: the work it guarded may have overlapped. */
+export class PermitLost extends SemaphoreError {}
+/** Fewer replicas than `durableReplicas` acknowledged the grant in time; it was given back. */
+export class NotDurable extends SemaphoreError {
+  constructor(message: string, acked: number, wanted: number);
+  readonly acked: number;
+  readonly wanted: number;
+}
+
+export class Permit {
+  private constructor();
+  readonly name: string;
+  /** The holder's identifier: `id`, or the UUID v4 made for this permit. */
+  readonly id: string;
+  /** The fencing ticket of a fair permit (only ever grows per name), else null. */
+  readonly ticket: number | null;
+  /** The number of permits held (COUNT). */
+  readonly count: number;
+  readonly lease: number;
+  /** Aborted (with the PermitLost error as its reason) when the permit is lost. */
+  readonly signal: AbortSignal;
+  /** Resolves with the PermitLost error when the permit is lost; never rejects. */
+  readonly whenLost: Promise<PermitLost>;
+  /** True once the permit may have run out; it stays true. */
+  readonly lost: boolean;
+  /** Throws PermitLost if the permit is lost. */
+  check(): void;
+  /** Moves the deadline to now + lease; false if the permit was lost. */
+  refresh(): Promise<boolean>;
+  /** Gives back `count` of a weighted permit's permits and keeps the rest. */
+  releaseSome(count: number): Promise<boolean>;
+  /** Gives the permit back: true if it was held throughout, false if it was lost. */
+  release(): Promise<boolean>;
+}
+
+/** Takes a permit of the semaphore `name`, or rejects with NotAcquired (or NotDurable). */
+export function acquire(redis: Client, name: string, options: PermitOptions): Promise<Permit>;
+
+/**
+ * Runs `work(permit)` holding a permit and gives it back afterwards; rejects with the work's
+ * error, or with PermitLost if the permit ran out during the work.
+ */
+export function withPermit<T>(
+  redis: Client,
+  name: string,
+  options: PermitOptions,
+  work: (permit: Permit) => Promise<T> | T,
+): Promise<T>;

@@ -1,0 +1,130 @@
+"use strict";
+// Tests of redsem-client with node-redis (the `redis` package) against a real redis-server: the
+// same permits as with ioredis, through node-redis's own calls (sendCommand, duplicate,
+// connect, close).
+
+const assert = require("node:assert/strict");
+const fs = require("node:fs");
+const path = require("node:path");
+const { after, before, beforeEach, test } = require("node:test");
+const { setTimeout: sleep } = require("node:timers/promises");
+const { createClient } = require("redis");
+
+const { acquire, withPermit, NotAcquired, PermitLost } = require("redsem-client");
+const { startServer } = require("./server");
+
+let server;
+let redis;
+
+before(async () => {
+  server = await startServer();
+  redis = await createClient({ url: `redis://127.0.0.1:${server.port}` }).connect();
+});
+
+after(async () => {
+  await redis.close();
+  await server.stop();
+});
+
+beforeEach(async () => {
+  await redis.flushAll();
+});
+
+const live = (name) => redis.sendCommand(["SEM.GET", name]);
+const clients = async () => (await redis.clientList()).length;
+
+async function waitUntil(what, condition, limitMs = 5000) {
+  const deadline = Date.now() + limitMs;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
+    await sleep(10);
+  }
+}
+
+test("node-redis: the README's example, as written there, on the test server", async () => {
+  const readme = fs.readFileSync(
+    process.env.REDSEM_CLIENTS_README || path.join(__dirname, "../../README.md"),
+    "utf8",
+  );
+  const blocks = [...readme.matchAll(/```javascript\n([\s\S]*?)```/g)].map((match) => match[1]);
+  assert.equal(blocks.length, 1);
+  const url = "redis://127.0.0.1:6379";
+  assert.ok(blocks[0].includes(url));
+  const code = blocks[0].replace(url, `redis://127.0.0.1:${server.port}`);
+  const AsyncFunction = (async () => {}).constructor;
+  const printed = [];
+  const console = { log: (...args) => printed.push(args.join(" ")) };
+  await new AsyncFunction("require", "console", code)(require, console);
+  assert.match(printed.join("\n"), /^working as [0-9a-f-]{36}$/);
+  assert.equal(await live("jobs"), 0);
+});
+
+test("node-redis: grant, refusal and release on the caller's connection", async () => {
+  const before = await clients();
+  const first = await acquire(redis, "jobs", { limit: 2, lease: 30, count: 2 });
+  assert.deepEqual(await redis.zRange("jobs", 0, -1), [first.id]);
+  assert.equal(await live("jobs"), 2);
+  await assert.rejects(acquire(redis, "jobs", { limit: 2, lease: 30 }), NotAcquired);
+  assert.equal(await clients(), before); // no connection of its own without wait or bound
+  assert.equal(await first.releaseSome(1), true);
+  assert.equal(await live("jobs"), 1);
+  assert.equal(await first.release(), true);
+  assert.equal(await redis.exists("jobs"), 0);
+});
+
+test("node-redis: fair tickets come back as numbers", async () => {
+  const opts = { limit: 2, lease: 30, fair: true };
+  const result = await withPermit(redis, "printers", opts, async (permit) => {
+    assert.equal(permit.ticket, 1);
+    assert.equal(await redis.zScore("printers:owner", permit.id), 1);
+    return "done";
+  });
+  assert.equal(result, "done");
+  assert.equal(await live("printers"), 0);
+});
+
+test("node-redis: a wait has its own connection, closed at the release", async () => {
+  const holder = await acquire(redis, "jobs", { limit: 1, lease: 30 });
+  const before = await clients();
+  const waiting = acquire(redis, "jobs", { limit: 1, lease: 30, wait: 10 });
+  await waitUntil("the waiter connects", async () => (await clients()) === before + 1);
+  assert.equal(await redis.ping(), "PONG"); // the shared connection is not blocked
+  assert.equal(await holder.release(), true);
+  const permit = await waiting;
+  assert.deepEqual(await redis.zRange("jobs", 0, -1), [permit.id]);
+  assert.equal(await permit.release(), true);
+  await waitUntil("the waiter's connection closes", async () => (await clients()) === before);
+});
+
+test("node-redis: a wait times out", async () => {
+  const holder = await acquire(redis, "jobs", { limit: 1, lease: 30 });
+  const started = Date.now();
+  await assert.rejects(acquire(redis, "jobs", { limit: 1, lease: 30, wait: 0.3 }), NotAcquired);
+  const waited = Date.now() - started;
+  assert.ok(waited >= 250 && waited < 5000, `waited ${waited} ms`);
+  await holder.release();
+});
+
+test("node-redis: refresh keeps a short lease alive; a removed permit is lost", async () => {
+  await withPermit(redis, "jobs", { limit: 1, lease: 0.6 }, async (permit) => {
+    await sleep(1500); // more than two leases
+    assert.equal(permit.lost, false);
+  });
+  await assert.rejects(
+    withPermit(redis, "jobs", { limit: 1, lease: 0.6 }, async (permit) => {
+      await redis.del("jobs");
+      await permit.whenLost;
+      assert.throws(() => permit.check(), PermitLost);
+    }),
+    PermitLost,
+  );
+});
+
+test("node-redis: a bound permit is given back when its connection closes", async () => {
+  const permit = await acquire(redis, "jobs", { limit: 1, lease: 3, bound: true });
+  assert.equal(await live("jobs"), 1);
+  await redis.sendCommand(["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+  await waitUntil("the server gives the permit back", async () => (await live("jobs")) === 0, 2000);
+  await permit.whenLost;
+  assert.equal(await permit.release(), false);
+});

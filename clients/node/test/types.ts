@@ -1,0 +1,44 @@
+// Compiled by tsc (never run): the declarations accept both libraries' clients and give the
+// types a user relies on. A wrong declaration fails the compile.
+import Redis from "ioredis";
+import { createClient } from "redis";
+import {
+  acquire,
+  withPermit,
+  NotAcquired,
+  NotDurable,
+  Permit,
+  PermitLost,
+  PermitOptions,
+} from "redsem-client";
+
+export async function withIoredis(): Promise<number> {
+  const redis = new Redis(6379);
+  const permit: Permit = await acquire(redis, "jobs", { limit: 3, lease: 30, wait: 10 });
+  const ticket: number | null = permit.ticket;
+  const lost: PermitLost = await permit.whenLost;
+  fetch("http://127.0.0.1/", { signal: permit.signal }).catch(() => undefined);
+  return (ticket ?? 0) + lost.message.length + (await permit.release() ? 1 : 0);
+}
+
+export async function withNodeRedis(): Promise<string> {
+  const client = await createClient({ url: "redis://127.0.0.1:6379" }).connect();
+  const options: PermitOptions = { limit: 1, fair: true, bound: true, count: null };
+  return withPermit(client, "printers", options, async (permit) => {
+    permit.check();
+    await permit.refresh();
+    return permit.id;
+  });
+}
+
+export function errors(err: unknown): string {
+  if (err instanceof NotDurable) return `${err.acked} of ${err.wanted}`;
+  if (err instanceof NotAcquired || err instanceof PermitLost) return err.message;
+  return "";
+}
+
+// @ts-expect-error a limit is required
+export const missingLimit: PermitOptions = { lease: 30 };
+
+// @ts-expect-error a permit is not constructed by hand
+export const made = new Permit();
