@@ -252,7 +252,7 @@ mod tests {
         assert_eq!(
             command("sem.acquireall").syntax(),
             "SEM.ACQUIREALL numsems name limit count [name limit count ...] lease \
-             [ID identifier] [FAIR] [WITHTICKET] [BOUND]"
+             [ID identifier] [FAIR] [WITHTICKET] [WAIT seconds] [BOUND]"
         );
     }
 

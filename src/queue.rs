@@ -3,6 +3,12 @@
 //! `waiting.rs` applies them to Redis.
 //!
 //! Rules:
+//! - Waiters stand in lines, one per semaphore; a set acquire (`SEM.ACQUIREALL ... WAIT`)
+//!   stands in the line of every semaphore it names. Arrival order is one order across all
+//!   lines (ids only grow), so the earliest waiter is at the head of all of its lines: no
+//!   deadlock and no starvation, whatever order callers name the semaphores in. A set waiter is
+//!   served when it is at the head of each of its lines and all its counts fit; while it heads
+//!   a line it cannot yet be served in, nobody behind it there is served.
 //! - The waiters of one semaphore are served strictly in arrival order. The head is served as
 //!   soon as the acquire rule would grant it; while it would not (its limit is lower than the
 //!   holders now live, or the live holders are of the other kind), nobody behind it is served:
@@ -48,6 +54,9 @@ pub enum Wants {
     /// The semaphore to have no live holder (`SEM.WAITEMPTY`): it takes nothing and stands in
     /// nobody's way, so it is not in the line.
     Empty,
+    /// Permits of several semaphores at once (`SEM.ACQUIREALL`), one ask per semaphore (the
+    /// first is the waiter's `sem`); it stands in each one's line.
+    Set(Vec<(SemKey, Ask)>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,11 +75,24 @@ pub struct Waiter<H> {
 }
 
 impl<H> Waiter<H> {
-    /// What a waiter for permits asked for.
+    /// What a waiter for one semaphore's permits asked for.
     pub fn ask(&self) -> Option<&Ask> {
         match &self.wants {
             Wants::Permits(ask) => Some(ask),
-            Wants::Empty => None,
+            Wants::Empty | Wants::Set(_) => None,
+        }
+    }
+
+    /// Whether it waits for a semaphore to empty.
+    pub fn for_empty(&self) -> bool {
+        self.wants == Wants::Empty
+    }
+
+    /// Every semaphore whose line it stands in (or whose emptiness it waits for).
+    pub fn sems(&self) -> Vec<SemKey> {
+        match &self.wants {
+            Wants::Set(parts) => parts.iter().map(|(sem, _)| sem.clone()).collect(),
+            _ => vec![self.sem.clone()],
         }
     }
 }
@@ -212,6 +234,20 @@ impl<H> Registry<H> {
         self.add(sem, client, Wants::Permits(ask), now_ms, until_ms, handle)
     }
 
+    /// Adds a set waiter at the end of the line of each semaphore it names (`parts`, at least
+    /// one, each named once).
+    pub fn enqueue_set(
+        &mut self,
+        parts: Vec<(SemKey, Ask)>,
+        client: u64,
+        now_ms: i64,
+        until_ms: Option<i64>,
+        handle: H,
+    ) -> WaiterId {
+        let first = parts[0].0.clone();
+        self.add(first, client, Wants::Set(parts), now_ms, until_ms, handle)
+    }
+
     /// Adds a waiter for `sem` to have no live holder.
     pub fn enqueue_empty(
         &mut self,
@@ -235,14 +271,20 @@ impl<H> Registry<H> {
     ) -> WaiterId {
         let id = self.next_id;
         self.next_id += 1;
-        let waiting = match wants {
-            Wants::Permits(_) => &mut self.lines,
+        match &wants {
+            Wants::Permits(_) => {
+                self.lines.entry(sem.clone()).or_default().insert(id);
+            }
+            Wants::Set(parts) => {
+                for (part, _) in parts {
+                    self.lines.entry(part.clone()).or_default().insert(id);
+                }
+            }
             Wants::Empty => {
                 self.empty_waiters += 1;
-                &mut self.empties
+                self.empties.entry(sem.clone()).or_default().insert(id);
             }
-        };
-        waiting.entry(sem.clone()).or_default().insert(id);
+        }
         if let Some(until) = until_ms {
             let slot = self.schedule_at(until, Due::Timeout(id));
             self.timeouts.insert(id, slot);
@@ -266,21 +308,23 @@ impl<H> Registry<H> {
         if let Some(slot) = self.timeouts.remove(&id) {
             self.schedule.remove(&slot);
         }
-        let waiting = match waiter.wants {
-            Wants::Permits(_) => &mut self.lines,
-            Wants::Empty => {
-                self.empty_waiters -= 1;
+        let for_empty = waiter.for_empty();
+        if for_empty {
+            self.empty_waiters -= 1;
+        }
+        for sem in waiter.sems() {
+            let waiting = if for_empty {
                 &mut self.empties
-            }
-        };
-        let line = waiting
-            .get_mut(&waiter.sem)
-            .expect("a waiter is in its line");
-        line.remove(&id);
-        if line.is_empty() {
-            waiting.remove(&waiter.sem);
-            if !self.is_waited(&waiter.sem) {
-                self.set_lease_end(&waiter.sem, None);
+            } else {
+                &mut self.lines
+            };
+            let line = waiting.get_mut(&sem).expect("a waiter is in its line");
+            line.remove(&id);
+            if line.is_empty() {
+                waiting.remove(&sem);
+                if !self.is_waited(&sem) {
+                    self.set_lease_end(&sem, None);
+                }
             }
         }
         Some(waiter)
@@ -288,6 +332,16 @@ impl<H> Registry<H> {
 
     pub fn waiter(&self, id: WaiterId) -> Option<&Waiter<H>> {
         self.waiters.get(&id)
+    }
+
+    /// Whether waiter `id` is at the head of every line it stands in.
+    pub fn heads_every_line(&self, id: WaiterId) -> bool {
+        self.waiters.get(&id).is_some_and(|waiter| {
+            waiter
+                .sems()
+                .iter()
+                .all(|sem| self.lines.get(sem).and_then(|line| line.first()) == Some(&id))
+        })
     }
 
     /// The first waiter in `sem`'s line.
@@ -613,6 +667,57 @@ mod tests {
         assert!(r.is_waited(&in_db(3, "s")), "still waited on in db 3");
         r.remove(b);
         assert!(!r.is_waited(&in_db(3, "s")));
+    }
+
+    fn set(names: &[&str], holder: &str) -> Vec<(SemKey, Ask)> {
+        names.iter().map(|name| (sem(name), ask(holder))).collect()
+    }
+
+    /// One arrival order across lines: the earliest waiter heads all of its lines, whatever
+    /// order the semaphores were named in, and a set waiter leaves every line at once.
+    #[test]
+    fn a_set_waiter_stands_in_every_line_it_names() {
+        let mut r = Registry::default();
+        let a = r.enqueue(sem("x"), 1, ask("a"), 0, None, ());
+        let s1 = r.enqueue_set(set(&["y", "x"], "s1"), 2, 1, Some(100), ());
+        let s2 = r.enqueue_set(set(&["x", "y", "z"], "s2"), 3, 2, None, ());
+        let b = r.enqueue(sem("z"), 4, ask("b"), 3, None, ());
+        // (line, its waiters in order)
+        let table = [
+            ("x", vec![a, s1, s2]),
+            ("y", vec![s1, s2]),
+            ("z", vec![s2, b]),
+        ];
+        for (name, want) in &table {
+            assert_eq!(r.queued(&sem(name)), want.len(), "{name}");
+            assert_eq!(r.head(&sem(name)).map(|w| w.id), Some(want[0]), "{name}");
+        }
+        // (waiter, heads every line) before and after the first leaves.
+        assert_eq!(
+            [a, s1, s2, b].map(|id| r.heads_every_line(id)),
+            [true, false, false, false]
+        );
+        r.remove(a);
+        assert_eq!(
+            [s1, s2, b].map(|id| r.heads_every_line(id)),
+            [true, false, false]
+        );
+        assert_eq!(
+            r.waiter(s1).map(Waiter::sems),
+            Some(vec![sem("y"), sem("x")])
+        );
+        r.set_lease_end(&sem("y"), Some(50));
+        r.remove(s1);
+        assert!(r.heads_every_line(s2));
+        assert_eq!(
+            r.take_due(1_000),
+            [Due::LeaseEnd(sem("y"))],
+            "s1's timeout went"
+        );
+        r.remove(s2);
+        assert_eq!(r.waited(None), [sem("z")]);
+        assert!(r.heads_every_line(b));
+        assert_eq!(r.total_waiters(), 1);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
-use crate::queue::{Ask, Binding, Due, IdMap, Registry, SemKey, WaiterId};
+use crate::queue::{Ask, Binding, Due, IdMap, Registry, SemKey, WaiterId, Wants};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
 use crate::server::events;
@@ -43,6 +43,13 @@ pub enum Outcome {
         /// Whether the client got the reply; if not, a new permit is given back.
         delivered: bool,
     },
+    /// A set waiter's grant: one per semaphore, in the order named.
+    GrantedSet {
+        holder: Vec<u8>,
+        grants: Vec<SetGrant>,
+        with_ticket: bool,
+        delivered: bool,
+    },
     /// The wait ended without a permit.
     TimedOut,
     /// `SEM.WAITEMPTY`: the semaphore has no live holder (reply 1).
@@ -52,6 +59,15 @@ pub enum Outcome {
     Failed(SemError),
 }
 
+/// One semaphore's part of a set waiter's grant.
+#[derive(Debug)]
+pub struct SetGrant {
+    binding: Binding,
+    ticket: Option<u64>,
+    /// Whether it only renewed a live permit of the identifier (never given back).
+    renewed: bool,
+}
+
 /// Work to do from the timer, where keys may be written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Work {
@@ -59,6 +75,9 @@ enum Work {
     Serve(SemKey),
     /// Serve every line in one database, or in all.
     ServeDb(Option<i32>),
+    /// Try to grant a set waiter that heads every line it stands in: it needs the keys of
+    /// several semaphores, which only the timer may open (a command declares its own only).
+    ServeSet(WaiterId),
     /// Give a permit back.
     GiveBack(Binding, GiveBack),
 }
@@ -198,20 +217,49 @@ pub fn wait_empty(
     block_caller(ctx, sem, None, now_ms, wait_ms, next_deadline)
 }
 
-/// Blocks the caller for permits (`ask`) or for `sem` to empty (`None`).
-fn block_caller(
+/// Blocks the caller at the end of the line of every semaphore of a set acquire (`parts`), each
+/// with its soonest lease end (`next_deadlines`, in the same order).
+pub fn wait_set(
     ctx: &Context,
-    sem: SemKey,
-    ask: Option<Ask>,
+    parts: Vec<(SemKey, Ask)>,
     now_ms: i64,
     wait_ms: i64,
-    next_deadline: Option<i64>,
+    next_deadlines: Vec<Option<i64>>,
 ) -> Result<(), SemError> {
+    let sems: Vec<SemKey> = parts.iter().map(|(sem, _)| sem.clone()).collect();
+    check_room(&sems)?;
+    events::follow_keys(ctx.ctx)?;
+    let blocked = block::block(ctx).ok_or(SemError::Internal)?;
+    let key = blocked.key();
+    let client = block::client_id(ctx);
+    let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
+    let due = with(|s| {
+        let id = s
+            .registry
+            .enqueue_set(parts, client, now_ms, until, blocked);
+        s.by_handle.insert(key, id);
+        for (sem, next) in sems.iter().zip(next_deadlines) {
+            s.registry.set_lease_end(sem, next);
+        }
+        s.registry.next_due_ms()
+    });
+    if let Some(at) = due {
+        timer::arm(at, now_ms);
+    }
+    Ok(())
+}
+
+/// Whether one more may wait for each of `sems` (`sem.max-waiters-per-semaphore`) and on the
+/// server (`sem.max-waiters`).
+fn check_room(sems: &[SemKey]) -> Result<(), SemError> {
     with(|s| {
         let per_semaphore = config::MAX_WAITERS_PER_SEMAPHORE.get();
         let total = config::MAX_WAITERS.get();
-        let here = s.registry.queued(&sem) + s.registry.waiting_for_empty(&sem);
-        if here as i64 >= per_semaphore {
+        let crowded = sems.iter().any(|sem| {
+            let here = s.registry.queued(sem) + s.registry.waiting_for_empty(sem);
+            here as i64 >= per_semaphore
+        });
+        if crowded {
             Err(SemError::TooManyWaiters {
                 per_semaphore: true,
                 max: per_semaphore,
@@ -224,7 +272,19 @@ fn block_caller(
         } else {
             Ok(())
         }
-    })?;
+    })
+}
+
+/// Blocks the caller for permits (`ask`) or for `sem` to empty (`None`).
+fn block_caller(
+    ctx: &Context,
+    sem: SemKey,
+    ask: Option<Ask>,
+    now_ms: i64,
+    wait_ms: i64,
+    next_deadline: Option<i64>,
+) -> Result<(), SemError> {
+    check_room(std::slice::from_ref(&sem))?;
     events::follow_keys(ctx.ctx)?;
     let blocked = block::block(ctx).ok_or(SemError::Internal)?;
     let key = blocked.key();
@@ -316,7 +376,14 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     let mut granted_any = false;
     while let Some((id, ask)) = with(|s| {
         let head = s.registry.head(sem)?;
-        head.ask().map(|ask| (head.id, ask.clone()))
+        head.ask().map(|ask| (head.id, ask.clone())).or_else(|| {
+            // A set waiter: served by the timer once it heads all of its lines; until then
+            // nobody behind it here is served.
+            if s.registry.heads_every_line(head.id) {
+                s.work.insert(Work::ServeSet(head.id));
+            }
+            None
+        })
     }) {
         if granted_any && slice.is_over() {
             defer(Work::Serve(sem.clone()));
@@ -381,6 +448,10 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         };
         answer(id, outcome);
     }
+    if any_pending() {
+        let now = clock_ms();
+        timer::arm(now, now);
+    }
     let now_ms = clock_ms();
     answer_if_empty(store, sem, now_ms);
     let next = store.next_deadline(now_ms);
@@ -430,7 +501,7 @@ fn answer(id: WaiterId, outcome: Outcome) {
         Some(waiter)
     });
     if let Some(waiter) = waiter {
-        let for_empty = waiter.ask().is_none();
+        let for_empty = waiter.for_empty();
         end_wait(waiter.handle, outcome, for_empty);
     }
     disarm_if_idle();
@@ -440,7 +511,7 @@ fn answer(id: WaiterId, outcome: Outcome) {
 /// counting how its wait ended.
 fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
     stats::count(match outcome {
-        Outcome::Granted { .. } => &COUNTERS.waits_granted,
+        Outcome::Granted { .. } | Outcome::GrantedSet { .. } => &COUNTERS.waits_granted,
         Outcome::TimedOut => &COUNTERS.waits_timed_out,
         Outcome::Emptied => &COUNTERS.empty_waits_emptied,
         Outcome::NotEmptied => &COUNTERS.empty_waits_timed_out,
@@ -477,6 +548,24 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
                 _ => id,
             })
         }
+        Outcome::GrantedSet {
+            holder,
+            grants,
+            with_ticket,
+            delivered,
+        } => {
+            *delivered = true;
+            let id = RedisValue::StringBuffer(holder.clone());
+            Ok(if *with_ticket {
+                let tickets = grants
+                    .iter()
+                    .map(|grant| RedisValue::Integer(grant.ticket.unwrap_or(0) as i64))
+                    .collect();
+                RedisValue::Array(vec![id, RedisValue::Array(tickets)])
+            } else {
+                id
+            })
+        }
         Outcome::TimedOut => Ok(RedisValue::Null),
         Outcome::Emptied => Ok(RedisValue::Integer(1)),
         Outcome::NotEmptied => Ok(RedisValue::Integer(0)),
@@ -487,14 +576,23 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
 /// The end of an unblocked waiter. A new permit granted to a client that disconnected before
 /// its reply went out is given back.
 pub fn free(outcome: Outcome, _disconnected: bool) {
-    if let Outcome::Granted {
-        binding,
-        renewed: false,
-        delivered: false,
-        ..
-    } = outcome
-    {
-        defer(Work::GiveBack(binding, GiveBack::Undelivered));
+    match outcome {
+        Outcome::Granted {
+            binding,
+            renewed: false,
+            delivered: false,
+            ..
+        } => defer(Work::GiveBack(binding, GiveBack::Undelivered)),
+        Outcome::GrantedSet {
+            grants,
+            delivered: false,
+            ..
+        } => {
+            for grant in grants.into_iter().filter(|grant| !grant.renewed) {
+                defer(Work::GiveBack(grant.binding, GiveBack::Undelivered));
+            }
+        }
+        _ => {}
     }
 }
 
@@ -509,13 +607,15 @@ pub fn left(handle: usize) -> Left {
     let Some(waiter) = waiter else {
         return Left::NotWaiting;
     };
-    if waiter.ask().is_none() {
+    if waiter.for_empty() {
         stats::count(&COUNTERS.empty_waits_cancelled);
         return Left::ForEmpty;
     }
     // Whoever stood behind it may fit now.
     stats::count(&COUNTERS.waits_cancelled);
-    defer(Work::Serve(waiter.sem));
+    for sem in waiter.sems() {
+        defer(Work::Serve(sem));
+    }
     Left::ForPermits
 }
 
@@ -599,7 +699,7 @@ pub fn became_replica() {
         s.registry.take_all_waiters()
     });
     for waiter in waiters {
-        let for_empty = waiter.ask().is_none();
+        let for_empty = waiter.for_empty();
         end_wait(
             waiter.handle,
             Outcome::Failed(SemError::BecameReplica),
@@ -668,14 +768,12 @@ pub fn on_timer(ctx: &Context) {
         }
         first = false;
         if let Some(due) = with(|s| s.registry.take_one_due(clock_ms())) {
-            let sem = match due {
+            let sems = match due {
                 Due::Timeout(id) => time_up(id),
-                Due::LeaseEnd(sem) => Some(sem),
+                Due::LeaseEnd(sem) => vec![sem],
             };
             // Whoever stood behind a waiter that left may fit now.
-            if let Some(sem) = sem {
-                with(|s| s.work.insert(Work::Serve(sem)));
-            }
+            with(|s| s.work.extend(sems.into_iter().map(Work::Serve)));
             continue;
         }
         let Some(work) = with(|s| s.work.pop_first()) else {
@@ -691,6 +789,7 @@ pub fn on_timer(ctx: &Context) {
                 give_back(ctx, &binding, why);
                 with(|s| s.work.insert(Work::Serve(binding.sem)));
             }
+            Work::ServeSet(id) => serve_set(ctx, id),
         }
     }
     if let Some(at) = with(|s| s.registry.next_due_ms()) {
@@ -698,19 +797,22 @@ pub fn on_timer(ctx: &Context) {
     }
 }
 
-/// Waiter `id`'s time is up: nil for permits, 0 for a wait for empty. Returns its semaphore.
-fn time_up(id: WaiterId) -> Option<SemKey> {
-    let (sem, for_empty) = with(|s| {
+/// Waiter `id`'s time is up: nil for permits, 0 for a wait for empty. Returns the lines it
+/// stood in.
+fn time_up(id: WaiterId) -> Vec<SemKey> {
+    let Some((sems, for_empty)) = with(|s| {
         let waiter = s.registry.waiter(id)?;
-        Some((waiter.sem.clone(), waiter.ask().is_none()))
-    })?;
+        Some((waiter.sems(), waiter.for_empty()))
+    }) else {
+        return Vec::new();
+    };
     let outcome = if for_empty {
         Outcome::NotEmptied
     } else {
         Outcome::TimedOut
     };
     answer(id, outcome);
-    Some(sem)
+    sems
 }
 
 /// How often the timer looks again while writes are paused.
@@ -720,13 +822,11 @@ const PAUSE_RECHECK_MS: i64 = 10;
 /// nothing); grants, lease ends and give-backs wait for the pause to end.
 fn wait_for_writes(now: i64) {
     for item in with(|s| s.registry.take_due(now)) {
-        let sem = match item {
+        let sems = match item {
             Due::Timeout(id) => time_up(id),
-            Due::LeaseEnd(sem) => Some(sem),
+            Due::LeaseEnd(sem) => vec![sem],
         };
-        if let Some(sem) = sem {
-            with(|s| s.work.insert(Work::Serve(sem)));
-        }
+        with(|s| s.work.extend(sems.into_iter().map(Work::Serve)));
     }
     timer::arm(now + PAUSE_RECHECK_MS, now);
 }
@@ -738,30 +838,191 @@ fn with_store(
     sem: &SemKey,
     work: impl FnOnce(&mut RedisStore),
 ) -> Result<(), SemError> {
-    select_db(ctx, sem.db);
-    let name = RedisString::create_from_slice(ctx.ctx, &sem.name);
-    let derived = |suffix| {
-        with_derived(&sem.name, suffix, |key| {
-            RedisString::create_from_slice(ctx.ctx, key)
-        })
-    };
-    let owner = derived(OWNER_SUFFIX);
-    let counter = derived(COUNTER_SUFFIX);
-    let permits = derived(PERMITS_SUFFIX);
-    if !cluster_can_serve(ctx, &[&name, &owner, &counter, &permits]) {
-        return Err(SemError::SlotMoved);
-    }
-    let keys = SemKeys {
-        name: &name,
-        owner: &owner,
-        counter: &counter,
-        permits: &permits,
-    };
-    let mut store = RedisStore::open(ctx, &keys, Access::Write)?;
+    let names = KeyNames::of(ctx, sem)?;
+    let mut store = RedisStore::open(ctx, &names.keys(), Access::Write)?;
     store.keep_removed();
     work(&mut store);
     forget_gone(&mut store, sem);
     Ok(())
+}
+
+/// A semaphore's key names, made outside any command of ours.
+struct KeyNames([RedisString; 4]);
+
+impl KeyNames {
+    /// Selects `sem`'s database; in Redis Cluster, only where this node may serve its keys.
+    fn of(ctx: &Context, sem: &SemKey) -> Result<KeyNames, SemError> {
+        select_db(ctx, sem.db);
+        let derived = |suffix| {
+            with_derived(&sem.name, suffix, |key| {
+                RedisString::create_from_slice(ctx.ctx, key)
+            })
+        };
+        let names = [
+            RedisString::create_from_slice(ctx.ctx, &sem.name),
+            derived(OWNER_SUFFIX),
+            derived(COUNTER_SUFFIX),
+            derived(PERMITS_SUFFIX),
+        ];
+        let [name, owner, counter, permits] = &names;
+        if !cluster_can_serve(ctx, &[name, owner, counter, permits]) {
+            return Err(SemError::SlotMoved);
+        }
+        Ok(KeyNames(names))
+    }
+
+    fn keys(&self) -> SemKeys<'_> {
+        let [name, owner, counter, permits] = &self.0;
+        SemKeys {
+            name,
+            owner,
+            counter,
+            permits,
+        }
+    }
+}
+
+/// Grants set waiter `id` if it heads every line it stands in and each of its semaphores would
+/// grant its count, all in one step at the time read now; then whoever stands behind it may
+/// fit. If not, it stays where it is (and holds its lines) until one of them changes again.
+fn serve_set(ctx: &Context, id: WaiterId) {
+    let Some((parts, client)) = with(|s| {
+        let waiter = s.registry.waiter(id)?;
+        match &waiter.wants {
+            Wants::Set(parts) if s.registry.heads_every_line(id) => {
+                Some((parts.clone(), waiter.client))
+            }
+            _ => None,
+        }
+    }) else {
+        return;
+    };
+    let sems: Vec<SemKey> = parts.iter().map(|(sem, _)| sem.clone()).collect();
+    let names: Result<Vec<KeyNames>, SemError> =
+        sems.iter().map(|sem| KeyNames::of(ctx, sem)).collect();
+    let stores: Result<Vec<RedisStore>, SemError> =
+        names.as_ref().map_err(Clone::clone).and_then(|names| {
+            names
+                .iter()
+                .map(|names| {
+                    let mut store = RedisStore::open(ctx, &names.keys(), Access::Write)?;
+                    store.keep_removed();
+                    Ok(store)
+                })
+                .collect()
+        });
+    let mut stores = match stores {
+        Ok(stores) => stores,
+        Err(err) => {
+            answer(id, Outcome::Failed(err));
+            with(|s| s.work.extend(sems.into_iter().map(Work::Serve)));
+            return;
+        }
+    };
+    let now = clock_ms();
+    let holder = stores[0].id(&parts[0].1.holder);
+    let requests: Vec<AcquireRequest> = parts
+        .iter()
+        .map(|(sem, ask)| AcquireRequest {
+            kind: ask.kind,
+            limit: ask.limit,
+            lease_ms: ask.lease_ms,
+            count: ask.count,
+            ticket_margin: match ask.kind {
+                Kind::Fair => fencing::margin_for(&sem.name),
+                Kind::Plain => 0,
+            },
+        })
+        .collect();
+    let fits: Result<bool, SemError> = stores
+        .iter()
+        .zip(&requests)
+        .try_fold(true, |all, (store, request)| {
+            Ok(semaphore::would_grant(store, now, &holder, request)? && all)
+        });
+    match fits {
+        Ok(true) => grant_set(&mut stores, &parts, &requests, &holder, client, id, now),
+        Ok(false) => {
+            // It stays at the head: its lines are looked at again when they change or a lease
+            // in them ends.
+            let due = with(|s| {
+                for (sem, store) in sems.iter().zip(&stores) {
+                    s.registry.set_lease_end(sem, store.next_deadline(now));
+                }
+                s.registry.next_due_ms()
+            });
+            if let Some(at) = due {
+                timer::arm(at, now);
+            }
+            return;
+        }
+        Err(err) => answer(id, Outcome::Failed(err)),
+    }
+    for (sem, store) in sems.iter().zip(stores.iter_mut()) {
+        forget_gone(store, sem);
+    }
+    drop(stores);
+    with(|s| s.work.extend(sems.into_iter().map(Work::Serve)));
+}
+
+/// Makes the grants of a set waiter that fits everywhere (surveyed at `now`), then answers it.
+fn grant_set(
+    stores: &mut [RedisStore],
+    parts: &[(SemKey, Ask)],
+    requests: &[AcquireRequest],
+    holder: &RedisString,
+    client: u64,
+    id: WaiterId,
+    now: i64,
+) {
+    let mut grants = Vec::with_capacity(parts.len());
+    for ((store, (sem, ask)), request) in stores.iter_mut().zip(parts).zip(requests) {
+        let (ticket, renewed) = match semaphore::acquire(store, now, holder, request) {
+            Ok(Acquired::Granted { ticket, renewed }) => (ticket, renewed),
+            // Nothing changed since the survey: neither can happen.
+            Ok(Acquired::Full) | Err(_) => {
+                answer(id, Outcome::Failed(SemError::Internal));
+                return;
+            }
+        };
+        if renewed {
+            stats::count(&COUNTERS.renewed);
+        } else {
+            stats::count(&COUNTERS.acquired);
+            store.notify(c"sem.acquire");
+            if request.ticket_margin > 0 {
+                fencing::moved(&sem.name);
+            }
+        }
+        forget_gone(store, sem);
+        granted_again(sem, &ask.holder);
+        let binding = Binding {
+            sem: sem.clone(),
+            holder: ask.holder.clone(),
+        };
+        with(|s| {
+            if ask.bound {
+                s.registry.bind(client, binding.clone());
+            } else if !renewed {
+                s.registry.unbind(&binding);
+            }
+        });
+        grants.push(SetGrant {
+            binding,
+            ticket,
+            renewed,
+        });
+    }
+    stats::count(&COUNTERS.set_acquired);
+    answer(
+        id,
+        Outcome::GrantedSet {
+            holder: parts[0].1.holder.clone(),
+            grants,
+            with_ticket: parts[0].1.with_ticket,
+            delivered: false,
+        },
+    );
 }
 
 /// Serves `sem`'s line from the timer. If its keys cannot be used (overwritten with another
@@ -786,7 +1047,11 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: &Slice) {
             waiters
         });
         for waiter in waiters {
-            let for_empty = waiter.ask().is_none();
+            // A set waiter leaves its other lines too: whoever is behind it there may fit.
+            for other in waiter.sems().into_iter().filter(|other| other != sem) {
+                defer(Work::Serve(other));
+            }
+            let for_empty = waiter.for_empty();
             end_wait(waiter.handle, Outcome::Failed(err.clone()), for_empty);
         }
         disarm_if_idle();

@@ -244,8 +244,8 @@ fn bad_calls_are_errors_that_change_nothing() {
             "ERR syntax error",
         ),
         (
-            &["SEM.ACQUIREALL", "1", "n", "2", "1", "30", "WAIT", "1"],
-            "ERR syntax error",
+            &["SEM.ACQUIREALL", "1", "n", "2", "1", "30", "WAIT", "-1"],
+            "ERR WAIT must be",
         ),
         (
             &["SEM.ACQUIREALL", "1", "n", "2", "1", "30", "FAIR", "FAIR"],
@@ -432,6 +432,16 @@ fn a_key_outside_the_callers_acl_refuses_the_whole_set() {
 /// client gets its sets in the end.
 #[test]
 fn fifty_clients_never_hold_part_of_a_set_nor_pass_a_limit() {
+    fifty_clients(false);
+}
+
+/// The same with `WAIT`: every set waits in all of its lines, and every client is served.
+#[test]
+fn fifty_waiting_clients_are_all_served_without_deadlock() {
+    fifty_clients(true);
+}
+
+fn fifty_clients(wait: bool) {
     const NAMES: [&str; 4] = ["c0", "c1", "c2", "c3"];
     const LIMITS: [u64; 4] = [1, 2, 3, 2];
     let server = Server::start();
@@ -440,6 +450,8 @@ fn fifty_clients_never_hold_part_of_a_set_nor_pass_a_limit() {
     let clients: Vec<_> = (0..50u64)
         .map(|client| {
             let mut conn = server.connection();
+            conn.set_read_timeout(Some(Duration::from_secs(30)))
+                .expect("read timeout");
             thread::spawn(move || {
                 let mut seed = client * 7919 + 17;
                 let mut next = move || {
@@ -478,9 +490,13 @@ fn fifty_clients_never_hold_part_of_a_set_nor_pass_a_limit() {
                         ]);
                     }
                     args.extend(["30".into(), "ID".into(), id.clone()]);
+                    if wait {
+                        args.extend(["WAIT".into(), "20".into()]);
+                    }
                     let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     let got: Value = run(&mut conn, &args);
                     if got == Value::Nil {
+                        assert!(!wait, "client {client} waited 20 s in vain");
                         thread::sleep(Duration::from_micros(200));
                         continue;
                     }
@@ -551,6 +567,15 @@ fn fifty_clients_never_hold_part_of_a_set_nor_pass_a_limit() {
     );
     assert!(snapshots > 10, "only {snapshots} snapshots");
     let mut c = server.connection();
+    let info = info_sem(&mut c);
+    if wait {
+        assert!(info["sem_waits_started"] > 0, "nobody waited: {info:?}");
+        assert_eq!(
+            info["sem_waits_granted"], info["sem_waits_started"],
+            "{info:?}"
+        );
+    }
+    eprintln!("{grants:?} sets granted; {info:?}");
     let keys: Vec<String> = run(&mut c, &["KEYS", "*"]);
     assert!(
         keys.iter()
@@ -610,4 +635,258 @@ fn a_replica_and_an_aof_hold_exactly_the_primarys_keys() {
     let reloaded = Server::restart_in(&dir, &["--appendonly", "yes"]);
     let mut again = reloaded.connection();
     assert_eq!(snapshot_of_all_keys(&mut again), on_primary);
+}
+
+fn names_in_line(conn: &mut redis::Connection, name: &str) -> u64 {
+    let text: String = run(conn, &["SEM.GET", name, "JSON"]);
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    doc["waiters"].as_u64().expect("waiters")
+}
+
+fn until_in_line(conn: &mut redis::Connection, name: &str, n: u64) {
+    wait_until(
+        &format!("{n} wait for {name}"),
+        Duration::from_secs(10),
+        || names_in_line(conn, name) == n,
+    );
+}
+
+fn assert_waits(pending: &Pending, what: &str) {
+    thread::sleep(Duration::from_millis(50));
+    assert!(
+        !pending.is_done(),
+        "{what} got a reply while it should wait"
+    );
+}
+
+/// A set at the head of a line holds it even where its permit is free: a later single waiter
+/// for that free semaphore waits behind it; the set is granted both semaphores at once when
+/// the other frees, and the single waiter after it.
+#[test]
+fn a_waiting_set_holds_the_head_of_each_of_its_lines() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "x", "1", "30", "ID", "h"]);
+    let set = Pending::send(
+        &server,
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            "y",
+            "1",
+            "1",
+            "x",
+            "1",
+            "1",
+            "30",
+            "ID",
+            "s",
+            "WAIT",
+            "10",
+        ],
+    );
+    until_in_line(&mut c, "y", 1);
+    assert_eq!(names_in_line(&mut c, "x"), 1);
+    let single = Pending::send(
+        &server,
+        &["SEM.ACQUIRE", "y", "1", "30", "ID", "w", "WAIT", "10"],
+    );
+    until_in_line(&mut c, "y", 2);
+    assert_waits(&single, "a single waiter behind the set");
+    assert!(
+        zset(&mut c, "y").is_empty(),
+        "y stays free while the set waits"
+    );
+    let _: i64 = run(&mut c, &["SEM.RELEASE", "x", "h"]);
+    assert_eq!(
+        set.reply().expect("granted"),
+        Value::BulkString(b"s".to_vec())
+    );
+    assert_eq!(zset(&mut c, "x")[0].0, "s");
+    assert_eq!(zset(&mut c, "y")[0].0, "s");
+    assert_waits(&single, "the single waiter while the set holds y");
+    let released: i64 = run(&mut c, &["SEM.RELEASEALL", "2", "x", "y", "s"]);
+    assert_eq!(released, 2);
+    assert_eq!(
+        single.reply().expect("granted"),
+        Value::BulkString(b"w".to_vec())
+    );
+}
+
+/// Two sets naming the same semaphores in opposite orders: the earlier is served first, the
+/// later next, with the tickets in that order; no deadlock.
+#[test]
+fn sets_named_in_opposite_orders_are_served_in_arrival_order() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "1", "30", "ID", "h1"]);
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "q", "1", "30", "ID", "h2"]);
+    let first = Pending::send(
+        &server,
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            "p",
+            "1",
+            "1",
+            "q",
+            "1",
+            "1",
+            "30",
+            "ID",
+            "a",
+            "FAIR",
+            "WITHTICKET",
+            "WAIT",
+            "10",
+        ],
+    );
+    until_in_line(&mut c, "p", 1);
+    let second = Pending::send(
+        &server,
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            "q",
+            "1",
+            "1",
+            "p",
+            "1",
+            "1",
+            "30",
+            "ID",
+            "b",
+            "FAIR",
+            "WITHTICKET",
+            "WAIT",
+            "10",
+        ],
+    );
+    until_in_line(&mut c, "p", 2);
+    let _: i64 = run(&mut c, &["SEM.RELEASE", "q", "h2"]);
+    assert_waits(&first, "the first set while p is held");
+    let _: i64 = run(&mut c, &["SEM.RELEASE", "p", "h1"]);
+    let ticketed = |id: &[u8], tickets: [i64; 2]| {
+        Value::Array(vec![
+            Value::BulkString(id.to_vec()),
+            Value::Array(tickets.map(Value::Int).to_vec()),
+        ])
+    };
+    assert_eq!(first.reply().expect("granted"), ticketed(b"a", [2, 2]));
+    assert_waits(&second, "the second set while the first holds both");
+    let _: i64 = run(&mut c, &["SEM.RELEASEALL", "2", "p", "q", "a"]);
+    assert_eq!(second.reply().expect("granted"), ticketed(b"b", [3, 3]));
+    let info = info_sem(&mut c);
+    assert_eq!(info["sem_waits_granted"], 2, "{info:?}");
+    assert_eq!(info["sem_waiters"], 0, "{info:?}");
+}
+
+/// A waiting set that times out, disconnects or is unblocked leaves every line at once, and
+/// whoever stood behind it is served.
+#[test]
+fn a_set_that_stops_waiting_leaves_every_line() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "full", "1", "30", "ID", "h"]);
+    for how in ["timeout", "kill", "unblock"] {
+        let wait = if how == "timeout" { "0.3" } else { "10" };
+        let set = Pending::send(
+            &server,
+            &[
+                "SEM.ACQUIREALL",
+                "2",
+                "free",
+                "1",
+                "1",
+                "full",
+                "1",
+                "1",
+                "30",
+                "ID",
+                "s",
+                "WAIT",
+                wait,
+            ],
+        );
+        until_in_line(&mut c, "free", 1);
+        let single = Pending::send(
+            &server,
+            &["SEM.ACQUIRE", "free", "1", "30", "ID", "w", "WAIT", "10"],
+        );
+        until_in_line(&mut c, "free", 2);
+        let id = set.client_id.to_string();
+        match how {
+            "kill" => {
+                let _: i64 = run(&mut c, &["CLIENT", "KILL", "ID", &id]);
+            }
+            "unblock" => {
+                let _: i64 = run(&mut c, &["CLIENT", "UNBLOCK", &id]);
+            }
+            _ => {}
+        }
+        assert_eq!(
+            single.reply().expect("granted"),
+            Value::BulkString(b"w".to_vec()),
+            "{how}"
+        );
+        if how != "kill" {
+            assert_eq!(set.reply().expect("a reply"), Value::Nil, "{how}");
+        }
+        assert_eq!(
+            names_in_line(&mut c, "full"),
+            0,
+            "{how}: the set left the other line"
+        );
+        let _: i64 = run(&mut c, &["SEM.RELEASE", "free", "w"]);
+    }
+}
+
+/// A set granted after waiting, with BOUND, comes back whole when its connection closes; the
+/// grant made by the timer reaches a replica as the primary made it.
+#[test]
+fn a_bound_waiting_set_comes_back_whole_and_replicates_exactly() {
+    let primary = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync",
+        "no",
+    ]);
+    let replica = start_replica_of(&primary);
+    let mut p = primary.connection();
+    let _: String = run(&mut p, &["SEM.ACQUIREFAIR", "u", "1", "30", "ID", "h"]);
+    let set = Pending::send(
+        &primary,
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            "u",
+            "1",
+            "1",
+            "v",
+            "2",
+            "2",
+            "30",
+            "FAIR",
+            "WAIT",
+            "10",
+            "BOUND",
+        ],
+    );
+    until_in_line(&mut p, "u", 1);
+    let _: i64 = run(&mut p, &["SEM.RELEASE", "u", "h"]);
+    let (reply, conn) = set.finish();
+    assert!(matches!(reply, Ok(Value::BulkString(_))), "{reply:?}");
+    wait_for_replica(&mut p);
+    let mut r = replica.connection();
+    let granted = snapshot_of_all_keys(&mut p);
+    assert_eq!(snapshot_of_all_keys(&mut r), granted);
+    assert_eq!(info_sem(&mut p)["sem_bound_holders"], 2);
+    drop(conn);
+    wait_until("the set comes back", Duration::from_secs(10), || {
+        zset(&mut p, "u").is_empty() && zset(&mut p, "v").is_empty()
+    });
+    wait_for_replica(&mut p);
+    assert_eq!(snapshot_of_all_keys(&mut r), snapshot_of_all_keys(&mut p));
 }

@@ -8,14 +8,14 @@
 use redis_module::{Context, ContextFlags, RedisString, RedisValue};
 
 use super::{after_write, identifier, lost, new_identifier, Arg};
-use crate::args::{parse_count, parse_lease_ms, parse_limit};
+use crate::args::{parse_count, parse_lease_ms, parse_limit, parse_wait_ms};
 use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command};
-use crate::queue::{Binding, SemKey};
+use crate::queue::{Ask, Binding, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Store};
-use crate::server::block::in_script;
+use crate::server::block::{can_block, in_script};
 use crate::server::key::Access;
 use crate::server::{key_at, now_ms, selected_db};
 use crate::stats::{self, COUNTERS};
@@ -178,7 +178,7 @@ pub fn report_keys(
 }
 
 /// `SEM.ACQUIREALL numsems name limit count [name limit count ...] lease [ID identifier]
-/// [FAIR] [WITHTICKET] [BOUND]`
+/// [FAIR] [WITHTICKET] [WAIT seconds] [BOUND]`
 pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError> {
     let mut asks = Vec::with_capacity(call.names.len());
     for &pos in &call.names {
@@ -191,6 +191,7 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
     };
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
     let (mut given_id, mut fair, mut with_ticket, mut bound) = (None, false, false, false);
+    let mut wait_ms = None;
     let mut options = options.iter();
     while let Some(option) = options.next() {
         let option = option.as_slice();
@@ -202,6 +203,10 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
             with_ticket = true;
         } else if option.eq_ignore_ascii_case(b"BOUND") && !bound {
             bound = true;
+        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
+            wait_ms = Some(parse_wait_ms(
+                options.next().ok_or(SemError::Syntax)?.as_slice(),
+            )?);
         } else {
             return Err(SemError::Syntax);
         }
@@ -237,20 +242,49 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
         })
         .collect();
     let now = now_ms();
-    // Survey every semaphore before the first change. While others wait in a fair line, only
-    // a renewal gets in (as for SEM.ACQUIREFAIR without WAIT); a plain one may barge.
+    // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
+    let wait_ms = wait_ms.filter(|_| can_block(ctx));
+    // Survey every semaphore before the first change (its errors are the call's). While
+    // others wait in a line, a waiting set joins the end of every line (unless it only
+    // renews); one that does not wait gets into a fair line only where it renews (as
+    // SEM.ACQUIREFAIR without WAIT), and may barge into a plain one.
     let mut all = true;
+    let mut lines_busy = false;
+    let mut renews_all = true;
     for (i, store) in stores.iter().enumerate() {
         let fits = semaphore::would_grant(store, now, id, &requests[i])?;
-        let line_first = kind == Kind::Fair
-            && waiting::queued_anywhere()
-            && waiting::queued(&call.sem(ctx, i)) > 0
-            && store.deadline(id).is_none_or(|d| d <= now);
-        all &= fits && !line_first;
+        let queued = waiting::queued_anywhere() && waiting::queued(&call.sem(ctx, i)) > 0;
+        let renews = store.deadline(id).is_some_and(|d| d > now);
+        lines_busy |= queued;
+        renews_all &= renews;
+        all &= fits && (renews || !(queued && (kind == Kind::Fair || wait_ms.is_some())));
     }
-    if !all {
-        stats::count(&COUNTERS.set_refused);
-        return Ok(RedisValue::Null);
+    if !all || (lines_busy && wait_ms.is_some() && !renews_all) {
+        let Some(wait_ms) = wait_ms else {
+            stats::count(&COUNTERS.set_refused);
+            return Ok(RedisValue::Null);
+        };
+        let parts = (0..stores.len())
+            .map(|i| {
+                let ask = Ask {
+                    kind,
+                    limit: requests[i].limit,
+                    lease_ms,
+                    count: requests[i].count,
+                    holder: id.as_slice().to_vec(),
+                    with_ticket,
+                    bound,
+                };
+                (call.sem(ctx, i), ask)
+            })
+            .collect();
+        let deadlines = stores
+            .iter()
+            .map(|store| store.next_deadline(now))
+            .collect();
+        waiting::wait_set(ctx, parts, now, wait_ms, deadlines)?;
+        stats::count(&COUNTERS.waits_started);
+        return Ok(RedisValue::NoReply);
     }
     let mut tickets = Vec::with_capacity(stores.len());
     for (i, store) in stores.iter_mut().enumerate() {
