@@ -22,6 +22,7 @@ fn colour(contender: Contender) -> Option<RGBColor> {
         Contender::RedsemFair => RGBColor(214, 39, 40),
         Contender::Redsem => RGBColor(255, 127, 14),
         Contender::RedsemCount4 => RGBColor(44, 160, 44),
+        Contender::RedsemSet2 => RGBColor(188, 189, 34),
         Contender::RecipeMulti => RGBColor(31, 119, 180),
         Contender::RecipeLua => RGBColor(23, 190, 207),
         Contender::NonFairLua => RGBColor(148, 103, 189),

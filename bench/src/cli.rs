@@ -61,7 +61,7 @@ pub struct Args {
     holders: Vec<u64>,
 
     /// Contenders to run in the pairs set, comma-separated: redsem-fair,
-    /// redsem, redsem-count4, recipe-multi, recipe-lua, nonfair-lua, floor,
+    /// redsem, redsem-count4, redsem-set2, recipe-multi, recipe-lua, nonfair-lua, floor,
     /// floor-plain [default: all; floor-plain only with --plain-port].
     #[arg(long, value_delimiter = ',')]
     contenders: Option<Vec<Contender>>,

@@ -35,6 +35,9 @@ pub enum Contender {
     /// `SEM.ACQUIRE ... COUNT 4` (one holder, four permits) + `SEM.RELEASE`
     /// (which gives back all four).
     RedsemCount4,
+    /// `SEM.ACQUIREALL 2` (a permit of two semaphores at once) +
+    /// `SEM.RELEASEALL 2`.
+    RedsemSet2,
     /// The classic fair recipe as MULTI/EXEC pipelines.
     RecipeMulti,
     /// The same fair recipe as one script per operation.
@@ -49,10 +52,11 @@ pub enum Contender {
 }
 
 impl Contender {
-    pub const ALL: [Contender; 8] = [
+    pub const ALL: [Contender; 9] = [
         Contender::RedsemFair,
         Contender::Redsem,
         Contender::RedsemCount4,
+        Contender::RedsemSet2,
         Contender::RecipeMulti,
         Contender::RecipeLua,
         Contender::NonFairLua,
@@ -66,6 +70,7 @@ impl Contender {
             Contender::RedsemFair => "redsem-fair",
             Contender::Redsem => "redsem",
             Contender::RedsemCount4 => "redsem-count4",
+            Contender::RedsemSet2 => "redsem-set2",
             Contender::RecipeMulti => "recipe-multi",
             Contender::RecipeLua => "recipe-lua",
             Contender::NonFairLua => "nonfair-lua",
@@ -80,6 +85,7 @@ impl Contender {
             Contender::RedsemFair => "SEM.ACQUIREFAIR",
             Contender::Redsem => "SEM.ACQUIRE",
             Contender::RedsemCount4 => "SEM.ACQUIRE COUNT 4",
+            Contender::RedsemSet2 => "SEM.ACQUIREALL of 2",
             Contender::RecipeMulti => "fair recipe, MULTI/EXEC",
             Contender::RecipeLua => "fair recipe, Lua",
             Contender::NonFairLua => "non-fair Lua",
@@ -92,7 +98,10 @@ impl Contender {
     pub fn needs_module(self) -> bool {
         matches!(
             self,
-            Contender::RedsemFair | Contender::Redsem | Contender::RedsemCount4
+            Contender::RedsemFair
+                | Contender::Redsem
+                | Contender::RedsemCount4
+                | Contender::RedsemSet2
         )
     }
 
@@ -129,6 +138,30 @@ impl Contender {
         match self {
             Contender::RedsemFair | Contender::Redsem | Contender::RedsemCount4 => {
                 redsem_pair(self, conn, keys, limit).await
+            }
+            Contender::RedsemSet2 => {
+                let second = keys.second();
+                let id: Option<String> = redis::cmd("SEM.ACQUIREALL")
+                    .arg(2)
+                    .arg(&keys.holders)
+                    .arg(limit)
+                    .arg(1)
+                    .arg(&second)
+                    .arg(limit)
+                    .arg(1)
+                    .arg(LEASE_SECS)
+                    .query_async(conn)
+                    .await?;
+                let Some(id) = id else { return Ok(false) };
+                let released: i64 = redis::cmd("SEM.RELEASEALL")
+                    .arg(2)
+                    .arg(&keys.holders)
+                    .arg(&second)
+                    .arg(&id)
+                    .query_async(conn)
+                    .await?;
+                expect_released(self, released / 2)?;
+                Ok(true)
             }
             Contender::RecipeMulti => recipe_multi_pair(conn, keys, limit).await,
             Contender::RecipeLua => {
@@ -216,7 +249,10 @@ impl Contender {
                 // Through the module's own commands, so whatever layout it
                 // keeps is the one measured. The weighted contender's
                 // pre-filled holders are ordinary ones (one permit each).
-                Contender::RedsemFair | Contender::Redsem | Contender::RedsemCount4 => {
+                Contender::RedsemFair
+                | Contender::Redsem
+                | Contender::RedsemCount4
+                | Contender::RedsemSet2 => {
                     let command = self.redsem_acquire();
                     let mut pipe = redis::pipe();
                     for _ in 0..batch {
@@ -224,6 +260,13 @@ impl Contender {
                             .arg(&keys.holders)
                             .arg(limit)
                             .arg(LEASE_SECS);
+                        // The set's second semaphore holds as many.
+                        if self == Contender::RedsemSet2 {
+                            pipe.cmd(command)
+                                .arg(keys.second())
+                                .arg(limit)
+                                .arg(LEASE_SECS);
+                        }
                     }
                     let ids: Vec<Option<String>> = pipe.query_async(conn).await?;
                     if ids.iter().any(Option::is_none) {
@@ -351,12 +394,22 @@ impl Keys {
         }
     }
 
+    /// The second semaphore of the set contender.
+    pub fn second(&self) -> String {
+        format!("{}-2", self.holders)
+    }
+
     pub async fn delete(&self, conn: &mut MultiplexedConnection) -> Result<(), BoxError> {
+        let second = Keys::new(self.second());
         redis::cmd("DEL")
             .arg(&self.holders)
             .arg(&self.owner)
             .arg(&self.counter)
             .arg(&self.permits)
+            .arg(&second.holders)
+            .arg(&second.owner)
+            .arg(&second.counter)
+            .arg(&second.permits)
             .query_async::<()>(conn)
             .await?;
         Ok(())

@@ -901,6 +901,7 @@ fn ratios(settings: &Settings, measurements: &[Measurement], summaries: &[Summar
             Contender::RedsemFair,
             Contender::Redsem,
             Contender::RedsemCount4,
+            Contender::RedsemSet2,
         ] {
             if let (Some(low), Some(high)) = (get(base, contender), get(crowded, contender)) {
                 out.push(Ratio {
@@ -939,6 +940,29 @@ fn ratios(settings: &Settings, measurements: &[Measurement], summaries: &[Summar
             ),
             value: paired.median,
             target: Target::AtLeast(0.85),
+        });
+    }
+    // Paired as COUNT 4 is: a set of two against one semaphore's pair.
+    if let (Some(set), Some(single), Some((paired, n))) = (
+        get(base, Contender::RedsemSet2),
+        get(base, Contender::Redsem),
+        paired_ratio(
+            measurements,
+            (Contender::RedsemSet2, Contender::Redsem),
+            |s| s == base,
+            Measurement::pairs_per_sec,
+        ),
+    ) {
+        out.push(Ratio {
+            what: format!(
+                "{} + SEM.RELEASEALL / {} + SEM.RELEASE, pairs/s (median over {n} pairs of \
+                 repetitions run back to back; ratio of medians {:.3})",
+                set.contender.label(),
+                single.contender.label(),
+                set.pairs_per_sec.median / single.pairs_per_sec.median,
+            ),
+            value: paired.median,
+            target: Target::AtLeast(0.6),
         });
     }
     // "Not slower within noise": 5 % either way, about the spread of the
