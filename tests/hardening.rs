@@ -494,6 +494,10 @@ fn command_info_declares_keys_arity_and_flags() {
         ("sem.refresh", -4, "RW"),
         ("sem.release", -3, "RW"),
         ("sem.get", -2, "RO"),
+        ("sem.waitempty", -3, "RO"),
+        ("sem.acquireall", -6, "RW"),
+        ("sem.releaseall", -4, "RW"),
+        ("sem.refreshall", -5, "RW"),
     ] {
         let info: Vec<Vec<Value>> = run(&mut c, &["COMMAND", "INFO", command]);
         let info = &info[0];
@@ -624,7 +628,7 @@ fn a_reload_starts_clean_and_keeps_the_acl_category() {
 
     assert_eq!(categories(&mut admin), before);
     if !before.is_empty() {
-        assert_eq!(before.len(), 5, "{before:?}");
+        assert_eq!(before.len(), 9, "{before:?}");
         let _: () = run(
             &mut admin,
             &[
