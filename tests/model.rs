@@ -28,6 +28,8 @@
 
 mod common;
 
+#[path = "model/background.rs"]
+mod background;
 #[path = "model/keyspace.rs"]
 mod keyspace;
 #[path = "model/ops.rs"]
@@ -135,6 +137,8 @@ struct Stats {
     server_time: Duration,
     watch_time: Duration,
     model_time: Duration,
+    /// What the background episodes and storms checked.
+    background: BTreeMap<&'static str, u64>,
 }
 
 struct Run {
@@ -161,6 +165,10 @@ struct Run {
     /// Names whose sets only the module wrote since they last did not exist.
     clean: BTreeSet<Bytes>,
     log_hint: String,
+    /// Idle connections for background waiters, with their CLIENT IDs.
+    pool: Vec<(redis::Connection, i64)>,
+    /// Numbers the background waiters' identifiers.
+    background_serial: u64,
 }
 
 fn connect(server: &Server) -> redis::Connection {
@@ -239,6 +247,8 @@ impl Run {
             stats: Stats::default(),
             clean: NAMES.iter().map(|n| n.as_bytes().to_vec()).collect(),
             log_hint: String::new(),
+            pool: Vec::new(),
+            background_serial: 0,
         };
         run.attach(server, Fencing::default());
         run
@@ -253,6 +263,7 @@ impl Run {
             .expect("CLIENT ID");
         self.server = format!("redis://127.0.0.1:{}/", server.port);
         self.watcher = connect(server);
+        self.pool.clear();
         self.log_hint = format!(
             "the server's files (redis.log, appendonlydir) are in {}",
             server.dir.display()
@@ -291,6 +302,10 @@ impl Run {
     }
 
     fn fail(&mut self, step: &Step, what: &str, detail: &str) -> ! {
+        self.fail_described(&step.describe(), what, detail)
+    }
+
+    fn fail_described(&mut self, step: &str, what: &str, detail: &str) -> ! {
         if let Some(trace) = &mut self.trace {
             let _ = trace.flush();
         }
@@ -299,7 +314,7 @@ impl Run {
             "\n======== MODEL CHECK FAILED: REDSEM_MODEL_SEED={} at step {} ========\n",
             self.seed, self.step_no
         );
-        report += &format!("{what}\n\nthe step:\n    {}\n", step.describe());
+        report += &format!("{what}\n\nthe step:\n    {step}\n");
         report += &format!("\n{detail}\n");
         report += &format!(
             "\nthe keys before the step (read back after step {}):\n{}",
@@ -412,6 +427,18 @@ impl Run {
 
     fn step(&mut self) {
         self.step_no += 1;
+        // Now and then, waiters in the background (checked by invariants, see background.rs).
+        match self.rng.below(1000) {
+            0..=5 => {
+                *self.stats.steps.entry("background").or_default() += 1;
+                return self.background_episode();
+            }
+            6 => {
+                *self.stats.steps.entry("storm").or_default() += 1;
+                return self.timer_storm();
+            }
+            _ => {}
+        }
         let seen = Seen {
             keys: &self.world.keys,
             now_ms: self.last_t1,
@@ -754,6 +781,10 @@ impl Run {
         out += "steps:";
         for (kind, count) in &self.stats.steps {
             out += &format!(" {kind}={count}");
+        }
+        out += "\nbackground:";
+        for (what, count) in &self.stats.background {
+            out += &format!(" [{what}]={count}");
         }
         out += "\nSEM.* outcomes:";
         for (label, count) in &self.stats.outcomes {
