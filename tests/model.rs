@@ -429,11 +429,11 @@ impl Run {
         self.step_no += 1;
         // Now and then, waiters in the background (checked by invariants, see background.rs).
         match self.rng.below(1000) {
-            0..=5 => {
+            0..=8 => {
                 *self.stats.steps.entry("background").or_default() += 1;
                 return self.background_episode();
             }
-            6 => {
+            9 => {
                 *self.stats.steps.entry("storm").or_default() += 1;
                 return self.timer_storm();
             }

@@ -36,6 +36,9 @@ use super::Run;
 
 /// How late past its WAIT a waiter may be answered (a shared, loaded machine).
 const SLACK_MS: u64 = 600;
+/// How late after its permits came free a waiter may be served (the timer's latency on a
+/// loaded machine).
+const TIMING_MS: i64 = 30;
 /// How soon a change that must answer a waiter at once does so.
 const PROMPT_MS: u64 = 600;
 
@@ -105,6 +108,7 @@ struct Span {
     start: i64,
     end: i64,
     weight: u64,
+    fair: bool,
     gone: bool,
 }
 
@@ -141,6 +145,9 @@ struct Episode {
     dump: Option<Dump>,
     fair_granted: bool,
     flushed: bool,
+    /// Only reads and time passing since the waiters came: nothing but a lease's end frees a
+    /// permit, so when each waiter should be served is known.
+    pure: bool,
 }
 
 impl Run {
@@ -378,9 +385,12 @@ impl Run {
         for (id, span) in ep.spans.iter_mut() {
             match holders.as_ref().and_then(|z| z.score(id)) {
                 Some(score) if !span.gone => span.end = deadline_ms(score),
+                // In a pure episode only its lease's end removes a holder.
                 _ if !span.gone => {
                     span.gone = true;
-                    span.end = span.end.min(previous);
+                    if !ep.pure {
+                        span.end = span.end.min(previous);
+                    }
                 }
                 _ => {}
             }
@@ -394,6 +404,7 @@ impl Run {
                         start,
                         end: start + w.lease_ms,
                         weight: w.count,
+                        fair: w.fair,
                         gone: holders.as_ref().and_then(|z| z.score(&w.id)).is_none(),
                     },
                 );
@@ -627,6 +638,7 @@ impl Run {
             dump: None,
             fair_granted: false,
             flushed: false,
+            pure: true,
         };
         // A fresh semaphore, filled (mostly) by the main client.
         let fresh = vec![
@@ -669,6 +681,7 @@ impl Run {
                     start: t0,
                     end: t0 + lease,
                     weight: 1,
+                    fair,
                     gone: false,
                 },
             );
@@ -738,8 +751,12 @@ impl Run {
                 (22, "sleep"),
             ]) {
                 "read" => self.episode_reads(&mut ep),
-                "write" => self.episode_write(&mut ep),
+                "write" => {
+                    ep.pure = false;
+                    self.episode_write(&mut ep);
+                }
                 "release" | "refresh" if ep.dump.is_some() => {
+                    ep.pure = false;
                     let refresh = self.rng.percent(30);
                     let members: Vec<Bytes> = ep
                         .dump
@@ -790,6 +807,7 @@ impl Run {
         self.episode_observe(&mut ep);
         self.check_order(&ep);
         self.check_limit(&ep);
+        self.check_timing(&ep);
         ep.fair_granted |= ep.waiters.iter().any(|w| w.fair && w.granted());
         self.end_episode(ep, "background");
     }
@@ -820,6 +838,88 @@ impl Run {
                     self.episode_fail(ep, "waiters were not served in arrival order", &problem);
                 }
             }
+        }
+    }
+
+    /// In a pure episode, each waiter in line is served at the first instant its permits are
+    /// free (within `TIMING_MS`), and times out only if they never were before its wait ended.
+    fn check_timing(&mut self, ep: &Episode) {
+        let unknown = ep.waiters.iter().any(|w| w.granted() && w.start.is_none());
+        if !ep.pure || unknown {
+            return;
+        }
+        *self
+            .stats
+            .background
+            .entry("pure episodes timed")
+            .or_default() += 1;
+        // When the waiter ahead left the line (at the earliest, at the latest).
+        let mut ahead_left = (i64::MIN, i64::MIN);
+        for (j, w) in ep.waiters.iter().enumerate() {
+            let Some((reply, _)) = &w.answer else {
+                continue;
+            };
+            if matches!(reply, Reply::Err(_)) {
+                // Refused at once: never in line.
+                continue;
+            }
+            let later: Vec<&Bytes> = ep.waiters[j..].iter().map(|w| &w.id).collect();
+            let others: Vec<&Span> = ep
+                .spans
+                .iter()
+                .filter(|(id, _)| !later.contains(id))
+                .map(|(_, s)| s)
+                .collect();
+            let fits = |t: i64| {
+                let live = others.iter().filter(|s| s.start <= t && t < s.end);
+                let used: u64 = live.clone().map(|s| s.weight).sum();
+                live.clone().all(|s| s.fair == w.fair) && used + w.count <= ep.limit
+            };
+            // Permits only come free from here on (nobody behind is served first).
+            let ready = w.since_hi.max(ahead_left.1);
+            let first_fit = std::iter::once(ready)
+                .chain(others.iter().map(|s| s.end).filter(|&end| end > ready))
+                .filter(|&t| fits(t))
+                .min()
+                .expect("every lease ends");
+            let problem = match w.start {
+                Some(start) if w.granted() && start > first_fit + TIMING_MS => Some(format!(
+                    "waiter #{} was granted at {start}, but its permits were free from {first_fit}",
+                    w.no
+                )),
+                _ if *reply == Reply::Nil && first_fit + TIMING_MS < w.since_lo + w.wait_ms => {
+                    Some(format!(
+                        "waiter #{} timed out (at {} or later), but its permits were free from {first_fit}",
+                        w.no,
+                        w.since_lo + w.wait_ms
+                    ))
+                }
+                _ => None,
+            };
+            if let Some(problem) = problem {
+                let spans: Vec<String> = ep
+                    .spans
+                    .iter()
+                    .map(|(id, s)| {
+                        let kind = if s.fair { "fair" } else { "plain" };
+                        format!("{} {}..{} x{} {kind}", show(id), s.start, s.end, s.weight)
+                    })
+                    .collect();
+                let detail = format!(
+                    "{problem}
+the holders' lives: {}",
+                    spans.join(", ")
+                );
+                self.episode_fail(
+                    ep,
+                    "a waiter was not served when its permits were free",
+                    &detail,
+                );
+            }
+            ahead_left = match w.start {
+                Some(start) => (start, start),
+                None => (w.since_lo + w.wait_ms, w.since_hi + w.wait_ms + TIMING_MS),
+            };
         }
     }
 
@@ -911,6 +1011,7 @@ impl Run {
             dump: None,
             fair_granted: false,
             flushed: false,
+            pure: true,
         };
         let (now, replies, _) = self.episode_run(&mut ep, &[cmd(&["INFO", "sem"])]);
         let runs_before = info_field(&replies[0], "sem_timer_runs");
