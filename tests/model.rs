@@ -23,8 +23,9 @@
 //! `cargo test --test model` runs a short profile with a seed from the clock. Environment:
 //! `REDSEM_MODEL_SEED` (repeat a run's choices), `REDSEM_MODEL_STEPS` (default 5000),
 //! `REDSEM_MODEL_RELOAD_STEPS` (steps after the reload; default a tenth, at most 2000),
-//! `REDSEM_MODEL_TRACE` (a file that receives every step and its replies). scripts/stress runs
-//! a long profile.
+//! `REDSEM_MODEL_TRACE` (a file that receives every step and its replies),
+//! `REDSEM_MODEL_BACKGROUND` (background episodes per thousand steps; default 9; a storm comes
+//! once per thousand). scripts/stress runs a long profile.
 
 mod common;
 
@@ -95,6 +96,7 @@ struct Profile {
     seed: u64,
     steps: u64,
     reload_steps: u64,
+    background: u64,
 }
 
 fn env_number(name: &str) -> Option<u64> {
@@ -117,6 +119,7 @@ fn profile() -> Profile {
         seed,
         steps,
         reload_steps,
+        background: env_number("REDSEM_MODEL_BACKGROUND").unwrap_or(9).min(999),
     }
 }
 
@@ -169,6 +172,8 @@ struct Run {
     pool: Vec<(redis::Connection, i64)>,
     /// Numbers the background waiters' identifiers.
     background_serial: u64,
+    /// Background episodes per thousand steps.
+    background_rate: u64,
 }
 
 fn connect(server: &Server) -> redis::Connection {
@@ -249,6 +254,7 @@ impl Run {
             log_hint: String::new(),
             pool: Vec::new(),
             background_serial: 0,
+            background_rate: 9,
         };
         run.attach(server, Fencing::default());
         run
@@ -428,12 +434,12 @@ impl Run {
     fn step(&mut self) {
         self.step_no += 1;
         // Now and then, waiters in the background (checked by invariants, see background.rs).
-        match self.rng.below(1000) {
-            0..=8 => {
+        match self.rng.below(1000) as u64 {
+            n if n < self.background_rate => {
                 *self.stats.steps.entry("background").or_default() += 1;
                 return self.background_episode();
             }
-            9 => {
+            999 => {
                 *self.stats.steps.entry("storm").or_default() += 1;
                 return self.timer_storm();
             }
@@ -844,6 +850,7 @@ fn random_steps_match_the_model_and_keep_every_invariant() {
     let primary = Server::start_with(&PRIMARY_ARGS);
     let replica = start_replica_of(&primary);
     let mut run = Run::new(&primary, profile.seed);
+    run.background_rate = profile.background;
     run.steps(profile.steps);
     check_log(&primary, "primary");
 

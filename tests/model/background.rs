@@ -293,12 +293,11 @@ impl Run {
         let elapsed = at.duration_since(w.sent_at).as_millis() as i64;
         let (reply, _) = w.answer.clone().expect("an answer");
         let wait = w.wait_ms;
-        let key = if w.is_grant(&reply) {
-            "background granted"
-        } else if reply == Reply::Nil {
-            "background timed out"
-        } else {
-            "background refused"
+        let key = match &reply {
+            reply if w.is_grant(reply) => "background granted",
+            Reply::Nil => "background timed out",
+            Reply::Err(e) if e.starts_with("WRONGTYPE") => "background WRONGTYPE",
+            _ => "background refused (other kind)",
         };
         *self.stats.background.entry(key).or_default() += 1;
         let problem = match &reply {
@@ -332,6 +331,9 @@ impl Run {
         }
         let name = ep.name.clone();
         let holders = zset_of(&dump, &name).cloned();
+        if ep.pure {
+            self.check_expiry(ep, &dump);
+        }
         // The grants answered since the last read: their holders, unless removed since.
         for i in 0..ep.waiters.len() {
             let w = &ep.waiters[i];
@@ -411,6 +413,33 @@ impl Run {
             }
         }
         ep.last_read = dump.time_ms;
+    }
+
+    /// While only the module wrote the name's keys, they expire at its latest deadline
+    /// (invariant 4), whoever made the last grant: a command or the timer.
+    fn check_expiry(&mut self, ep: &Episode, dump: &Dump) {
+        let Some(holders) = dump.keys.get(&ep.name) else {
+            return;
+        };
+        let latest = match &holders.value {
+            Value::ZSet(z) => z.highest_score().map(deadline_ms),
+            _ => None,
+        };
+        for key in [ep.name.clone(), owner_key(&ep.name), permits_key(&ep.name)] {
+            let expire = dump.keys.get(&key).map(|e| e.expire);
+            if expire.is_some_and(|at| at != latest) {
+                let detail = format!(
+                    "{} expires at {:?}, the latest deadline is {latest:?}",
+                    show(&key),
+                    expire.flatten()
+                );
+                self.episode_fail(
+                    ep,
+                    "a set only the module wrote does not expire at its latest deadline",
+                    &detail,
+                );
+            }
+        }
     }
 
     /// Whether the name's line may be served during `t0..t1` for a reason other than a read:
@@ -794,17 +823,31 @@ impl Run {
             self.episode_observe(&mut ep);
         }
 
-        // Every waiter answers within its WAIT and the slack.
-        for i in 0..ep.waiters.len() {
-            let w = &ep.waiters[i];
-            let until = w.sent_at + Duration::from_millis(w.wait_ms as u64 + SLACK_MS);
-            self.take_answer(&mut ep, i, Some(until));
-            if ep.waiters[i].answer.is_none() {
-                let detail = format!("waiter #{} is still waiting", ep.waiters[i].no);
+        // Every waiter answers within its WAIT and the slack; the keys are read after each
+        // grant, before a later grant can prune its holder.
+        loop {
+            let answered = ep.waiters.iter().filter(|w| w.answer.is_some()).count();
+            for i in 0..ep.waiters.len() {
+                self.take_answer(&mut ep, i, None);
+            }
+            let now = Instant::now();
+            let late = ep.waiters.iter().find(|w| {
+                w.answer.is_none()
+                    && now > w.sent_at + Duration::from_millis(w.wait_ms as u64 + SLACK_MS)
+            });
+            if let Some(w) = late {
+                let detail = format!("waiter #{} is still waiting", w.no);
                 self.episode_fail(&ep, "no reply within WAIT and the slack", &detail);
             }
+            let now_answered = ep.waiters.iter().filter(|w| w.answer.is_some()).count();
+            if now_answered > answered || now_answered == ep.waiters.len() {
+                self.episode_observe(&mut ep);
+            }
+            if now_answered == ep.waiters.len() {
+                break;
+            }
+            sleep(Duration::from_millis(1));
         }
-        self.episode_observe(&mut ep);
         self.check_order(&ep);
         self.check_limit(&ep);
         self.check_timing(&ep);
@@ -853,7 +896,7 @@ impl Run {
             .background
             .entry("pure episodes timed")
             .or_default() += 1;
-        // When the waiter ahead left the line (at the earliest, at the latest).
+        // When the last of the waiters ahead left the line (at the earliest, at the latest).
         let mut ahead_left = (i64::MIN, i64::MIN);
         for (j, w) in ep.waiters.iter().enumerate() {
             let Some((reply, _)) = &w.answer else {
@@ -916,10 +959,12 @@ the holders' lives: {}",
                     &detail,
                 );
             }
-            ahead_left = match w.start {
+            // Everyone ahead must have left before the next one is served.
+            let left = match w.start {
                 Some(start) => (start, start),
                 None => (w.since_lo + w.wait_ms, w.since_hi + w.wait_ms + TIMING_MS),
             };
+            ahead_left = (ahead_left.0.max(left.0), ahead_left.1.max(left.1));
         }
     }
 
