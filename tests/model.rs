@@ -17,17 +17,29 @@
 //! 6. the server answers, and its log shows no crash;
 //! 7. the module remembers as many BOUND permits as the model (INFO sem, sem_bound_holders).
 //!
+//! Now and then a step is a background episode instead (tests/model/background.rs): clients on
+//! their own connections wait in SEM.ACQUIRE/ACQUIREFAIR ... WAIT on one name while the run goes
+//! on with that name's keys (other clients' reads and writes, releases, refreshes, time
+//! passing), their replies read later; or a timer storm, many leases ending in the same
+//! millisecond with waiters behind them. The module grants these waiters at instants no step
+//! chooses, so an episode is checked by its own invariants (the limit, arrival order, a grant
+//! when permits come free, answers in time, reads serving no line), and the model then takes
+//! the keys as read at its end.
+//!
 //! At the end a replica and an AOF reload must hold exactly the primary's keys, then more steps
 //! run on the reloaded server, whose first fair grant per name jumps by the fencing margin.
 //!
 //! `cargo test --test model` runs a short profile with a seed from the clock. Environment:
 //! `REDSEM_MODEL_SEED` (repeat a run's choices), `REDSEM_MODEL_STEPS` (default 5000),
 //! `REDSEM_MODEL_RELOAD_STEPS` (steps after the reload; default a tenth, at most 2000),
-//! `REDSEM_MODEL_TRACE` (a file that receives every step and its replies). scripts/stress runs
-//! a long profile.
+//! `REDSEM_MODEL_TRACE` (a file that receives every step and its replies),
+//! `REDSEM_MODEL_BACKGROUND` (background episodes per thousand steps; default 7; a storm comes
+//! once per thousand). scripts/stress runs a long profile.
 
 mod common;
 
+#[path = "model/background.rs"]
+mod background;
 #[path = "model/keyspace.rs"]
 mod keyspace;
 #[path = "model/ops.rs"]
@@ -93,6 +105,7 @@ struct Profile {
     seed: u64,
     steps: u64,
     reload_steps: u64,
+    background: u64,
 }
 
 fn env_number(name: &str) -> Option<u64> {
@@ -115,6 +128,7 @@ fn profile() -> Profile {
         seed,
         steps,
         reload_steps,
+        background: env_number("REDSEM_MODEL_BACKGROUND").unwrap_or(7).min(999),
     }
 }
 
@@ -135,6 +149,9 @@ struct Stats {
     server_time: Duration,
     watch_time: Duration,
     model_time: Duration,
+    /// What the background episodes and storms checked.
+    background: BTreeMap<&'static str, u64>,
+    background_time: Duration,
 }
 
 struct Run {
@@ -161,6 +178,12 @@ struct Run {
     /// Names whose sets only the module wrote since they last did not exist.
     clean: BTreeSet<Bytes>,
     log_hint: String,
+    /// Idle connections for background waiters, with their CLIENT IDs.
+    pool: Vec<(redis::Connection, i64)>,
+    /// Numbers the background waiters' identifiers.
+    background_serial: u64,
+    /// Background episodes per thousand steps.
+    background_rate: u64,
 }
 
 fn connect(server: &Server) -> redis::Connection {
@@ -239,6 +262,9 @@ impl Run {
             stats: Stats::default(),
             clean: NAMES.iter().map(|n| n.as_bytes().to_vec()).collect(),
             log_hint: String::new(),
+            pool: Vec::new(),
+            background_serial: 0,
+            background_rate: 7,
         };
         run.attach(server, Fencing::default());
         run
@@ -253,6 +279,7 @@ impl Run {
             .expect("CLIENT ID");
         self.server = format!("redis://127.0.0.1:{}/", server.port);
         self.watcher = connect(server);
+        self.pool.clear();
         self.log_hint = format!(
             "the server's files (redis.log, appendonlydir) are in {}",
             server.dir.display()
@@ -291,6 +318,10 @@ impl Run {
     }
 
     fn fail(&mut self, step: &Step, what: &str, detail: &str) -> ! {
+        self.fail_described(&step.describe(), what, detail)
+    }
+
+    fn fail_described(&mut self, step: &str, what: &str, detail: &str) -> ! {
         if let Some(trace) = &mut self.trace {
             let _ = trace.flush();
         }
@@ -299,7 +330,7 @@ impl Run {
             "\n======== MODEL CHECK FAILED: REDSEM_MODEL_SEED={} at step {} ========\n",
             self.seed, self.step_no
         );
-        report += &format!("{what}\n\nthe step:\n    {}\n", step.describe());
+        report += &format!("{what}\n\nthe step:\n    {step}\n");
         report += &format!("\n{detail}\n");
         report += &format!(
             "\nthe keys before the step (read back after step {}):\n{}",
@@ -412,6 +443,24 @@ impl Run {
 
     fn step(&mut self) {
         self.step_no += 1;
+        // Now and then, waiters in the background (checked by invariants, see background.rs).
+        match self.rng.below(1000) as u64 {
+            n if n < self.background_rate => {
+                *self.stats.steps.entry("background").or_default() += 1;
+                let started = Instant::now();
+                self.background_episode();
+                self.stats.background_time += started.elapsed();
+                return;
+            }
+            999 => {
+                *self.stats.steps.entry("storm").or_default() += 1;
+                let started = Instant::now();
+                self.timer_storm();
+                self.stats.background_time += started.elapsed();
+                return;
+            }
+            _ => {}
+        }
         let seen = Seen {
             keys: &self.world.keys,
             now_ms: self.last_t1,
@@ -755,6 +804,13 @@ impl Run {
         for (kind, count) in &self.stats.steps {
             out += &format!(" {kind}={count}");
         }
+        out += &format!(
+            "\nbackground ({:.1} s):",
+            self.stats.background_time.as_secs_f64()
+        );
+        for (what, count) in &self.stats.background {
+            out += &format!(" [{what}]={count}");
+        }
         out += "\nSEM.* outcomes:";
         for (label, count) in &self.stats.outcomes {
             out += &format!(" [{label}]={count}");
@@ -813,6 +869,7 @@ fn random_steps_match_the_model_and_keep_every_invariant() {
     let primary = Server::start_with(&PRIMARY_ARGS);
     let replica = start_replica_of(&primary);
     let mut run = Run::new(&primary, profile.seed);
+    run.background_rate = profile.background;
     run.steps(profile.steps);
     check_log(&primary, "primary");
 
