@@ -272,6 +272,73 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
         );
     }
 
+    // A set routes by its names, which must share a slot (hash tags); names of several slots
+    // are refused by the server (CROSSSLOT) before the module sees them.
+    let keys: Vec<String> = run(
+        &mut any,
+        &[
+            "COMMAND",
+            "GETKEYS",
+            "SEM.ACQUIREALL",
+            "2",
+            "{jobs}a",
+            "1",
+            "1",
+            "{jobs}b",
+            "1",
+            "1",
+            "5",
+        ],
+    );
+    assert_eq!(keys, ["{jobs}a", "{jobs}b"]);
+    let set: (String, Vec<u64>) = cluster_run(
+        &mut conn,
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            "{set}gpu",
+            "1",
+            "1",
+            "{set}licence",
+            "2",
+            "1",
+            "10",
+            "ID",
+            "j",
+            "FAIR",
+            "WITHTICKET",
+        ],
+    );
+    assert_eq!(set, ("j".to_string(), vec![1, 1]));
+    let refreshed: i64 = cluster_run(
+        &mut conn,
+        &["SEM.REFRESHALL", "2", "{set}gpu", "{set}licence", "j", "10"],
+    );
+    assert_eq!(refreshed, 2);
+    let released: i64 = cluster_run(
+        &mut conn,
+        &["SEM.RELEASEALL", "2", "{set}gpu", "{set}licence", "j"],
+    );
+    assert_eq!(released, 2);
+    for form in [
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            "{a}x",
+            "1",
+            "1",
+            "{b}x",
+            "1",
+            "1",
+            "10",
+        ][..],
+        &["SEM.RELEASEALL", "2", "{a}x", "{b}x", "j"],
+        &["SEM.REFRESHALL", "2", "{a}x", "{b}x", "j", "10"],
+    ] {
+        let err = cluster_error(&mut conn, form);
+        assert!(err.starts_with("CROSSSLOT "), "{form:?}: {err}");
+    }
+
     // A name without a hash tag spreads its keys over several slots: Redis refuses the call
     // (CROSSSLOT) before the module sees it. (The module's own hash-tag error is for a name
     // whose keys share a slot by chance; with `:owner` and `:counter` declared, none does:
@@ -444,6 +511,7 @@ struct Load {
 
 /// One reshard client: acquire a random name (a fresh identifier each time), check the
 /// count, release. Stops at the first failure, and stops the others.
+/// A quarter of the rounds take a set of two names of one slot instead.
 fn reshard_client(cluster: &Cluster, load: &Load, client: usize) -> Result<Grants, String> {
     let result = reshard_client_loop(cluster, load, client);
     if result.is_err() {
@@ -471,8 +539,23 @@ fn reshard_client_loop(cluster: &Cluster, load: &Load, client: usize) -> Result<
         } else {
             (random >> 1) as usize % load.names.len()
         };
-        let name = load.names[index].as_str();
         let id = format!("c{client}-{attempt}");
+        // A quarter of the attempts take a set: the name and another one in its slot.
+        if (random >> 9).is_multiple_of(4) {
+            let other = load
+                .names
+                .iter()
+                .position(|other| {
+                    other != &load.names[index]
+                        && cluster.slot_of(other) == cluster.slot_of(&load.names[index])
+                })
+                .expect("every slot has several names");
+            set_round(&mut conn, load, [index, other], &id)?
+                .into_iter()
+                .for_each(|grant| grants.push(grant));
+            continue;
+        }
+        let name = load.names[index].as_str();
         let granted: Option<(String, u64)> = query_retrying(
             &mut conn,
             &[
@@ -514,6 +597,68 @@ fn reshard_client_loop(cluster: &Cluster, load: &Load, client: usize) -> Result<
         }
     }
     Ok(grants)
+}
+
+/// One set round of a reshard client: `SEM.ACQUIREALL` of two names of one slot (fair, with
+/// tickets), the count checked in each, then `SEM.RELEASEALL`. Returns the grants made.
+fn set_round(
+    conn: &mut ClusterConnection,
+    load: &Load,
+    pair: [usize; 2],
+    id: &str,
+) -> Result<Grants, String> {
+    let within = Duration::from_secs(20);
+    let limit = RESHARD_LIMIT.to_string();
+    let [a, b] = pair.map(|index| load.names[index].as_str());
+    let granted: Option<(String, Vec<u64>)> = query_retrying(
+        conn,
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            a,
+            &limit,
+            "1",
+            b,
+            &limit,
+            "1",
+            "10",
+            "ID",
+            id,
+            "FAIR",
+            "WITHTICKET",
+        ],
+        within,
+        &load.retries,
+    )?;
+    let Some((holder, tickets)) = granted else {
+        load.refusals.fetch_add(1, Ordering::Relaxed);
+        return Ok(Vec::new());
+    };
+    if holder != id || tickets.len() != 2 {
+        return Err(format!(
+            "{a}, {b}: asked for {id}, granted {holder} {tickets:?}"
+        ));
+    }
+    load.grants.fetch_add(1, Ordering::Relaxed);
+    for (index, name) in pair.into_iter().zip([a, b]) {
+        let inside = load.inside[index].fetch_add(1, Ordering::SeqCst) + 1;
+        load.max_inside.fetch_max(inside, Ordering::SeqCst);
+        let live: usize = query_retrying(conn, &["SEM.GET", name], within, &load.retries)?;
+        load.max_live.fetch_max(live, Ordering::SeqCst);
+    }
+    for index in pair {
+        load.inside[index].fetch_sub(1, Ordering::SeqCst);
+    }
+    let released: i64 = query_retrying(
+        conn,
+        &["SEM.RELEASEALL", "2", a, b, id],
+        within,
+        &load.retries,
+    )?;
+    if released != 2 {
+        return Err(format!("{a}, {b}: SEM.RELEASEALL {id} replied {released}"));
+    }
+    Ok(pair.into_iter().zip(tickets).collect())
 }
 
 /// The sum of `field` over the lines of an INFO section that start with `prefix`:
@@ -661,7 +806,7 @@ fn reshard_of_busy_fair_semaphores_completes_without_repeating_a_ticket() {
     }
     // The clients ran into the open slots: sent to the wrong node (ASK), or to a node with
     // some of a name's keys (TRYAGAIN); no SEM.* call failed once it ran.
-    let (mut redirected, mut unstable) = (0, 0);
+    let (mut redirected, mut unstable, mut sets) = (0, 0, 0);
     for node in cluster.alive() {
         let errors: String = run(&mut cluster.connection(node), &["INFO", "errorstats"]);
         redirected += info_count(&errors, "errorstat_ASK:", "count");
@@ -669,10 +814,12 @@ fn reshard_of_busy_fair_semaphores_completes_without_repeating_a_ticket() {
         let calls: String = run(&mut cluster.connection(node), &["INFO", "commandstats"]);
         let failed = info_count(&calls, "cmdstat_sem.", "failed_calls");
         assert_eq!(failed, 0, "node {node}:\n{calls}");
+        sets += info_count(&calls, "cmdstat_sem.acquireall:", "calls");
     }
+    assert!(sets > 0, "no set was asked for");
     eprintln!(
-        "{} grants, {} refusals, {} retries after the cluster client's own; {redirected} ASK, \
-         {unstable} TRYAGAIN",
+        "{} grants ({sets} set calls), {} refusals, {} retries after the cluster client's \
+         own; {redirected} ASK, {unstable} TRYAGAIN",
         load.grants.load(Ordering::SeqCst),
         load.refusals.load(Ordering::SeqCst),
         load.retries.load(Ordering::SeqCst),
