@@ -30,6 +30,13 @@ pub fn parse_limit(arg: &[u8]) -> Result<u64, SemError> {
         .ok_or(SemError::InvalidLimit)
 }
 
+/// `SEM.LIMIT name n`: as `limit`, and 0 (which pauses the semaphore) too.
+pub fn parse_stored_limit(arg: &[u8]) -> Result<u64, SemError> {
+    decimal(arg)
+        .filter(|value| *value <= MAX_LIMIT)
+        .ok_or(SemError::InvalidStoredLimit)
+}
+
 /// `COUNT n` of an acquire: as `limit`, and at most `limit`.
 pub fn parse_count(arg: &[u8], limit: u64) -> Result<u64, SemError> {
     parse_limit(arg)

@@ -9,15 +9,15 @@ use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisVa
 use serde_json::{json, Value};
 
 use crate::args::{
-    non_empty, parse_count, parse_lease_ms, parse_limit, parse_release_count, parse_timeout_ms,
-    parse_wait_ms,
+    non_empty, parse_count, parse_lease_ms, parse_limit, parse_release_count, parse_stored_limit,
+    parse_timeout_ms, parse_wait_ms,
 };
 use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{has_hash_tag, is_derived, Command};
 use crate::queue::{arrival, Arrival, Ask, Binding, SemKey};
-use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot};
+use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot, Store};
 use crate::server::block::{can_block, in_script};
 use crate::server::command::{run, Arg};
 use crate::server::command_info::key_flags;
@@ -73,6 +73,7 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
             Command::Release => release(ctx, &call),
             Command::Get => get(ctx, &call),
             Command::WaitEmpty => wait_empty(ctx, &call),
+            Command::Limit => limit(ctx, &call),
             Command::AcquireAll | Command::ReleaseAll | Command::RefreshAll => {
                 Err(SemError::Internal)
             }
@@ -171,13 +172,43 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let now = now_ms();
     if json {
         let snapshot = semaphore::snapshot(&store, now)?;
+        let stored_limit = store.stored_limit()?;
         let line = waiting::line(&call.sem(ctx), now);
         Ok(RedisValue::BulkString(
-            snapshot_json(keys.name.as_slice(), &snapshot, line).to_string(),
+            snapshot_json(keys.name.as_slice(), &snapshot, stored_limit, line).to_string(),
         ))
     } else {
         Ok(RedisValue::Integer(semaphore::in_use(&store, now)? as i64))
     }
+}
+
+/// `SEM.LIMIT name [n | CLEAR]`: the operator's limit, which every acquire of `name` uses
+/// instead of its own while it is stored (0 pauses the semaphore). A raised limit serves the
+/// line at once; nobody loses a permit to a lowered one.
+fn limit(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
+    let change = match call.options() {
+        [] => None,
+        [arg] if arg.as_slice().eq_ignore_ascii_case(b"CLEAR") => Some(None),
+        [arg] => Some(Some(parse_stored_limit(arg.as_slice())?)),
+        _ => return Err(SemError::Arity(call.command.name())),
+    };
+    let Some(limit) = change else {
+        let store = RedisStore::open(ctx, &call.keys(), Access::Read)?;
+        return Ok(match store.stored_limit()? {
+            Some(limit) => RedisValue::Integer(limit as i64),
+            None => RedisValue::Null,
+        });
+    };
+    let mut store = open_for_write(ctx, call)?;
+    let had = store.stored_limit()?.is_some();
+    if store.set_stored_limit(limit)? {
+        stats::count(&COUNTERS.limits_set);
+        after_write(&mut store, || call.sem(ctx));
+    }
+    Ok(match limit {
+        Some(_) => RedisValue::SimpleStringStatic("OK"),
+        None => RedisValue::Integer(i64::from(had)),
+    })
 }
 
 /// `SEM.WAITEMPTY name seconds`: 1 once `name` has no live holder (at once if it has none), 0
@@ -396,6 +427,7 @@ impl<'a> Call<'a> {
             owner: &self.args[2],
             counter: &self.args[3],
             permits: &self.args[4],
+            limit: &self.args[5],
         }
     }
 }
@@ -447,7 +479,12 @@ fn new_identifier(buffer: &mut [u8; 36]) -> &[u8] {
 }
 
 /// SEM.GET JSON's document. Identifiers that are not UTF-8 are shown with U+FFFD.
-fn snapshot_json(name: &[u8], snapshot: &Snapshot<RedisString>, line: waiting::Line) -> Value {
+fn snapshot_json(
+    name: &[u8],
+    snapshot: &Snapshot<RedisString>,
+    stored_limit: Option<u64>,
+    line: waiting::Line,
+) -> Value {
     let holders: Vec<Value> = snapshot
         .holders
         .iter()
@@ -466,8 +503,11 @@ fn snapshot_json(name: &[u8], snapshot: &Snapshot<RedisString>, line: waiting::L
         "counter": snapshot.counter,
         "in_use": snapshot.in_use,
         "holders": holders,
+        "stored_limit": stored_limit,
+        "limit_in_force": stored_limit.is_some(),
         "waiters": line.waiters,
         "longest_wait_ms": line.longest_wait_ms,
+        "waiter_ages_ms": line.ages_ms,
         "waiting_for_empty": line.waiting_for_empty,
     })
 }

@@ -168,6 +168,10 @@ impl ArgDoc {
                 let words: Vec<String> = self.subargs.iter().map(ArgDoc::syntax).collect();
                 words.join(" ")
             }
+            (None, "oneof") => {
+                let words: Vec<String> = self.subargs.iter().map(ArgDoc::syntax).collect();
+                words.join(" | ")
+            }
             (None, _) => self.name.clone(),
         };
         match (self.optional, self.multiple) {
@@ -241,6 +245,11 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn syntax_line_of_a_choice() {
+        assert_eq!(command("sem.limit").syntax(), "SEM.LIMIT name [n | CLEAR]");
     }
 
     #[test]

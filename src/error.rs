@@ -16,6 +16,10 @@ pub enum SemError {
     /// The wrong number of arguments for `command` (lower case, as Redis names it).
     Arity(&'static str),
     InvalidLimit,
+    /// The limit of `SEM.LIMIT` (0 allowed), or `<name>:limit` read back, is not one.
+    InvalidStoredLimit,
+    /// `<name>:limit` holds something other than a limit (another client wrote it).
+    StoredLimitCorrupt,
     /// The lease is malformed, or longer than `max_ms` (`sem.max-lease`).
     InvalidLease {
         max_ms: i64,
@@ -86,6 +90,14 @@ impl fmt::Display for SemError {
             SemError::InvalidLimit => {
                 write!(f, "ERR limit must be an integer from 1 to {MAX_LIMIT}")
             }
+            SemError::InvalidStoredLimit => write!(
+                f,
+                "ERR limit must be an integer from 0 (pause) to {MAX_LIMIT}, or CLEAR"
+            ),
+            SemError::StoredLimitCorrupt => write!(
+                f,
+                "ERR the semaphore's limit key does not hold an integer from 0 to {MAX_LIMIT}"
+            ),
             SemError::InvalidLease { max_ms } => {
                 let max = *max_ms as f64 / 1000.0;
                 write!(
@@ -210,6 +222,8 @@ mod tests {
             SemError::Syntax,
             SemError::Arity("sem.get"),
             SemError::InvalidLimit,
+            SemError::InvalidStoredLimit,
+            SemError::StoredLimitCorrupt,
             SemError::InvalidLease { max_ms: 1000 },
             SemError::InvalidWait,
             SemError::InvalidTimeout,

@@ -14,8 +14,12 @@ pub const OWNER_SUFFIX: &[u8] = b":owner";
 pub const COUNTER_SUFFIX: &[u8] = b":counter";
 /// Suffix of the permits of holders that hold more than one (`COUNT`).
 pub const PERMITS_SUFFIX: &[u8] = b":permits";
+/// Suffix of the limit an operator stored (`SEM.LIMIT`), which every acquire uses instead of
+/// its own while it exists.
+pub const LIMIT_SUFFIX: &[u8] = b":limit";
 
-const DERIVED: &[&[u8]] = &[OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX];
+/// Every derived key, in the order the filter inserts them after the name.
+pub const DERIVED: &[&[u8]] = &[OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX, LIMIT_SUFFIX];
 
 /// The SEM.* commands, as the filter and the handlers tell them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,19 +30,21 @@ pub enum Command {
     Release,
     Get,
     WaitEmpty,
+    Limit,
     AcquireAll,
     ReleaseAll,
     RefreshAll,
 }
 
 impl Command {
-    pub const ALL: [Command; 9] = [
+    pub const ALL: [Command; 10] = [
         Command::Acquire,
         Command::AcquireFair,
         Command::Refresh,
         Command::Release,
         Command::Get,
         Command::WaitEmpty,
+        Command::Limit,
         Command::AcquireAll,
         Command::ReleaseAll,
         Command::RefreshAll,
@@ -53,6 +59,7 @@ impl Command {
             Command::Release => "sem.release",
             Command::Get => "sem.get",
             Command::WaitEmpty => "sem.waitempty",
+            Command::Limit => "sem.limit",
             Command::AcquireAll => "sem.acquireall",
             Command::ReleaseAll => "sem.releaseall",
             Command::RefreshAll => "sem.refreshall",
@@ -62,7 +69,8 @@ impl Command {
     /// Which command `name` calls (case-insensitive), if a SEM.* one. Cheap for the others:
     /// the filter asks this of every command the server runs.
     pub fn from_name(name: &[u8]) -> Option<Command> {
-        if !matches!(name.len(), 7 | 11 | 13 | 14 | 15) || !name[..4].eq_ignore_ascii_case(b"sem.")
+        if !matches!(name.len(), 7 | 9 | 11 | 13 | 14 | 15)
+            || !name[..4].eq_ignore_ascii_case(b"sem.")
         {
             return None;
         }
@@ -72,8 +80,9 @@ impl Command {
     }
 
     /// The suffixes of the derived keys the command reads or writes, in the order they follow
-    /// the name. Every command names all three: any write may grant a permit to a fair waiter
-    /// (which takes a ticket) or expire a weighted holder, and `SEM.GET ... JSON` shows them.
+    /// the name. Every command names all four: any write may grant a permit to a waiter (which
+    /// takes a ticket when fair, under the stored limit if there is one) or expire a weighted
+    /// holder, and `SEM.GET ... JSON` shows them.
     pub fn derived_suffixes(self) -> &'static [&'static [u8]] {
         DERIVED
     }

@@ -378,6 +378,17 @@ impl<H> Registry<H> {
         ids.into_iter().filter_map(|id| self.remove(id)).collect()
     }
 
+    /// How long each waiter in `sem`'s line has waited, in line order (for SEM.GET JSON,
+    /// which is O(N) anyway).
+    pub fn ages_ms(&self, sem: &SemKey, now_ms: i64) -> Vec<i64> {
+        self.lines.get(sem).map_or_else(Vec::new, |line| {
+            line.iter()
+                .filter_map(|id| self.waiters.get(id))
+                .map(|w| now_ms.saturating_sub(w.since_ms))
+                .collect()
+        })
+    }
+
     /// How long the head of `sem`'s line has waited.
     pub fn longest_wait_ms(&self, sem: &SemKey, now_ms: i64) -> Option<i64> {
         self.head(sem).map(|w| now_ms.saturating_sub(w.since_ms))

@@ -55,6 +55,8 @@ pub trait Store {
     fn weight(&self, id: &Self::Id) -> Result<u64, SemError>;
     /// The permits held beyond one per holder: the `""` field of `<name>:permits`.
     fn extra(&self) -> Result<u64, SemError>;
+    /// The limit an operator stored (`<name>:limit`), which acquires use instead of their own.
+    fn stored_limit(&self) -> Result<Option<u64>, SemError>;
 
     /// Sets `id`'s deadline, adding `id` unless `Put::IfHeld`. One lookup answers both "is it
     /// a holder?" and "write it".
@@ -290,7 +292,8 @@ pub fn acquire<S: Store>(
         return Err(SemError::KindMismatch { held });
     }
     let permits = request.permits();
-    let room = survey.in_use().saturating_add(permits) <= request.limit;
+    let limit = effective_limit(store, request)?;
+    let room = survey.in_use().saturating_add(permits) <= limit;
     let deadline = now_ms + request.lease_ms;
     // The common case takes one lookup: one permit, and no COUNT to compare with a renewal.
     if request.count.is_none() {
@@ -390,13 +393,19 @@ pub fn would_grant<S: Store>(
         }
         return Ok(true);
     }
-    if survey.in_use().saturating_add(request.permits()) > request.limit {
+    if survey.in_use().saturating_add(request.permits()) > effective_limit(store, request)? {
         return Ok(false);
     }
     if request.kind == Kind::Fair {
         next_ticket(store.counter()?.unwrap_or(0), request.ticket_margin)?;
     }
     Ok(true)
+}
+
+/// The limit an acquire applies: the one an operator stored for the semaphore while there is
+/// one (0 pauses it), else the caller's own. Renewals ignore it: nobody loses a permit.
+pub fn effective_limit<S: Store>(store: &S, request: &AcquireRequest) -> Result<u64, SemError> {
+    Ok(store.stored_limit()?.unwrap_or(request.limit))
 }
 
 /// Renews live holder `id`: its deadline moves, its permits and ticket stay. A COUNT other than

@@ -42,6 +42,7 @@ counters! {
     waits_cancelled: "Waits that ended otherwise without a permit: the client left or was \
         unblocked (CLIENT UNBLOCK), or an error answered it.",
     bound_released: "BOUND holders given back because their connection closed.",
+    limits_set: "SEM.LIMIT calls that stored, changed or cleared a semaphore's limit.",
     set_acquired: "SEM.ACQUIREALL calls granted (each semaphore's grant also counts in \
         acquired or renewed).",
     set_refused: "SEM.ACQUIREALL calls answered nil: one of the semaphores was full (or had a \

@@ -9,7 +9,7 @@ use std::io::Write;
 
 use redis_module::{raw, Context, RedisString};
 
-use crate::args::{parse_counter, parse_extra, parse_weight};
+use crate::args::{parse_counter, parse_extra, parse_stored_limit, parse_weight};
 use crate::error::SemError;
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
@@ -22,6 +22,7 @@ pub struct SemKeys<'a> {
     pub owner: &'a RedisString,
     pub counter: &'a RedisString,
     pub permits: &'a RedisString,
+    pub limit: &'a RedisString,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +53,8 @@ pub struct RedisStore<'a> {
     owners: Key<'a>,
     counter_name: &'a RedisString,
     counter: OnceCell<Key<'a>>,
+    limit_name: &'a RedisString,
+    limit: OnceCell<Key<'a>>,
     permits: Key<'a>,
     /// How this call moved the deadlines in `<name>`, so the keys' expiry can be settled.
     deadlines: DeadlineChange,
@@ -76,6 +79,8 @@ impl<'a> RedisStore<'a> {
             owners,
             counter_name: keys.counter,
             counter: OnceCell::new(),
+            limit_name: keys.limit,
+            limit: OnceCell::new(),
             permits,
             deadlines: DeadlineChange::None,
             removed: None,
@@ -103,6 +108,7 @@ impl<'a> RedisStore<'a> {
             || self.owners.has_changed()
             || self.permits.has_changed()
             || self.counter.get().is_some_and(Key::has_changed)
+            || self.limit.get().is_some_and(Key::has_changed)
     }
 
     pub fn take_removed(&mut self) -> Vec<RedisString> {
@@ -123,6 +129,31 @@ impl<'a> RedisStore<'a> {
             let _ = self.counter.set(key);
         }
         Ok(self.counter.get().expect("set above"))
+    }
+
+    /// `<name>:limit`, opened on first use.
+    fn limit_key(&self) -> Result<&Key<'a>, SemError> {
+        if self.limit.get().is_none() {
+            let key = Key::open(self.ctx, self.limit_name, self.access, KeyType::String)?;
+            let _ = self.limit.set(key);
+        }
+        Ok(self.limit.get().expect("set above"))
+    }
+
+    /// Stores the operator's limit (`SEM.LIMIT`), or with `None` removes it. Returns whether
+    /// anything changed: an equal limit is not written again.
+    pub fn set_stored_limit(&mut self, limit: Option<u64>) -> Result<bool, SemError> {
+        let current = self.stored_limit()?;
+        if current == limit {
+            return Ok(false);
+        }
+        let key = self.limit_key()?;
+        match limit {
+            Some(limit) => key.write_string(limit.to_string().as_bytes()),
+            None => key.delete(),
+        }
+        self.notify(c"sem.limit");
+        Ok(true)
     }
 
     /// A field of `<name>:permits`, parsed; `None` when absent.
@@ -212,6 +243,14 @@ impl Store for RedisStore<'_> {
 
     fn counter(&self) -> Result<Option<u64>, SemError> {
         self.counter_key()?.read_string(parse_counter).transpose()
+    }
+
+    fn stored_limit(&self) -> Result<Option<u64>, SemError> {
+        self.limit_key()?
+            .read_string(|value| {
+                parse_stored_limit(value).map_err(|_| SemError::StoredLimitCorrupt)
+            })
+            .transpose()
     }
 
     fn has_weights(&self) -> bool {

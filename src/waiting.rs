@@ -18,7 +18,7 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue};
 use crate::config;
 use crate::error::SemError;
 use crate::fencing;
-use crate::keys::{with_derived, COUNTER_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
+use crate::keys::{with_derived, COUNTER_SUFFIX, LIMIT_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
 use crate::queue::{Ask, Binding, Due, IdMap, Registry, SemKey, WaiterId, Wants};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
@@ -139,12 +139,14 @@ pub fn queued(sem: &SemKey) -> usize {
 }
 
 /// What SEM.GET JSON shows of the waiting side of one semaphore.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Line {
     /// Waiters for permits.
     pub waiters: usize,
     /// How long the first of them has waited.
     pub longest_wait_ms: Option<i64>,
+    /// How long each of them has waited, in line order.
+    pub ages_ms: Vec<i64>,
     /// Waiters for the semaphore to empty.
     pub waiting_for_empty: usize,
 }
@@ -157,6 +159,7 @@ pub fn line(sem: &SemKey, now_ms: i64) -> Line {
     with(|s| Line {
         waiters: s.registry.queued(sem),
         longest_wait_ms: s.registry.longest_wait_ms(sem, now_ms),
+        ages_ms: s.registry.ages_ms(sem, now_ms),
         waiting_for_empty: s.registry.waiting_for_empty(sem),
     })
 }
@@ -718,7 +721,7 @@ pub fn touched(db: i32, key: &[u8]) {
         return;
     }
     let names = std::iter::once(key).chain(
-        [OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX]
+        [OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX, LIMIT_SUFFIX]
             .iter()
             .filter_map(|suffix| key.strip_suffix(*suffix)),
     );
@@ -847,7 +850,7 @@ fn with_store(
 }
 
 /// A semaphore's key names, made outside any command of ours.
-struct KeyNames([RedisString; 4]);
+struct KeyNames([RedisString; 5]);
 
 impl KeyNames {
     /// Selects `sem`'s database; in Redis Cluster, only where this node may serve its keys.
@@ -863,21 +866,23 @@ impl KeyNames {
             derived(OWNER_SUFFIX),
             derived(COUNTER_SUFFIX),
             derived(PERMITS_SUFFIX),
+            derived(LIMIT_SUFFIX),
         ];
-        let [name, owner, counter, permits] = &names;
-        if !cluster_can_serve(ctx, &[name, owner, counter, permits]) {
+        let [name, owner, counter, permits, limit] = &names;
+        if !cluster_can_serve(ctx, &[name, owner, counter, permits, limit]) {
             return Err(SemError::SlotMoved);
         }
         Ok(KeyNames(names))
     }
 
     fn keys(&self) -> SemKeys<'_> {
-        let [name, owner, counter, permits] = &self.0;
+        let [name, owner, counter, permits, limit] = &self.0;
         SemKeys {
             name,
             owner,
             counter,
             permits,
+            limit,
         }
     }
 }

@@ -285,11 +285,24 @@ fn release_and_refresh_work_when_memory_is_full() {
     // Sets as singles: an acquire is refused, a refresh and a release always work.
     let err = error_of(
         &mut c,
-        &["SEM.ACQUIREALL", "1", "jobs", "5", "1", "60", "ID", "w3", "FAIR"],
+        &[
+            "SEM.ACQUIREALL",
+            "1",
+            "jobs",
+            "5",
+            "1",
+            "60",
+            "ID",
+            "w3",
+            "FAIR",
+        ],
     );
     assert!(err.starts_with("OOM"), "a set acquire grows memory: {err}");
     let refreshed: i64 = run(&mut c, &["SEM.REFRESHALL", "1", "jobs", "w1", "120"]);
-    assert_eq!(refreshed, 1, "keeping a set's leases must work at maxmemory");
+    assert_eq!(
+        refreshed, 1,
+        "keeping a set's leases must work at maxmemory"
+    );
     let released: i64 = run(&mut c, &["SEM.RELEASEALL", "1", "jobs", "w1"]);
     assert_eq!(released, 1, "giving a set back must work at maxmemory");
     let empty: i64 = run(&mut c, &["SEM.WAITEMPTY", "jobs", "1"]);

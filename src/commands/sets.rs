@@ -12,7 +12,7 @@ use crate::args::{parse_count, parse_lease_ms, parse_limit, parse_wait_ms};
 use crate::config;
 use crate::error::SemError;
 use crate::fencing;
-use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command};
+use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command, DERIVED};
 use crate::queue::{Ask, Binding, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Store};
 use crate::server::block::{can_block, in_script};
@@ -96,12 +96,13 @@ impl<'a> SetCall<'a> {
 
     /// The keys of the `i`th semaphore.
     fn keys(&self, i: usize) -> SemKeys<'a> {
-        let at = self.sent + i * 3;
+        let at = self.sent + i * DERIVED.len();
         SemKeys {
             name: &self.args[self.names[i]],
             owner: &self.args[at],
             counter: &self.args[at + 1],
             permits: &self.args[at + 2],
+            limit: &self.args[at + 3],
         }
     }
 
@@ -151,7 +152,7 @@ pub fn report_keys(
                 .enumerate()
                 .all(|(j, suffix)| {
                     is_derived(
-                        args[sent + i * 3 + j].as_slice(),
+                        args[sent + i * DERIVED.len() + j].as_slice(),
                         args[pos].as_slice(),
                         suffix,
                     )

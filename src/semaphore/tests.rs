@@ -14,6 +14,8 @@ struct MemoryStore {
     /// `<name>:permits`: holders' permits beyond 1, and the `""` total.
     weights: HashMap<Vec<u8>, u64>,
     extra: Option<u64>,
+    /// `<name>:limit`.
+    stored_limit: Option<u64>,
     /// Every change, in order, as the effects a replica would receive.
     effects: Vec<String>,
 }
@@ -74,6 +76,9 @@ impl Store for MemoryStore {
     }
     fn has_weights(&self) -> bool {
         !self.weights.is_empty() || self.extra.is_some()
+    }
+    fn stored_limit(&self) -> Result<Option<u64>, SemError> {
+        Ok(self.stored_limit)
     }
     fn weight(&self, id: &Vec<u8>) -> Result<u64, SemError> {
         Ok(self.weights.get(id).copied().unwrap_or(1))
@@ -925,4 +930,42 @@ fn would_grant_answers_the_errors_acquire_would() {
         would_grant(&store, T0 + 10, &id("h"), &weighted(plain(3, lease), 1)),
         Err(SemError::CountMismatch { held: 2 })
     );
+}
+
+/// A stored limit replaces the caller's: raised, lowered, 0 (paused) or absent; renewals and
+/// the permits already held never depend on it.
+#[test]
+fn a_stored_limit_applies_instead_of_the_callers() {
+    let lease = 60_000;
+    // (stored limit, caller's limit, live holders, whether a new permit is granted)
+    let table = [
+        (None, 2, 1, true),
+        (None, 2, 2, false),
+        (Some(3), 2, 2, true),
+        (Some(1), 5, 1, false),
+        (Some(0), 5, 0, false),
+        (Some(2), 1, 1, true),
+    ];
+    for (i, (stored, limit, live, want)) in table.into_iter().enumerate() {
+        let mut store = MemoryStore::default();
+        for h in 0..live {
+            let holder = format!("h{h}");
+            let got = acquire(&mut store, T0, &id(&holder), &plain(10, lease));
+            assert!(matches!(got, Ok(Acquired::Granted { .. })), "case {i}");
+        }
+        store.stored_limit = stored;
+        let foretold = would_grant(&store, T0 + 1, &id("new"), &plain(limit, lease));
+        let got = acquire(&mut store, T0 + 1, &id("new"), &plain(limit, lease)).expect("no error");
+        assert_eq!(
+            matches!(got, Acquired::Granted { .. }),
+            want,
+            "case {i}: {got:?}"
+        );
+        assert_eq!(foretold, Ok(want), "case {i}");
+        if live > 0 {
+            // A holder renews whatever the stored limit says.
+            let renewed = acquire(&mut store, T0 + 2, &id("h0"), &plain(limit, lease));
+            assert_eq!(renewed, Ok(super::tests::renewed(None)), "case {i}");
+        }
+    }
 }

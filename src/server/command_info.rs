@@ -122,6 +122,7 @@ fn arg_type(kind: &str) -> raw::RedisModuleCommandArgType {
         "double" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
         "pure-token" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
         "block" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+        "oneof" => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF,
         other => panic!("unknown argument type {other} in commands.json"),
     }
 }

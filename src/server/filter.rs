@@ -79,7 +79,7 @@ unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     }
     // Every derived name is built before the first insertion moves the argument vector (the
     // name's bytes stay where they are, but the borrow ends here).
-    let mut keys = [std::ptr::null_mut(); 3];
+    let mut keys = [std::ptr::null_mut(); 4];
     for (key, suffix) in keys.iter_mut().zip(suffixes) {
         *key = with_derived(name, suffix, |bytes| {
             raw::RedisModule_CreateString.unwrap()(

@@ -177,7 +177,7 @@ pub fn is_primary(ctx: &Context) -> bool {
 /// Outside a command, whether this node may serve a semaphore's four `keys` (all in one slot): in Redis Cluster,
 /// only while it owns their slot and, during a migration, holds what exists of them. Asked by
 /// running `EXISTS` on them, which Redis checks as it checks any command.
-pub fn cluster_can_serve(ctx: &Context, keys: &[&RedisString; 4]) -> bool {
+pub fn cluster_can_serve(ctx: &Context, keys: &[&RedisString; 5]) -> bool {
     if context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER == 0 {
         return true;
     }
@@ -186,11 +186,12 @@ pub fn cluster_can_serve(ctx: &Context, keys: &[&RedisString; 4]) -> bool {
         let reply = raw::RedisModule_Call.unwrap()(
             ctx.ctx,
             c"EXISTS".as_ptr(),
-            c"ssss".as_ptr(),
+            c"sssss".as_ptr(),
             keys[0].inner,
             keys[1].inner,
             keys[2].inner,
             keys[3].inner,
+            keys[4].inner,
         );
         if reply.is_null() {
             return false;

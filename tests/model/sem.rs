@@ -1143,8 +1143,12 @@ fn rules(
                 "in_use": survey.in_use(),
                 "holders": holders,
                 // Nobody waits while this model's single client runs a command.
+                // No step stores a limit.
+                "stored_limit": null,
+                "limit_in_force": false,
                 "waiters": 0,
                 "longest_wait_ms": null,
+                "waiter_ages_ms": [],
                 "waiting_for_empty": 0,
             });
             Ok((Reply::Json(doc), Effect::Described, None))
