@@ -82,6 +82,59 @@ export class Permit {
   release(): Promise<boolean>;
 }
 
+/** One semaphore of a set: `count` (default 1) of its `limit` permits. */
+export interface SetSemaphore {
+  name: string;
+  /** Permits of the semaphore in all, from 1 to 4294967295. */
+  limit: number;
+  /** Permits of it taken, from 1 to `limit`. Default 1. */
+  count?: number;
+}
+
+export interface SetOptions {
+  /** Seconds (milliseconds count), the same for every semaphore; refreshed every lease/3. */
+  lease?: number;
+  /** Seconds to wait in the server for the whole set; null or 0: no waiting, Infinity: no limit. */
+  wait?: number | null;
+  /** Every semaphore is a fair one; `tickets` has one fencing ticket per semaphore. */
+  fair?: boolean;
+  /** Every permit of the set is given back when the set's connection closes. */
+  bound?: boolean;
+  /** The holder's identifier in every semaphore (default: a new UUID v4). */
+  id?: string | null;
+  /** Refresh in the background every lease/3. Default true. */
+  autoRefresh?: boolean;
+}
+
+/**
+ * Permits of several semaphores taken at once: refreshed together, lost as soon as any one of
+ * them is, given back together.
+ */
+export class PermitSet {
+  private constructor();
+  /** The holder's identifier: `id`, or the UUID v4 made for this set. */
+  readonly id: string;
+  /** The semaphores' names, in the order given. */
+  readonly names: readonly string[];
+  /** The permits held of each, in the same order. */
+  readonly counts: readonly number[];
+  /** With `fair`: one fencing ticket per semaphore, in the same order; else null. */
+  readonly tickets: readonly number[] | null;
+  readonly lease: number;
+  /** Aborted (with the PermitLost error as its reason) when a permit of the set is lost. */
+  readonly signal: AbortSignal;
+  /** Resolves with the PermitLost error when a permit of the set is lost; never rejects. */
+  readonly whenLost: Promise<PermitLost>;
+  /** True once a permit of the set may have run out; it stays true. */
+  readonly lost: boolean;
+  /** Throws PermitLost if a permit of the set is lost. */
+  check(): void;
+  /** Moves every deadline to now + lease; false if a permit of the set was lost. */
+  refresh(): Promise<boolean>;
+  /** Gives every permit back: true if all were held throughout, false if one was lost. */
+  release(): Promise<boolean>;
+}
+
 /** Takes a permit of the semaphore `name`, or rejects with NotAcquired (or NotDurable). */
 export function acquire(redis: Client, name: string, options: PermitOptions): Promise<Permit>;
 
@@ -95,3 +148,27 @@ export function withPermit<T>(
   options: PermitOptions,
   work: (permit: Permit) => Promise<T> | T,
 ): Promise<T>;
+
+/** Takes permits of several semaphores at once, all or none; rejects with NotAcquired. */
+export function acquireAll(
+  redis: Client,
+  semaphores: readonly SetSemaphore[],
+  options?: SetOptions,
+): Promise<PermitSet>;
+
+/**
+ * Runs `work(permits)` holding every permit of the set and gives them back afterwards; rejects
+ * with the work's error, or with PermitLost if a permit ran out during the work.
+ */
+export function withPermits<T>(
+  redis: Client,
+  semaphores: readonly SetSemaphore[],
+  options: SetOptions,
+  work: (permits: PermitSet) => Promise<T> | T,
+): Promise<T>;
+
+/**
+ * Waits, on a connection of its own, until the semaphore `name` has no live holder: true once
+ * it has none, false when `timeout` seconds pass first (Infinity: no limit; 0 looks once).
+ */
+export function waitEmpty(redis: Client, name: string, timeout: number): Promise<boolean>;

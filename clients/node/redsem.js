@@ -135,28 +135,34 @@ function adapt(redis) {
 async function connectionFor(client, opts) {
   if (!opts.wait && !opts.bound && !opts.durableReplicas) return { conn: client, own: false };
   // WAIT blocks the connection it is sent on, BOUND ties the permit to it, and WAIT numreplicas
-  // covers that connection's writes. An ioredis commandTimeout must outlast the server's wait.
+  // covers that connection's writes.
+  const durableMs = opts.durableReplicas ? opts.durableTimeoutMs : 0;
+  const blockMs = Math.max((opts.wait || 0) * 1000, durableMs);
+  return { conn: await ownConnection(client, blockMs), own: true };
+}
+
+/** A new connection for a command that may block `blockMs` in the server. */
+function ownConnection(client, blockMs) {
+  // An ioredis commandTimeout must outlast the server's wait.
   const override = {};
   const timeout = client.commandTimeout;
   if (timeout) {
-    const durableMs = opts.durableReplicas ? opts.durableTimeoutMs : 0;
-    const blockMs = Math.max((opts.wait || 0) * 1000, durableMs);
     override.commandTimeout = Number.isFinite(blockMs) ? timeout + blockMs : undefined;
   }
-  return { conn: await client.duplicate(override), own: true };
+  return client.duplicate(override);
 }
 
 const asyncDispose = Symbol.asyncDispose || Symbol.for("nodejs.asyncDispose");
 
-class Permit {
-  constructor(name, opts, conn, own, id, ticket, sent) {
-    this.name = name;
+/**
+ * What a permit of one semaphore and a set of permits share: the refresh, loss and release.
+ * Subclasses say what they hold (_what), how it is refreshed and given back (_refreshArgs,
+ * _releaseArgs), and how many semaphores those must find held (_wanted).
+ */
+class Held {
+  constructor(opts, conn, own, id, sent) {
     /** The holder's identifier: `id`, or the UUID v4 made for this permit. */
     this.id = id;
-    /** The fencing ticket of a fair permit (only ever grows per name), else null. */
-    this.ticket = ticket;
-    /** The number of permits held (COUNT). */
-    this.count = opts.count || 1;
     this.lease = opts.lease;
     this._conn = conn;
     this._own = own;
@@ -196,29 +202,22 @@ class Permit {
   async refresh() {
     if (this._released) throw new SemaphoreError("the permit was already released");
     const sent = performance.now();
-    const reply = await this._conn.call("SEM.REFRESH", this.name, this.id, seconds(this.lease));
-    if (reply === 1) {
+    const args = this._refreshArgs();
+    const reply = await this._conn.call(...args);
+    if (reply === this._wanted) {
       this._confirmedUntil = sent + this.lease * 1000;
       this._armDeadline();
       return true;
     }
-    this._markLost("SEM.REFRESH answered 0 (the lease ran out, or the holder was removed)");
+    // Fewer than all: a lease ran out (the server removes it) or another client removed it.
+    this._markLost(`${this._answered(args, reply)} (the lease ran out, or the holder was removed)`);
     return false;
   }
 
-  /** Gives back `count` of a weighted permit's permits and keeps the rest. */
-  async releaseSome(count) {
-    if (this._released) throw new SemaphoreError("the permit was already released");
-    if (!Number.isInteger(count) || count < 1 || count >= this.count) {
-      throw new RangeError(`count must be from 1 to ${this.count - 1}; use release() for all`);
-    }
-    const reply = await this._conn.call("SEM.RELEASE", this.name, this.id, "COUNT", count);
-    if (reply === 1) {
-      this.count -= count;
-      return true;
-    }
-    this._markLost("SEM.RELEASE answered 0: the lease ran out before the release");
-    return false;
+  _answered(args, reply) {
+    return this._wanted === 1
+      ? `${args[0]} answered ${reply}`
+      : `${args[0]} answered ${reply} of ${this._wanted}`;
   }
 
   /**
@@ -236,16 +235,19 @@ class Permit {
     this._timer = null;
     clearTimeout(this._deadline);
     await this._refreshing; // a refresh under way finishes first
+    const args = this._releaseArgs();
     let reply;
     try {
-      reply = await this._conn.call("SEM.RELEASE", this.name, this.id);
+      reply = await this._conn.call(...args);
     } catch (err) {
       this._markLost(`the release failed: ${err.message}`);
       throw err;
     } finally {
       if (this._own) await this._conn.close();
     }
-    if (reply !== 1) this._markLost("SEM.RELEASE answered 0: the lease ran out before the release");
+    if (reply !== this._wanted) {
+      this._markLost(`${this._answered(args, reply)}: the lease ran out before the release`);
+    }
     return this._lostError === null;
   }
 
@@ -297,9 +299,85 @@ class Permit {
   _markLost(reason) {
     if (this._lostError !== null) return;
     clearTimeout(this._deadline);
-    this._lostError = new PermitLost(`the permit ${this.id} of ${this.name} was lost: ${reason}`);
+    this._lostError = new PermitLost(`the permit ${this.id} of ${this._what()} was lost: ${reason}`);
     this._controller.abort(this._lostError);
     this._resolveLost(this._lostError);
+  }
+}
+
+class Permit extends Held {
+  constructor(name, opts, conn, own, id, ticket, sent) {
+    super(opts, conn, own, id, sent);
+    this.name = name;
+    /** The fencing ticket of a fair permit (only ever grows per name), else null. */
+    this.ticket = ticket;
+    /** The number of permits held (COUNT). */
+    this.count = opts.count || 1;
+  }
+
+  get _wanted() {
+    return 1;
+  }
+
+  _what() {
+    return this.name;
+  }
+
+  _refreshArgs() {
+    return ["SEM.REFRESH", this.name, this.id, seconds(this.lease)];
+  }
+
+  _releaseArgs() {
+    return ["SEM.RELEASE", this.name, this.id];
+  }
+
+  /** Gives back `count` of a weighted permit's permits and keeps the rest. */
+  async releaseSome(count) {
+    if (this._released) throw new SemaphoreError("the permit was already released");
+    if (!Number.isInteger(count) || count < 1 || count >= this.count) {
+      throw new RangeError(`count must be from 1 to ${this.count - 1}; use release() for all`);
+    }
+    const reply = await this._conn.call("SEM.RELEASE", this.name, this.id, "COUNT", count);
+    if (reply === 1) {
+      this.count -= count;
+      return true;
+    }
+    this._markLost("SEM.RELEASE answered 0: the lease ran out before the release");
+    return false;
+  }
+}
+
+/**
+ * Permits of several semaphores taken at once for one identifier (SEM.ACQUIREALL), refreshed
+ * together (SEM.REFRESHALL) and lost as soon as any one of them is, given back together
+ * (SEM.RELEASEALL).
+ */
+class PermitSet extends Held {
+  constructor(semaphores, opts, conn, own, id, tickets, sent) {
+    super(opts, conn, own, id, sent);
+    /** The semaphores' names, in the order given. */
+    this.names = semaphores.map((sem) => sem.name);
+    /** The permits held of each, in the same order. */
+    this.counts = semaphores.map((sem) => sem.count);
+    /** With `fair`: one fencing ticket per semaphore, in the same order; else null. */
+    this.tickets = tickets;
+  }
+
+  get _wanted() {
+    return this.names.length;
+  }
+
+  _what() {
+    return `the set ${this.names.join(", ")}`;
+  }
+
+  _refreshArgs() {
+    const names = this.names;
+    return ["SEM.REFRESHALL", names.length, ...names, this.id, seconds(this.lease)];
+  }
+
+  _releaseArgs() {
+    return ["SEM.RELEASEALL", this.names.length, ...this.names, this.id];
   }
 }
 
@@ -378,10 +456,136 @@ async function withPermit(redis, name, options, work) {
   return result;
 }
 
+function checkSetOptions(semaphores, options) {
+  const opts = {
+    lease: 30,
+    wait: null,
+    fair: false,
+    bound: false,
+    id: null,
+    autoRefresh: true,
+    ...options,
+  };
+  if (!Array.isArray(semaphores) || semaphores.length < 1 || semaphores.length > 64) {
+    throw new TypeError("semaphores must be an array of 1 to 64 { name, limit, count }");
+  }
+  const sems = semaphores.map(({ name, limit, count = 1 }) => {
+    if (!name) throw new TypeError("a semaphore name must not be empty");
+    if (!Number.isInteger(limit) || limit < 1) {
+      throw new TypeError(`the limit of ${name} must be an integer of at least 1`);
+    }
+    if (!Number.isInteger(count) || count < 1 || count > limit) {
+      throw new TypeError(`the count of ${name} must be an integer from 1 to its limit`);
+    }
+    return { name, limit, count };
+  });
+  if (new Set(sems.map((sem) => String(sem.name))).size < sems.length) {
+    throw new TypeError("a semaphore is named twice");
+  }
+  if (!(opts.lease > 0)) throw new TypeError("lease must be a number of seconds greater than 0");
+  if (opts.wait != null && !(opts.wait >= 0)) {
+    throw new TypeError("wait must be null, or a number of seconds (Infinity: no limit)");
+  }
+  if (opts.id != null && opts.id.length === 0) {
+    throw new TypeError("the identifier must not be empty");
+  }
+  return { sems, opts };
+}
+
+function acquireAllArgs(sems, opts, id) {
+  const args = ["SEM.ACQUIREALL", sems.length];
+  for (const { name, limit, count } of sems) args.push(name, limit, count);
+  args.push(seconds(opts.lease), "ID", id);
+  if (opts.fair) args.push("FAIR", "WITHTICKET");
+  if (opts.wait) args.push("WAIT", opts.wait === Infinity ? "0" : seconds(opts.wait));
+  if (opts.bound) args.push("BOUND");
+  return args;
+}
+
+/**
+ * Takes permits of several semaphores for one identifier, all or none (SEM.ACQUIREALL), or
+ * throws NotAcquired (then none is held).
+ *
+ * semaphores: [{ name, limit, count = 1 }, ...], 1 to 64 distinct names (in Redis Cluster,
+ * sharing a slot). options: lease, wait, fair (every semaphore fair; `tickets` has one per
+ * semaphore), bound, id, autoRefresh, as for acquire. A set that waits or binds uses a
+ * connection of its own, closed at its release; the others use `redis`.
+ */
+async function acquireAll(redis, semaphores, options = {}) {
+  const { sems, opts } = checkSetOptions(semaphores, options);
+  const id = opts.id != null ? opts.id : randomUUID();
+  const { conn, own } = await connectionFor(adapt(redis), opts);
+  let permits;
+  try {
+    const sent = performance.now();
+    const reply = await conn.call(...acquireAllArgs(sems, opts, id));
+    if (reply === null) {
+      const wanted = sems.map((sem) => `${sem.name} (${sem.count} of ${sem.limit})`).join(", ");
+      const waited = opts.wait ? ` within ${opts.wait} s` : "";
+      throw new NotAcquired(`the set ${wanted} was not granted${waited}`);
+    }
+    const tickets = opts.fair ? reply[1].map(Number) : null;
+    permits = new PermitSet(sems, opts, conn, own, id, tickets, sent);
+    // A wait for the grant leaves the lease's start unknown: confirm it now.
+    if (performance.now() - sent > (opts.lease * 1000) / 3 && !(await permits.refresh())) {
+      throw permits._lostError;
+    }
+  } catch (err) {
+    if (permits) {
+      await permits.release().catch(() => {});
+    } else if (own) {
+      conn.destroy(); // a wait under way ends with its connection
+    }
+    throw err;
+  }
+  if (opts.autoRefresh) permits._startRefreshing();
+  return permits;
+}
+
+/** As withPermit, for a set: runs `work(permits)` holding every permit of the set. */
+async function withPermits(redis, semaphores, options, work) {
+  const permits = await acquireAll(redis, semaphores, options);
+  let result;
+  try {
+    result = await work(permits);
+  } catch (err) {
+    await permits.release().catch(() => {}); // the work's own error wins
+    throw err;
+  }
+  if (!(await permits.release())) throw permits._lostError;
+  return result;
+}
+
+/**
+ * Waits until the semaphore `name` has no live holder (SEM.WAITEMPTY): true once it has none
+ * (at once if it has none now), false when `timeout` seconds pass first (Infinity: no limit;
+ * 0 looks once). It takes nothing. It blocks its connection, so it opens one of its own.
+ */
+async function waitEmpty(redis, name, timeout) {
+  if (!name) throw new TypeError("the semaphore name must not be empty");
+  if (!(timeout >= 0)) throw new TypeError("timeout must be a number of seconds (Infinity: no limit)");
+  // The server reads 0 as "no limit": a timeout of 0 looks for at most a millisecond instead.
+  const arg = timeout === Infinity ? "0" : timeout > 0 ? seconds(timeout) : "0.001";
+  const conn = await ownConnection(adapt(redis), timeout === Infinity ? Infinity : Number(arg) * 1000);
+  let reply;
+  try {
+    reply = await conn.call("SEM.WAITEMPTY", name, arg);
+  } catch (err) {
+    conn.destroy();
+    throw err;
+  }
+  await conn.close();
+  return reply === 1;
+}
+
 module.exports = {
   acquire,
   withPermit,
+  acquireAll,
+  withPermits,
+  waitEmpty,
   Permit,
+  PermitSet,
   SemaphoreError,
   NotAcquired,
   PermitLost,

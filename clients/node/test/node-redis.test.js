@@ -10,7 +10,14 @@ const { after, before, beforeEach, test } = require("node:test");
 const { setTimeout: sleep } = require("node:timers/promises");
 const { createClient } = require("redis");
 
-const { acquire, withPermit, NotAcquired, PermitLost } = require("redsem-client");
+const {
+  acquire,
+  acquireAll,
+  waitEmpty,
+  withPermit,
+  NotAcquired,
+  PermitLost,
+} = require("redsem-client");
 const { startServer } = require("./server");
 
 let server;
@@ -127,4 +134,27 @@ test("node-redis: a bound permit is given back when its connection closes", asyn
   await waitUntil("the server gives the permit back", async () => (await live("jobs")) === 0, 2000);
   await permit.whenLost;
   assert.equal(await permit.release(), false);
+});
+
+test("node-redis: sets, tickets, a waiting set, a lost set and waitEmpty", async () => {
+  const pair = [{ name: "gpu", limit: 1 }, { name: "licence", limit: 5, count: 2 }];
+  const permits = await acquireAll(redis, pair, { lease: 0.6, fair: true });
+  assert.deepEqual(permits.tickets, [1, 1]);
+  await assert.rejects(acquireAll(redis, pair, { fair: true }), NotAcquired);
+  assert.equal(await live("licence"), 2);
+  assert.equal(await waitEmpty(redis, "gpu", 0.2), false);
+  await sleep(1000);
+  assert.equal(permits.lost, false); // refreshed
+  const emptied = waitEmpty(redis, "gpu", 10);
+  const waiting = acquireAll(redis, pair, { lease: 0.6, fair: true, wait: 10 });
+  await sleep(200);
+  assert.equal(await permits.release(), true);
+  assert.equal(await emptied, true);
+  const next = await waiting;
+  assert.deepEqual(next.tickets, [2, 2]);
+  await redis.del("gpu");
+  await next.whenLost;
+  assert.throws(() => next.check(), PermitLost);
+  assert.equal(await next.release(), false);
+  assert.equal(await live("licence"), 0);
 });

@@ -8,7 +8,16 @@ const { after, before, beforeEach, test } = require("node:test");
 const { setTimeout: sleep } = require("node:timers/promises");
 const Redis = require("ioredis");
 
-const { acquire, withPermit, NotAcquired, NotDurable, PermitLost } = require("redsem-client");
+const {
+  acquire,
+  acquireAll,
+  waitEmpty,
+  withPermit,
+  withPermits,
+  NotAcquired,
+  NotDurable,
+  PermitLost,
+} = require("redsem-client");
 const { startServer } = require("./server");
 
 let server;
@@ -45,17 +54,22 @@ test("the README's example, as written there, on the test server", async () => {
     "utf8",
   );
   const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((match) => match[1]);
-  assert.equal(blocks.length, 1);
-  assert.ok(blocks[0].includes("new Redis(6379)"));
-  const code = blocks[0].replace("new Redis(6379)", `new Redis(${server.port})`);
+  assert.equal(blocks.length, 2);
   const AsyncFunction = (async () => {}).constructor;
   const printed = [];
   const console = { log: (...args) => printed.push(args.join(" ")) };
-  await new AsyncFunction("require", "console", code)(require, console);
+  for (const block of blocks) {
+    assert.ok(block.includes("new Redis(6379)"));
+    const code = block.replace("new Redis(6379)", `new Redis(${server.port})`);
+    await new AsyncFunction("require", "console", code)(require, console);
+  }
   assert.ok(printed.some((line) => line.startsWith("working on 3 as")), printed.join("\n"));
   assert.ok(printed.some((line) => line.endsWith("has ticket 1")), printed.join("\n"));
-  assert.equal(await live("jobs"), 0);
-  assert.equal(await live("printers"), 0);
+  assert.ok(printed.includes("holding gpu,licence with tickets 1,1"), printed.join("\n"));
+  assert.ok(printed.includes("drained: true"), printed.join("\n"));
+  for (const name of ["jobs", "printers", "gpu", "licence", "deploys"]) {
+    assert.equal(await live(name), 0, name);
+  }
 });
 
 test("grant and release", async () => {
@@ -239,4 +253,94 @@ test("durableReplicas waits for replicas; a grant they missed is given back", as
     await replica.stop();
     await primary.stop();
   }
+});
+
+const pair = [
+  { name: "gpu", limit: 2 },
+  { name: "licence", limit: 5, count: 3 },
+];
+
+test("a set is granted whole and given back whole", async () => {
+  const permits = await acquireAll(redis, pair, { lease: 30 });
+  assert.deepEqual(permits.names, ["gpu", "licence"]);
+  assert.deepEqual(permits.counts, [1, 3]);
+  assert.equal(permits.tickets, null);
+  assert.equal(permits.lost, false);
+  assert.deepEqual([await live("gpu"), await live("licence")], [1, 3]);
+  assert.deepEqual(await redis.zrange("gpu", 0, -1), [permits.id]);
+  assert.equal(await permits.release(), true);
+  assert.deepEqual([await live("gpu"), await live("licence")], [0, 0]);
+  assert.equal(await permits.release(), true); // the same answer again, nothing sent
+});
+
+test("one full semaphore refuses the set, and nothing is held", async () => {
+  const holder = await acquire(redis, "licence", { limit: 1, lease: 30 });
+  const started = Date.now();
+  const sets = [{ name: "gpu", limit: 2 }, { name: "licence", limit: 1 }];
+  await assert.rejects(acquireAll(redis, sets, { lease: 30 }), NotAcquired);
+  assert.ok(Date.now() - started < 1000);
+  assert.equal(await redis.exists("gpu"), 0);
+  assert.equal(await live("licence"), 1);
+  await holder.release();
+  await assert.rejects(acquireAll(redis, [pair[0], pair[0]]), TypeError);
+  await assert.rejects(acquireAll(redis, [{ name: "gpu", limit: 2, count: 3 }]), TypeError);
+});
+
+test("a fair set carries one ticket per semaphore", async () => {
+  const single = await acquire(redis, "licence", { limit: 5, lease: 30, fair: true });
+  assert.equal(single.ticket, 1);
+  await withPermits(redis, pair, { fair: true }, async (permits) => {
+    assert.deepEqual(permits.tickets, [1, 2]);
+    assert.equal(await redis.zscore("licence:owner", permits.id), "2");
+  });
+  await single.release();
+});
+
+test("a waiting set is granted when a member is freed, on its own connection", async () => {
+  const holder = await acquire(redis, "licence", { limit: 5, lease: 30, count: 3 });
+  await assert.rejects(acquireAll(redis, pair, { wait: 0.2 }), NotAcquired);
+  const waiting = acquireAll(redis, pair, { lease: 30, wait: 10 });
+  await sleep(200);
+  assert.equal(await redis.ping(), "PONG"); // the waiter has a connection of its own
+  assert.equal(await live("gpu"), 0);
+  assert.equal(await holder.release(), true);
+  const permits = await waiting;
+  assert.deepEqual(await redis.zrange("gpu", 0, -1), [permits.id]);
+  assert.deepEqual(await redis.zrange("licence", 0, -1), [permits.id]);
+  assert.equal(await permits.release(), true);
+  assert.deepEqual([await live("gpu"), await live("licence")], [0, 0]);
+});
+
+test("refresh keeps a set alive; a member removed by another client loses the set", async () => {
+  await withPermits(redis, pair, { lease: 0.6 }, async (permits) => {
+    await sleep(2000); // more than three leases
+    assert.equal(permits.lost, false);
+    assert.deepEqual(await redis.zrange("licence", 0, -1), [permits.id]);
+  });
+  let seen;
+  await assert.rejects(
+    withPermits(redis, pair, { lease: 0.6 }, async (permits) => {
+      await redis.del("licence");
+      seen = await permits.whenLost;
+      assert.ok(permits.signal.aborted);
+      assert.throws(() => permits.check(), PermitLost);
+    }),
+    PermitLost,
+  );
+  assert.match(seen.message, /SEM.REFRESHALL answered 1 of 2/);
+  assert.deepEqual([await live("gpu"), await live("licence")], [0, 0]);
+});
+
+test("waitEmpty: true once the holders leave, false at the timeout", async () => {
+  assert.equal(await waitEmpty(redis, "jobs", 10), true); // no holder: at once
+  const holder = await acquire(redis, "jobs", { limit: 3, lease: 30 });
+  const started = Date.now();
+  assert.equal(await waitEmpty(redis, "jobs", 0.3), false);
+  assert.ok(Date.now() - started >= 250);
+  assert.equal(await waitEmpty(redis, "jobs", 0), false); // looks once
+  const waiting = waitEmpty(redis, "jobs", Infinity);
+  await sleep(200);
+  assert.equal(await redis.ping(), "PONG"); // it has a connection of its own
+  assert.equal(await holder.release(), true);
+  assert.equal(await waiting, true);
 });

@@ -4,12 +4,17 @@ import Redis from "ioredis";
 import { createClient } from "redis";
 import {
   acquire,
+  acquireAll,
+  waitEmpty,
   withPermit,
+  withPermits,
   NotAcquired,
   NotDurable,
   Permit,
   PermitLost,
   PermitOptions,
+  PermitSet,
+  SetSemaphore,
 } from "redsem-client";
 
 export async function withIoredis(): Promise<number> {
@@ -30,6 +35,24 @@ export async function withNodeRedis(): Promise<string> {
     return permit.id;
   });
 }
+
+export async function sets(): Promise<boolean> {
+  const redis = new Redis(6379);
+  const pair: SetSemaphore[] = [{ name: "gpu", limit: 1 }, { name: "licence", limit: 5, count: 2 }];
+  const permits: PermitSet = await acquireAll(redis, pair, { lease: 30, fair: true, wait: 10 });
+  const tickets: readonly number[] | null = permits.tickets;
+  const names: readonly string[] = permits.names;
+  const client = await createClient({ url: "redis://127.0.0.1:6379" }).connect();
+  const id: string = await withPermits(client, pair, { bound: true }, async (held) => {
+    held.check();
+    return held.id;
+  });
+  const empty: boolean = await waitEmpty(client, "gpu", Infinity);
+  return (tickets?.length ?? 0) + names.length + id.length > 0 && empty && (await permits.release());
+}
+
+// @ts-expect-error a semaphore of a set needs a limit
+export const missingSetLimit: SetSemaphore = { name: "gpu" };
 
 export function errors(err: unknown): string {
   if (err instanceof NotDurable) return `${err.acked} of ${err.wanted}`;

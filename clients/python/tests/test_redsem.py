@@ -27,10 +27,16 @@ from redis.retry import Retry
 
 from redsem import (
     AsyncSemaphore,
+    AsyncSemaphoreSet,
     NotAcquired,
     NotDurable,
     PermitLost,
     Semaphore,
+    SemaphoreSet,
+    acquire_all,
+    acquire_all_async,
+    wait_empty,
+    wait_empty_async,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -109,7 +115,7 @@ def test_the_readme_examples(r, server, capsys):
     """The Python examples of clients/README.md, as written there, on the test server."""
     readme = ROOT / "clients/README.md"
     blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for block in blocks:
         assert "port=6379" in block
         exec(compile(block.replace("port=6379", f"port={server.port}"), str(readme), "exec"), {})
@@ -117,7 +123,10 @@ def test_the_readme_examples(r, server, capsys):
     assert "working on 2 as" in printed
     assert "has ticket 1" in printed
     assert "4 GPU slots held; lost: False" in printed
-    assert [live(r, name) for name in ("jobs", "printers", "gpus")] == [0, 0, 0]
+    assert "tickets (1, 1)" in printed
+    assert "drained: True" in printed
+    names = ("jobs", "printers", "gpus", "gpu", "licence", "deploys")
+    assert [live(r, name) for name in names] == [0] * len(names)
 
 
 def test_grant_and_release(r):
@@ -432,3 +441,133 @@ def test_bad_options_are_refused_before_any_command(r):
     with pytest.raises(ValueError):
         Semaphore(r, "jobs", limit=1, lease=0)
     assert not r.exists("jobs")
+
+
+def test_a_set_is_granted_whole_and_given_back_whole(r):
+    with acquire_all(r, [("gpu", 2), ("licence", 5, 3)], lease=30) as permits:
+        assert permits.names == ("gpu", "licence") and permits.counts == (1, 3)
+        assert permits.tickets is None and not permits.lost
+        assert (live(r, "gpu"), live(r, "licence")) == (1, 3)
+        assert r.zrange("gpu", 0, -1) == [permits.id.encode()]
+        permits.check()
+    assert (live(r, "gpu"), live(r, "licence")) == (0, 0)
+    assert permits.release() is True  # the same answer again, nothing sent
+
+
+def test_one_full_semaphore_refuses_the_set_and_nothing_is_held(r):
+    with Semaphore(r, "licence", limit=1, lease=30):
+        started = time.monotonic()
+        with pytest.raises(NotAcquired, match="licence"):
+            acquire_all(r, [("gpu", 2), ("licence", 1)], lease=30)
+        assert time.monotonic() - started < 1
+        assert live(r, "gpu") == 0 and not r.exists("gpu")
+        assert live(r, "licence") == 1
+    with pytest.raises(ValueError):
+        acquire_all(r, [("gpu", 2), ("gpu", 2)])
+    with pytest.raises(ValueError):
+        acquire_all(r, [("gpu", 2, 3)])
+
+
+def test_a_fair_set_carries_one_ticket_per_semaphore(r):
+    with Semaphore(r, "licence", limit=5, lease=30, fair=True) as single:
+        assert single.ticket == 1
+        sem = SemaphoreSet(r, [("gpu", 1), ("licence", 5)], lease=30, fair=True)
+        with sem as permits:
+            assert permits.tickets == (1, 2)
+            assert r.zscore("licence:owner", permits.id) == 2
+        with sem as permits:
+            assert permits.tickets == (2, 3)
+
+
+def test_a_waiting_set_is_granted_when_a_member_is_freed(r):
+    holder = Semaphore(r, "licence", limit=1, lease=30).acquire()
+    with pytest.raises(NotAcquired):
+        acquire_all(r, [("gpu", 1), ("licence", 1)], wait=0.2)
+    assert live(r, "gpu") == 0
+    threading.Timer(0.3, holder.release).start()
+    started = time.monotonic()
+    with acquire_all(r, [("gpu", 1), ("licence", 1)], lease=30, wait=10) as permits:
+        assert 0.2 <= time.monotonic() - started < 5
+        assert r.zrange("licence", 0, -1) == [permits.id.encode()]
+        assert r.zrange("gpu", 0, -1) == [permits.id.encode()]
+    assert (live(r, "gpu"), live(r, "licence")) == (0, 0)
+
+
+def test_refresh_keeps_a_set_alive(r):
+    with acquire_all(r, [("gpu", 1), ("licence", 2)], lease=0.6) as permits:
+        time.sleep(2.0)  # more than three leases
+        assert not permits.lost
+        for name in permits.names:
+            assert r.zrange(name, 0, -1) == [permits.id.encode()]
+
+
+def test_a_set_is_lost_when_one_member_is_removed(r):
+    with pytest.raises(PermitLost, match="SEM.REFRESHALL answered 1 of 2"):
+        with acquire_all(r, [("gpu", 1), ("licence", 2)], lease=0.6) as permits:
+            r.delete("licence")
+            wait_until("the refresher reports the loss", lambda: permits.lost)
+            with pytest.raises(PermitLost):
+                permits.check()
+    assert (live(r, "gpu"), live(r, "licence")) == (0, 0)
+
+
+def test_a_bound_set_is_given_back_when_its_connection_closes(r):
+    with pytest.raises(PermitLost):
+        with acquire_all(r, [("gpu", 1), ("licence", 2)], lease=3, bound=True) as permits:
+            assert (live(r, "gpu"), live(r, "licence")) == (1, 1)
+            r.client_kill_filter(_type="normal", skip_me=True)
+            wait_until("the server gives the set back", lambda: live(r, "licence") == 0, 2)
+            wait_until("the set is reported lost", lambda: permits.lost, 5)
+
+
+def test_wait_empty(r):
+    assert wait_empty(r, "jobs", 10) is True  # no holder: at once
+    holder = Semaphore(r, "jobs", limit=3, lease=30).acquire()
+    started = time.monotonic()
+    assert wait_empty(r, "jobs", 0.3) is False
+    assert 0.25 <= time.monotonic() - started < 5
+    assert wait_empty(r, "jobs", 0) is False  # looks once
+    threading.Timer(0.3, holder.release).start()
+    started = time.monotonic()
+    assert wait_empty(r, "jobs", math.inf) is True
+    assert 0.2 <= time.monotonic() - started < 5
+    assert live(r, "jobs") == 0
+
+
+def test_async_sets_and_wait_empty(server):
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        await r.flushall()
+        spec = [("gpu", 1), ("licence", 5, 2)]
+        async with AsyncSemaphoreSet(r, spec, lease=0.6, fair=True) as permits:
+            assert permits.tickets == (1, 1)
+            with pytest.raises(NotAcquired):
+                await acquire_all_async(r, spec, fair=True)
+            assert await r.execute_command("SEM.GET", "licence") == 2
+            assert await wait_empty_async(r, "gpu", 0.2) is False
+            await asyncio.sleep(1.0)  # refreshed
+            assert not permits.lost
+
+        assert await r.execute_command("SEM.GET", "licence") == 0
+        holder = await acquire_all_async(r, spec, lease=30, fair=True)
+
+        async def leave_soon():
+            await asyncio.sleep(0.3)
+            assert await holder.release() is True
+
+        leaving = asyncio.ensure_future(leave_soon())
+        waiting = asyncio.ensure_future(acquire_all_async(r, spec, lease=30, fair=True, wait=10))
+        assert await wait_empty_async(r, "gpu", 10) is True
+        async with await waiting as permits:
+            assert permits.tickets == (3, 3)
+        await leaving
+        with pytest.raises(PermitLost):
+            async with AsyncSemaphoreSet(r, spec, lease=0.6) as permits:
+                await r.delete("gpu")
+                deadline = time.monotonic() + 5
+                while not permits.lost:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+        await r.aclose()
+
+    asyncio.run(main())

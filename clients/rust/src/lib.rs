@@ -22,6 +22,10 @@
 //! writes), refreshes the lease from a background thread every lease/3, and gives the permit
 //! back when dropped. The identifier is made here (a UUID v4) unless [`Semaphore::id`] gives
 //! one, so an acquire retried after a lost reply renews the same holder.
+//!
+//! A [`PermitSet`] ([`SemaphoreSet::acquire`]) holds permits of several semaphores taken all
+//! or none in one step, refreshed, lost and given back together; [`wait_empty`] waits until a
+//! semaphore has no holder.
 
 use std::fmt;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -242,9 +246,10 @@ impl Semaphore {
         };
         // From here on, an early return drops the permit, which gives it back.
         let mut permit = Permit {
-            shared: Arc::new(Shared {
+            holding: Holding::new(Shared {
                 client: self.client.clone(),
-                name: self.name.clone(),
+                names: vec![self.name.clone()],
+                set: false,
                 id,
                 lease: self.lease,
                 conn: Mutex::new(Some(conn)),
@@ -255,12 +260,9 @@ impl Semaphore {
             }),
             ticket,
             count: self.count.unwrap_or(1),
-            stop: None,
-            refresher: None,
-            released: false,
         };
         if let Some((wanted, timeout)) = self.durable {
-            let acked: usize = permit.shared.query(
+            let acked: usize = permit.holding.shared.query(
                 redis::cmd("WAIT")
                     .arg(wanted)
                     .arg(timeout.as_millis() as u64),
@@ -274,10 +276,174 @@ impl Semaphore {
             return Err(Error::Lost);
         }
         if self.auto_refresh {
-            permit.start_refreshing();
+            permit.holding.start_refreshing();
         }
         Ok(permit)
     }
+}
+
+/// Permits of several semaphores for one identifier, taken all or none in one step
+/// (`SEM.ACQUIREALL`); [`SemaphoreSet::acquire`] takes them. Defaults as for [`Semaphore`]:
+/// lease 30 seconds, no waiting, not fair, not bound, a new UUID v4 identifier per acquire,
+/// refreshed automatically.
+#[derive(Debug, Clone)]
+pub struct SemaphoreSet {
+    client: Client,
+    semaphores: Vec<(String, u32, u32)>,
+    lease: Duration,
+    wait: Option<Duration>,
+    fair: bool,
+    bound: bool,
+    id: Option<String>,
+    auto_refresh: bool,
+}
+
+impl SemaphoreSet {
+    pub fn new(client: Client) -> Self {
+        SemaphoreSet {
+            client,
+            semaphores: Vec::new(),
+            lease: Duration::from_secs(30),
+            wait: None,
+            fair: false,
+            bound: false,
+            id: None,
+            auto_refresh: true,
+        }
+    }
+
+    /// Adds `count` of the `limit` permits of `name` to the set (1 to 64 distinct names; in
+    /// Redis Cluster they must share a slot).
+    pub fn semaphore(mut self, name: impl Into<String>, limit: u32, count: u32) -> Self {
+        self.semaphores.push((name.into(), limit, count));
+        self
+    }
+
+    /// As [`Semaphore::lease`], the same for every semaphore of the set.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long to wait inside the server until the whole set can be granted at once: `None`
+    /// or zero do not wait, `Some(Duration::MAX)` waits without limit.
+    pub fn wait(mut self, wait: Option<Duration>) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// `FAIR`: every semaphore is a fair one, and [`PermitSet::tickets`] has a fencing token
+    /// per semaphore.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// `BOUND`: every permit of the set is given back as soon as its connection closes.
+    pub fn bound(mut self, bound: bool) -> Self {
+        self.bound = bound;
+        self
+    }
+
+    /// As [`Semaphore::id`].
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// `false`: no background refresh; call [`PermitSet::refresh`] yourself.
+    pub fn auto_refresh(mut self, auto_refresh: bool) -> Self {
+        self.auto_refresh = auto_refresh;
+        self
+    }
+
+    fn acquire_command(&self, id: &str) -> Cmd {
+        let mut cmd = redis::cmd("SEM.ACQUIREALL");
+        cmd.arg(self.semaphores.len());
+        for (name, limit, count) in &self.semaphores {
+            cmd.arg(name).arg(limit).arg(count);
+        }
+        cmd.arg(seconds(self.lease)).arg("ID").arg(id);
+        if self.fair {
+            cmd.arg("FAIR").arg("WITHTICKET");
+        }
+        match self.wait {
+            Some(Duration::MAX) => {
+                cmd.arg("WAIT").arg("0");
+            }
+            Some(wait) if !wait.is_zero() => {
+                cmd.arg("WAIT").arg(seconds(wait));
+            }
+            _ => {}
+        }
+        if self.bound {
+            cmd.arg("BOUND");
+        }
+        cmd
+    }
+
+    /// Takes every permit of the set: [`Error::NotAcquired`] when any one of them is full
+    /// (then none is held).
+    pub fn acquire(&self) -> Result<PermitSet> {
+        let id = self
+            .id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut conn = self.client.get_connection()?;
+        let sent = Instant::now();
+        let tickets = if self.fair {
+            let granted: Option<(Value, Vec<u64>)> = self.acquire_command(&id).query(&mut conn)?;
+            Some(granted.ok_or(Error::NotAcquired)?.1)
+        } else {
+            let granted: Option<Value> = self.acquire_command(&id).query(&mut conn)?;
+            granted.ok_or(Error::NotAcquired)?;
+            None
+        };
+        // From here on, an early return drops the set, which gives it back.
+        let mut permits = PermitSet {
+            holding: Holding::new(Shared {
+                client: self.client.clone(),
+                names: self.semaphores.iter().map(|s| s.0.clone()).collect(),
+                set: true,
+                id,
+                lease: self.lease,
+                conn: Mutex::new(Some(conn)),
+                state: Mutex::new(State {
+                    confirmed_until: sent + self.lease,
+                    lost: false,
+                }),
+            }),
+            counts: self.semaphores.iter().map(|s| s.2).collect(),
+            tickets,
+        };
+        // A wait for the grant leaves the lease's start unknown: confirm it now.
+        if sent.elapsed() > self.lease / 3 && !permits.refresh()? {
+            return Err(Error::Lost);
+        }
+        if self.auto_refresh {
+            permits.holding.start_refreshing();
+        }
+        Ok(permits)
+    }
+}
+
+/// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection of
+/// its own (it blocks the connection): `Ok(true)` once it has none (at once if it has none
+/// now), `Ok(false)` when `timeout` passes first. `Duration::MAX` waits without limit; zero
+/// looks once. It takes nothing.
+pub fn wait_empty(client: &Client, name: &str, timeout: Duration) -> Result<bool> {
+    let timeout = match timeout {
+        Duration::MAX => "0".to_string(),
+        // The server reads 0 as "no limit": zero looks for at most a millisecond instead.
+        timeout if timeout.is_zero() => "0.001".to_string(),
+        timeout => seconds(timeout),
+    };
+    let mut conn = client.get_connection()?;
+    let emptied: i64 = redis::cmd("SEM.WAITEMPTY")
+        .arg(name)
+        .arg(timeout)
+        .query(&mut conn)?;
+    Ok(emptied == 1)
 }
 
 struct State {
@@ -287,10 +453,13 @@ struct State {
     lost: bool,
 }
 
-/// What the permit and its refresh thread share.
+/// What the permit (or set) and its refresh thread share.
 struct Shared {
     client: Client,
-    name: String,
+    /// The semaphore of a permit, or those of a set.
+    names: Vec<String>,
+    /// A set: refreshed and given back with the commands for several semaphores.
+    set: bool,
     id: String,
     lease: Duration,
     /// `None` after a connection error: the next call connects again.
@@ -319,21 +488,36 @@ impl Shared {
         Ok(result?)
     }
 
+    /// `SEM.REFRESH name` or `SEM.RELEASE name`, or the `...ALL` command over the set's names.
+    fn command(&self, single: &str, all: &str) -> Cmd {
+        if self.set {
+            let mut cmd = redis::cmd(all);
+            cmd.arg(self.names.len()).arg(&self.names).arg(&self.id);
+            cmd
+        } else {
+            let mut cmd = redis::cmd(single);
+            cmd.arg(&self.names[0]).arg(&self.id);
+            cmd
+        }
+    }
+
+    /// How many semaphores a refresh or release answers when every permit is still held.
+    fn wanted(&self) -> i64 {
+        self.names.len() as i64
+    }
+
     fn refresh(&self) -> Result<bool> {
         let sent = Instant::now();
-        let held: i64 = self.query(
-            redis::cmd("SEM.REFRESH")
-                .arg(&self.name)
-                .arg(&self.id)
-                .arg(seconds(self.lease)),
-        )?;
+        let mut cmd = self.command("SEM.REFRESH", "SEM.REFRESHALL");
+        let held: i64 = self.query(cmd.arg(seconds(self.lease)))?;
         let mut state = lock(&self.state);
-        if held == 1 {
+        // Fewer than all: a lease ran out (the server removes it), or another client removed it.
+        if held == self.wanted() {
             state.confirmed_until = sent + self.lease;
         } else {
             state.lost = true;
         }
-        Ok(held == 1)
+        Ok(held == self.wanted())
     }
 
     fn is_lost(&self) -> bool {
@@ -345,96 +529,23 @@ impl Shared {
     }
 }
 
-/// A granted permit. It refreshes its lease from a background thread every lease/3 (unless
-/// [`Semaphore::auto_refresh`] is off) and gives the permit back when dropped; call
-/// [`Permit::release`] to learn whether it was held throughout.
-pub struct Permit {
+/// The refresh thread and the release that a permit and a set share.
+struct Holding {
     shared: Arc<Shared>,
-    ticket: Option<u64>,
-    count: u32,
     /// Dropping it stops the refresh thread.
     stop: Option<mpsc::Sender<()>>,
     refresher: Option<JoinHandle<()>>,
     released: bool,
 }
 
-impl fmt::Debug for Permit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("name", &self.shared.name)
-            .field("id", &self.shared.id)
-            .field("ticket", &self.ticket)
-            .field("count", &self.count)
-            .finish()
-    }
-}
-
-impl Permit {
-    /// The holder's identifier.
-    pub fn id(&self) -> &str {
-        &self.shared.id
-    }
-
-    /// The semaphore's name.
-    pub fn name(&self) -> &str {
-        &self.shared.name
-    }
-
-    /// The fencing ticket of a fair permit (tickets of a name only ever grow), else `None`.
-    pub fn ticket(&self) -> Option<u64> {
-        self.ticket
-    }
-
-    /// The number of permits held.
-    pub fn count(&self) -> u32 {
-        self.count
-    }
-
-    /// True once the permit may have run out: a refresh answered 0, or no refresh was
-    /// confirmed within a lease (the server is unreachable). It stays true.
-    pub fn is_lost(&self) -> bool {
-        self.shared.is_lost()
-    }
-
-    /// `Err(Error::Lost)` once the permit is lost: call it in long work to stop early.
-    pub fn check(&self) -> Result<()> {
-        if self.is_lost() {
-            return Err(Error::Lost);
+impl Holding {
+    fn new(shared: Shared) -> Self {
+        Holding {
+            shared: Arc::new(shared),
+            stop: None,
+            refresher: None,
+            released: false,
         }
-        Ok(())
-    }
-
-    /// Moves the deadline to now + lease; `Ok(false)` (and lost) if the permit had run out.
-    pub fn refresh(&self) -> Result<bool> {
-        self.shared.refresh()
-    }
-
-    /// Gives back `count` of the permits held and keeps the rest (its deadline and ticket);
-    /// `Ok(false)` (and lost) if the permit had run out.
-    pub fn release_some(&mut self, count: u32) -> Result<bool> {
-        if count == 0 || count >= self.count {
-            return Err(Error::BadCount { held: self.count });
-        }
-        let shared = &self.shared;
-        let released: i64 = shared.query(
-            redis::cmd("SEM.RELEASE")
-                .arg(&shared.name)
-                .arg(&shared.id)
-                .arg("COUNT")
-                .arg(count),
-        )?;
-        if released == 1 {
-            self.count -= count;
-        } else {
-            lock(&shared.state).lost = true;
-        }
-        Ok(released == 1)
-    }
-
-    /// Gives the permit back: `Ok(true)` if it was held throughout, `Ok(false)` if it was lost
-    /// (the work it guarded may have overlapped another holder's).
-    pub fn release(mut self) -> Result<bool> {
-        self.give_back()
     }
 
     fn give_back(&mut self) -> Result<bool> {
@@ -445,9 +556,8 @@ impl Permit {
             let _ = refresher.join(); // ...which is now, after a refresh under way
         }
         let shared = &self.shared;
-        let released: i64 =
-            shared.query(redis::cmd("SEM.RELEASE").arg(&shared.name).arg(&shared.id))?;
-        Ok(released == 1 && !lost_before)
+        let released: i64 = shared.query(&shared.command("SEM.RELEASE", "SEM.RELEASEALL"))?;
+        Ok(released == shared.wanted() && !lost_before)
     }
 
     fn start_refreshing(&mut self) {
@@ -474,11 +584,168 @@ impl Permit {
     }
 }
 
-impl Drop for Permit {
+impl Drop for Holding {
     fn drop(&mut self) {
         if !self.released {
             let _ = self.give_back();
         }
+    }
+}
+
+/// A granted permit. It refreshes its lease from a background thread every lease/3 (unless
+/// [`Semaphore::auto_refresh`] is off) and gives the permit back when dropped; call
+/// [`Permit::release`] to learn whether it was held throughout.
+pub struct Permit {
+    holding: Holding,
+    ticket: Option<u64>,
+    count: u32,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("name", &self.name())
+            .field("id", &self.id())
+            .field("ticket", &self.ticket)
+            .field("count", &self.count)
+            .finish()
+    }
+}
+
+impl Permit {
+    /// The holder's identifier.
+    pub fn id(&self) -> &str {
+        &self.holding.shared.id
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.holding.shared.names[0]
+    }
+
+    /// The fencing ticket of a fair permit (tickets of a name only ever grow), else `None`.
+    pub fn ticket(&self) -> Option<u64> {
+        self.ticket
+    }
+
+    /// The number of permits held.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// True once the permit may have run out: a refresh answered 0, or no refresh was
+    /// confirmed within a lease (the server is unreachable). It stays true.
+    pub fn is_lost(&self) -> bool {
+        self.holding.shared.is_lost()
+    }
+
+    /// `Err(Error::Lost)` once the permit is lost: call it in long work to stop early.
+    pub fn check(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::Lost);
+        }
+        Ok(())
+    }
+
+    /// Moves the deadline to now + lease; `Ok(false)` (and lost) if the permit had run out.
+    pub fn refresh(&self) -> Result<bool> {
+        self.holding.shared.refresh()
+    }
+
+    /// Gives back `count` of the permits held and keeps the rest (its deadline and ticket);
+    /// `Ok(false)` (and lost) if the permit had run out.
+    pub fn release_some(&mut self, count: u32) -> Result<bool> {
+        if count == 0 || count >= self.count {
+            return Err(Error::BadCount { held: self.count });
+        }
+        let shared = &self.holding.shared;
+        let released: i64 = shared.query(
+            redis::cmd("SEM.RELEASE")
+                .arg(&shared.names[0])
+                .arg(&shared.id)
+                .arg("COUNT")
+                .arg(count),
+        )?;
+        if released == 1 {
+            self.count -= count;
+        } else {
+            lock(&shared.state).lost = true;
+        }
+        Ok(released == 1)
+    }
+
+    /// Gives the permit back: `Ok(true)` if it was held throughout, `Ok(false)` if it was lost
+    /// (the work it guarded may have overlapped another holder's).
+    pub fn release(mut self) -> Result<bool> {
+        self.holding.give_back()
+    }
+}
+
+/// Permits of several semaphores taken at once ([`SemaphoreSet::acquire`]). They are refreshed
+/// together (`SEM.REFRESHALL`) from a background thread every lease/3, the set is lost as soon
+/// as any one of them is, and they are given back together (`SEM.RELEASEALL`) by
+/// [`PermitSet::release`] or when the set is dropped.
+pub struct PermitSet {
+    holding: Holding,
+    counts: Vec<u32>,
+    tickets: Option<Vec<u64>>,
+}
+
+impl fmt::Debug for PermitSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PermitSet")
+            .field("names", &self.names())
+            .field("id", &self.id())
+            .field("tickets", &self.tickets)
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+impl PermitSet {
+    /// The holder's identifier, the same in every semaphore of the set.
+    pub fn id(&self) -> &str {
+        &self.holding.shared.id
+    }
+
+    /// The semaphores' names, in the order given.
+    pub fn names(&self) -> &[String] {
+        &self.holding.shared.names
+    }
+
+    /// The permits held of each semaphore, in the same order.
+    pub fn counts(&self) -> &[u32] {
+        &self.counts
+    }
+
+    /// With [`SemaphoreSet::fair`]: one fencing ticket per semaphore, in the same order.
+    pub fn tickets(&self) -> Option<&[u64]> {
+        self.tickets.as_deref()
+    }
+
+    /// True once a permit of the set may have run out: a refresh answered fewer than all the
+    /// semaphores, or no refresh was confirmed within a lease. It stays true.
+    pub fn is_lost(&self) -> bool {
+        self.holding.shared.is_lost()
+    }
+
+    /// `Err(Error::Lost)` once a permit of the set is lost: call it in long work to stop early.
+    pub fn check(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::Lost);
+        }
+        Ok(())
+    }
+
+    /// Moves every deadline to now + lease; `Ok(false)` (and lost) if a permit had run out.
+    pub fn refresh(&self) -> Result<bool> {
+        self.holding.shared.refresh()
+    }
+
+    /// Gives every permit back: `Ok(true)` if all were held throughout, `Ok(false)` if one was
+    /// lost.
+    pub fn release(mut self) -> Result<bool> {
+        self.holding.give_back()
     }
 }
 

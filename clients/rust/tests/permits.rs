@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{run, wait_until, zset, Server};
-use redsem_client::{Error, Semaphore};
+use redsem_client::{wait_empty, Error, Semaphore, SemaphoreSet};
 
 /// A server with the module; the harness finds the workspace's debug build through
 /// REDSEM_MODULE (its own default is relative to the root crate).
@@ -75,26 +75,62 @@ fn readme_example(url: &str) -> Result<(), Error> {
     Ok(())
 }
 
-#[test]
-fn the_readme_example() {
-    let server = server();
-    readme_example(&format!("redis://127.0.0.1:{}/", server.port)).unwrap();
-    assert_eq!(live(&mut server.connection(), "jobs"), 0);
+/// The Rust example of clients/README.md for sets and wait_empty, but for the server's address.
+fn readme_set_example(url: &str) -> Result<bool, Error> {
+    // README set example begins
+    let client = redis::Client::open(url)?;
+    // One GPU and 2 of 5 licences, both or neither; wait up to 10 s for the pair.
+    let permits = SemaphoreSet::new(client.clone())
+        .semaphore("gpu", 1, 1)
+        .semaphore("licence", 5, 2)
+        .wait(Some(Duration::from_secs(10)))
+        .fair(true)
+        .acquire()?;
+    assert_eq!(permits.tickets(), Some(&[1, 1][..]));
+    assert!(permits.release()?, "a permit of the set was lost");
+    // A deploy waits until no job holds "deploys" any more (at most 60 s).
+    let drained = redsem_client::wait_empty(&client, "deploys", Duration::from_secs(60))?;
+    // README set example ends
+    Ok(drained)
+}
 
-    // The README shows exactly this code.
+/// The lines of this file between `// README <what> begins` and its end, unindented once, as
+/// clients/README.md shows them.
+fn example_text(what: &str) -> String {
     let this_file = include_str!("permits.rs");
-    let begin = this_file.find("// README example begins\n").unwrap();
-    let end = this_file.find("    // README example ends").unwrap();
+    let begin = this_file
+        .find(&format!("// README {what} begins\n"))
+        .unwrap();
+    let end = this_file
+        .find(&format!("    // README {what} ends"))
+        .unwrap();
     let example: String = this_file[begin..end]
         .lines()
         .skip(1)
         .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
         .collect();
-    let example = example.replace("open(url)", "open(\"redis://127.0.0.1:6379/\")");
-    assert!(
-        include_str!("../../README.md").contains(&example),
-        "clients/README.md lacks:\n{example}"
-    );
+    example.replace("open(url)", "open(\"redis://127.0.0.1:6379/\")")
+}
+
+#[test]
+fn the_readme_examples() {
+    let server = server();
+    let url = format!("redis://127.0.0.1:{}/", server.port);
+    readme_example(&url).unwrap();
+    assert!(readme_set_example(&url).unwrap());
+    let mut conn = server.connection();
+    for name in ["jobs", "gpu", "licence", "deploys"] {
+        assert_eq!(live(&mut conn, name), 0, "{name}");
+    }
+
+    // The README shows exactly this code.
+    for what in ["example", "set example"] {
+        let example = example_text(what);
+        assert!(
+            include_str!("../../README.md").contains(&example),
+            "clients/README.md lacks:\n{example}"
+        );
+    }
 }
 
 #[test]
@@ -290,4 +326,133 @@ fn durable_waits_for_replicas_and_gives_back_a_grant_they_missed() {
     ));
     assert!(started.elapsed() >= Duration::from_millis(150));
     assert_eq!(live(&mut conn, "jobs"), 0);
+}
+
+fn pair(server: &Server) -> SemaphoreSet {
+    SemaphoreSet::new(client(server))
+        .semaphore("gpu", 2, 1)
+        .semaphore("licence", 5, 3)
+}
+
+#[test]
+fn a_set_is_granted_whole_and_given_back_whole() {
+    let server = server();
+    let mut conn = server.connection();
+    let permits = pair(&server).acquire().unwrap();
+    assert_eq!(permits.names(), ["gpu", "licence"]);
+    assert_eq!(permits.counts(), [1, 3]);
+    assert_eq!(permits.tickets(), None);
+    assert!(!permits.is_lost());
+    assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (1, 3));
+    assert_eq!(zset(&mut conn, "gpu")[0].0, permits.id());
+    assert!(permits.release().unwrap());
+    assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (0, 0));
+
+    drop(pair(&server).acquire().unwrap()); // Drop gives the set back too
+    assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (0, 0));
+}
+
+#[test]
+fn one_full_semaphore_refuses_the_set_and_nothing_is_held() {
+    let server = server();
+    let mut conn = server.connection();
+    let holder = Semaphore::new(client(&server), "licence")
+        .limit(5)
+        .count(3)
+        .acquire()
+        .unwrap();
+    let started = Instant::now();
+    assert!(matches!(pair(&server).acquire(), Err(Error::NotAcquired)));
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(run::<i64>(&mut conn, &["EXISTS", "gpu"]), 0);
+    assert_eq!(live(&mut conn, "licence"), 3);
+    drop(holder);
+}
+
+#[test]
+fn a_fair_set_carries_one_ticket_per_semaphore() {
+    let server = server();
+    let mut conn = server.connection();
+    let single = Semaphore::new(client(&server), "licence")
+        .limit(5)
+        .fair(true)
+        .acquire()
+        .unwrap();
+    assert_eq!(single.ticket(), Some(1));
+    let permits = pair(&server).fair(true).acquire().unwrap();
+    assert_eq!(permits.tickets(), Some(&[1, 2][..]));
+    assert!(zset(&mut conn, "licence:owner").contains(&(permits.id().to_string(), 2)));
+}
+
+#[test]
+fn a_waiting_set_is_granted_when_a_member_is_freed() {
+    let server = server();
+    let mut conn = server.connection();
+    let holder = Semaphore::new(client(&server), "licence")
+        .limit(5)
+        .count(3)
+        .acquire()
+        .unwrap();
+    let short = pair(&server).wait(Some(Duration::from_millis(200)));
+    assert!(matches!(short.acquire(), Err(Error::NotAcquired)));
+    let leaving = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        holder.release().unwrap()
+    });
+    let started = Instant::now();
+    let permits = pair(&server)
+        .wait(Some(Duration::from_secs(10)))
+        .acquire()
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert!(leaving.join().unwrap());
+    assert_eq!(zset(&mut conn, "gpu")[0].0, permits.id());
+    assert_eq!(zset(&mut conn, "licence")[0].0, permits.id());
+    assert!(permits.release().unwrap());
+    assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (0, 0));
+}
+
+#[test]
+fn refresh_keeps_a_set_alive_and_a_removed_member_loses_it() {
+    let server = server();
+    let mut conn = server.connection();
+    let short = pair(&server).lease(Duration::from_millis(600));
+    let permits = short.acquire().unwrap();
+    thread::sleep(Duration::from_secs(2)); // more than three leases
+    assert!(!permits.is_lost());
+    assert_eq!(zset(&mut conn, "licence")[0].0, permits.id());
+    assert!(permits.release().unwrap());
+
+    let permits = short.acquire().unwrap();
+    let _: i64 = run(&mut conn, &["DEL", "licence"]);
+    wait_until(
+        "the refresher reports the loss",
+        Duration::from_secs(5),
+        || permits.is_lost(),
+    );
+    assert!(matches!(permits.check(), Err(Error::Lost)));
+    assert!(!permits.release().unwrap());
+    assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (0, 0));
+}
+
+#[test]
+fn wait_empty_is_true_once_the_holders_leave_and_false_at_the_timeout() {
+    let server = server();
+    let client = client(&server);
+    assert!(wait_empty(&client, "jobs", Duration::from_secs(10)).unwrap()); // at once
+    let holder = Semaphore::new(client.clone(), "jobs")
+        .limit(3)
+        .acquire()
+        .unwrap();
+    let started = Instant::now();
+    assert!(!wait_empty(&client, "jobs", Duration::from_millis(300)).unwrap());
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert!(!wait_empty(&client, "jobs", Duration::ZERO).unwrap()); // looks once
+    let leaving = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        holder.release().unwrap()
+    });
+    assert!(wait_empty(&client, "jobs", Duration::MAX).unwrap());
+    assert!(started.elapsed() >= Duration::from_millis(550));
+    assert!(leaving.join().unwrap());
 }

@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from types import TracebackType
-from typing import Any, List, Optional, Tuple, Type, Union, cast
+from typing import Any, List, Optional, Sequence, Tuple, Type, TypeVar, Union, cast
 
 import redis
 import redis.asyncio
@@ -43,6 +43,14 @@ __all__ = [
     "AsyncSemaphore",
     "Permit",
     "AsyncPermit",
+    "SemaphoreSet",
+    "AsyncSemaphoreSet",
+    "PermitSet",
+    "AsyncPermitSet",
+    "acquire_all",
+    "acquire_all_async",
+    "wait_empty",
+    "wait_empty_async",
     "SemaphoreError",
     "NotAcquired",
     "PermitLost",
@@ -52,6 +60,8 @@ __all__ = [
 Identifier = Union[str, bytes]
 # A command's arguments as redis-py sends them.
 Args = List[Union[str, bytes, int, float]]
+# A semaphore of a set: (name, limit) for one permit, or (name, limit, count).
+SemaphoreSpec = Union[Tuple[Identifier, int], Tuple[Identifier, int, int]]
 
 
 def _execute(conn: redis.Redis, *args: Union[str, bytes, int, float]) -> Any:
@@ -221,26 +231,104 @@ class _Options:
         return f"no permit of {self.name!r} (limit {self.limit}) was granted{waited}"
 
 
-class _PermitState:
-    """What sync and async permits share: identity, and whether the permit is still held."""
+class _SetOptions:
+    """What a set acquire sends, checked once."""
 
     def __init__(
-        self, options: _Options, identifier: Identifier, ticket: Optional[int], sent: float
+        self,
+        semaphores: Sequence[SemaphoreSpec],
+        lease: float,
+        wait: Optional[float],
+        fair: bool,
+        bound: bool,
+        identifier: Optional[Identifier],
+        auto_refresh: bool,
     ) -> None:
-        self._options = options
-        self.name = options.name
+        specs: List[Tuple[Identifier, int, int]] = []
+        for spec in semaphores:
+            name, limit, *rest = spec
+            count = rest[0] if rest else 1
+            if not name:
+                raise ValueError("a semaphore name must not be empty")
+            if not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"the limit of {name!r} must be an integer of at least 1")
+            if not isinstance(count, int) or not 1 <= count <= limit:
+                raise ValueError(f"the count of {name!r} must be an integer from 1 to its limit")
+            specs.append((name, limit, count))
+        if not 1 <= len(specs) <= 64:
+            raise ValueError("a set has from 1 to 64 semaphores")
+        encoded = {name if isinstance(name, bytes) else name.encode() for name, _, _ in specs}
+        if len(encoded) < len(specs):
+            raise ValueError("a semaphore is named twice")
+        if not lease > 0:
+            raise ValueError("lease must be a number of seconds greater than 0")
+        if wait is not None and not wait >= 0:
+            raise ValueError("wait must be None, or a number of seconds (math.inf: no limit)")
+        if identifier is not None and not identifier:
+            raise ValueError("the identifier must not be empty")
+        self.semaphores = specs
+        self.names = tuple(name for name, _, _ in specs)
+        self.lease = float(lease)
+        self.wait = wait
+        self.fair = fair
+        self.bound = bound
+        self.identifier = identifier
+        self.auto_refresh = auto_refresh
+
+    def acquire_command(self, identifier: Identifier) -> Args:
+        args: Args = ["SEM.ACQUIREALL", len(self.semaphores)]
+        for name, limit, count in self.semaphores:
+            args += [name, limit, count]
+        args += [_seconds(self.lease), "ID", identifier]
+        if self.fair:
+            args += ["FAIR", "WITHTICKET"]
+        if self.wait:  # None and 0 do not wait
+            args += ["WAIT", "0" if math.isinf(self.wait) else _seconds(self.wait)]
+        if self.bound:
+            args.append("BOUND")
+        return args
+
+    def blocks_for(self) -> Optional[float]:
+        """How long the acquire may wait in the server (None: without limit)."""
+        if self.wait and math.isinf(self.wait):
+            return None
+        return self.wait or 0.0
+
+    def tickets_of(self, reply: Any) -> Optional[Tuple[int, ...]]:
+        """The tickets of a granted reply (``[identifier, [ticket, ...]]`` when fair), else None."""
+        return tuple(int(ticket) for ticket in reply[1]) if self.fair else None
+
+    def describe(self) -> str:
+        waited = f" within {self.wait} s" if self.wait else ""
+        wanted = ", ".join(f"{name!r} ({count} of {limit})" for name, limit, count in self.semaphores)
+        return f"the set {wanted} was not granted{waited}"
+
+
+class _Held:
+    """What every permit shares, sync or async, of one semaphore or of a set: identity, and
+    whether it is still held."""
+
+    # How many semaphores a refresh or a release must find held.
+    _wanted = 1
+
+    def __init__(self, identifier: Identifier, lease: float, sent: float) -> None:
         #: The holder's identifier: ``identifier=``, or the UUID v4 made for this permit.
         self.id: Identifier = identifier
-        #: The fencing ticket of a fair permit (only ever grows per name), else None.
-        self.ticket = ticket
-        #: The number of permits held (COUNT).
-        self.count = options.count or 1
-        self.lease = options.lease
+        self.lease = lease
         # The server's deadline is at least this (monotonic clock): the last acquire or refresh
         # confirmed was sent at `sent`, and its lease started when the server ran it, later.
-        self._confirmed_until = sent + options.lease
+        self._confirmed_until = sent + lease
         self._lost_reason: Optional[str] = None
         self._released: Optional[bool] = None  # the release's outcome, once released
+
+    def _what(self) -> str:
+        raise NotImplementedError
+
+    def _refresh_args(self) -> Args:
+        raise NotImplementedError
+
+    def _release_args(self) -> Args:
+        raise NotImplementedError
 
     @property
     def lost(self) -> bool:
@@ -264,18 +352,27 @@ class _PermitState:
             self._lost_reason = reason
 
     def _lost_message(self) -> str:
-        return f"the permit {self.id!r} of {self.name!r} was lost: {self._lost_reason}"
+        return f"the permit {self.id!r} of {self._what()} was lost: {self._lost_reason}"
 
-    def _refreshed(self, reply: Any, sent: float) -> bool:
-        if reply == 1:
+    def _answered(self, command: Args, reply: Any) -> str:
+        if self._wanted == 1:
+            return f"{command[0]!s} answered {reply}"
+        return f"{command[0]!s} answered {reply} of {self._wanted}"
+
+    def _refreshed(self, command: Args, reply: Any, sent: float) -> bool:
+        if reply == self._wanted:
             self._confirmed_until = sent + self.lease
             return True
-        self._mark_lost("SEM.REFRESH answered 0 (the lease ran out, or the holder was removed)")
+        # Fewer than all: a lease ran out (the server removes it) or another client removed it.
+        self._mark_lost(
+            f"{self._answered(command, reply)} (the lease ran out, or the holder was removed)"
+        )
         return False
 
-    def _released_with(self, reply: Any) -> bool:
-        if reply != 1:
-            self._mark_lost("SEM.RELEASE answered 0: the lease ran out before the release")
+    def _released_with(self, command: Args, reply: Any) -> bool:
+        if reply != self._wanted:
+            answered = self._answered(command, reply)
+            self._mark_lost(f"{answered}: the lease ran out before the release")
         self._released = self._lost_reason is None
         return self._released
 
@@ -284,32 +381,91 @@ class _PermitState:
         self._mark_lost(f"the release failed: {err!r}")
         self._released = False
 
+    def _describe(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        state = "lost" if self._lost_reason else ("released" if self._released else "held")
+        return f"<{type(self).__name__} {self._describe()} {state}>"
+
+
+class _PermitState(_Held):
+    """A permit of one semaphore."""
+
+    def __init__(
+        self, options: _Options, identifier: Identifier, ticket: Optional[int], sent: float
+    ) -> None:
+        super().__init__(identifier, options.lease, sent)
+        self._options = options
+        self.name = options.name
+        #: The fencing ticket of a fair permit (only ever grows per name), else None.
+        self.ticket = ticket
+        #: The number of permits held (COUNT).
+        self.count = options.count or 1
+
+    def _what(self) -> str:
+        return repr(self.name)
+
+    def _refresh_args(self) -> Args:
+        return ["SEM.REFRESH", self.name, self.id, _seconds(self.lease)]
+
+    def _release_args(self) -> Args:
+        return ["SEM.RELEASE", self.name, self.id]
+
     def _check_release_some(self, count: int) -> None:
         if self._released is not None:
             raise SemaphoreError("the permit was already released")
         if not 1 <= count < self.count:
             raise ValueError(f"count must be from 1 to {self.count - 1}; use release() for all")
 
-    def __repr__(self) -> str:
-        state = "lost" if self._lost_reason else ("released" if self._released else "held")
+    def _describe(self) -> str:
         ticket = f" ticket={self.ticket}" if self.ticket is not None else ""
-        what = f"{self.name!r} id={self.id!r}{ticket} count={self.count}"
-        return f"<{type(self).__name__} {what} {state}>"
+        return f"{self.name!r} id={self.id!r}{ticket} count={self.count}"
 
 
-class Permit(_PermitState):
-    """A granted permit: refreshed in a background thread every lease/3 while held, given back
-    by ``release()`` or at the end of its ``with`` block."""
+class _SetState(_Held):
+    """Permits of several semaphores, taken together for one identifier."""
 
     def __init__(
         self,
-        options: _Options,
-        conn: redis.Redis,
+        options: _SetOptions,
         identifier: Identifier,
-        ticket: Optional[int],
+        tickets: Optional[Tuple[int, ...]],
         sent: float,
     ) -> None:
-        super().__init__(options, identifier, ticket, sent)
+        super().__init__(identifier, options.lease, sent)
+        #: The semaphores' names, in the order given.
+        self.names = options.names
+        #: The permits held of each, in the same order.
+        self.counts = tuple(count for _, _, count in options.semaphores)
+        #: With ``fair``: the fencing ticket of each semaphore, in the same order; else None.
+        self.tickets = tickets
+        self._wanted = len(self.names)
+
+    def _what(self) -> str:
+        return "the set " + ", ".join(repr(name) for name in self.names)
+
+    def _refresh_args(self) -> Args:
+        return ["SEM.REFRESHALL", len(self.names), *self.names, self.id, _seconds(self.lease)]
+
+    def _release_args(self) -> Args:
+        return ["SEM.RELEASEALL", len(self.names), *self.names, self.id]
+
+    def _describe(self) -> str:
+        tickets = f" tickets={list(self.tickets)}" if self.tickets is not None else ""
+        return f"{list(self.names)!r} id={self.id!r}{tickets} counts={list(self.counts)}"
+
+
+_SyncSelf = TypeVar("_SyncSelf", bound="_SyncHeld")
+_AsyncSelf = TypeVar("_AsyncSelf", bound="_AsyncHeld")
+
+
+class _SyncHeld(_Held):
+    """Refresh in a background thread, and release, over a redis-py connection."""
+
+    _conn: redis.Redis
+
+    def _init_sync(self, conn: redis.Redis) -> None:
         self._conn = conn
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -336,19 +492,8 @@ class Permit(_PermitState):
         if self._released is not None:
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
-        reply = _execute(self._conn, "SEM.REFRESH", self.name, self.id, _seconds(self.lease))
-        return self._refreshed(reply, sent)
-
-    def release_some(self, count: int) -> bool:
-        """Gives back ``count`` of a weighted permit's permits and keeps holding the rest (with
-        its deadline and ticket). Returns False, and marks it lost, if it had run out."""
-        self._check_release_some(count)
-        reply = _execute(self._conn, "SEM.RELEASE", self.name, self.id, "COUNT", count)
-        if reply == 1:
-            self.count -= count
-            return True
-        self._mark_lost("SEM.RELEASE answered 0: the lease ran out before the release")
-        return False
+        command = self._refresh_args()
+        return self._refreshed(command, _execute(self._conn, *command), sent)
 
     def release(self) -> bool:
         """Gives the permit back: True if it was held throughout, False if it was lost (then
@@ -361,16 +506,17 @@ class Permit(_PermitState):
             self._stop.set()
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join()  # lets a refresh under way finish first
+            command = self._release_args()
             try:
-                reply = _execute(self._conn, "SEM.RELEASE", self.name, self.id)
+                reply = _execute(self._conn, *command)
             except BaseException as err:
                 self._release_failed(err)
                 raise
             finally:
                 self._conn.close()  # back to the pool
-            return self._released_with(reply)
+            return self._released_with(command, reply)
 
-    def __enter__(self) -> "Permit":
+    def __enter__(self: _SyncSelf) -> _SyncSelf:
         return self
 
     def __exit__(
@@ -384,24 +530,18 @@ class Permit(_PermitState):
         except Exception as err:
             if exc is None:
                 raise
-            _add_note(exc, f"redsem: releasing {self.name!r} failed too: {err!r}")
+            _add_note(exc, f"redsem: releasing {self._what()} failed too: {err!r}")
             return
         if exc is None and not released:
             raise PermitLost(self._lost_message())
 
 
-class AsyncPermit(_PermitState):
-    """The asyncio form of Permit: refreshed by an asyncio task every lease/3 while held."""
+class _AsyncHeld(_Held):
+    """As _SyncHeld, for redis.asyncio: the refresh is an asyncio task."""
 
-    def __init__(
-        self,
-        options: _Options,
-        conn: redis.asyncio.Redis,
-        identifier: Identifier,
-        ticket: Optional[int],
-        sent: float,
-    ) -> None:
-        super().__init__(options, identifier, ticket, sent)
+    _conn: redis.asyncio.Redis
+
+    def _init_async(self, conn: redis.asyncio.Redis) -> None:
         self._conn = conn
         self._stop = asyncio.Event()
         self._task: Optional["asyncio.Task[None]"] = None
@@ -431,20 +571,8 @@ class AsyncPermit(_PermitState):
         if self._released is not None:
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
-        reply = await _execute_async(self._conn, 
-            "SEM.REFRESH", self.name, self.id, _seconds(self.lease)
-        )
-        return self._refreshed(reply, sent)
-
-    async def release_some(self, count: int) -> bool:
-        """As Permit.release_some."""
-        self._check_release_some(count)
-        reply = await _execute_async(self._conn, "SEM.RELEASE", self.name, self.id, "COUNT", count)
-        if reply == 1:
-            self.count -= count
-            return True
-        self._mark_lost("SEM.RELEASE answered 0: the lease ran out before the release")
-        return False
+        command = self._refresh_args()
+        return self._refreshed(command, await _execute_async(self._conn, *command), sent)
 
     async def release(self) -> bool:
         """As Permit.release."""
@@ -455,16 +583,17 @@ class AsyncPermit(_PermitState):
             self._stop.set()
             if self._task is not None and self._task is not asyncio.current_task():
                 await self._task
+            command = self._release_args()
             try:
-                reply = await _execute_async(self._conn, "SEM.RELEASE", self.name, self.id)
+                reply = await _execute_async(self._conn, *command)
             except BaseException as err:
                 self._release_failed(err)
                 raise
             finally:
                 await self._conn.aclose()  # back to the pool
-            return self._released_with(reply)
+            return self._released_with(command, reply)
 
-    async def __aenter__(self) -> "AsyncPermit":
+    async def __aenter__(self: _AsyncSelf) -> _AsyncSelf:
         return self
 
     async def __aexit__(
@@ -478,20 +607,105 @@ class AsyncPermit(_PermitState):
         except Exception as err:
             if exc is None:
                 raise
-            _add_note(exc, f"redsem: releasing {self.name!r} failed too: {err!r}")
+            _add_note(exc, f"redsem: releasing {self._what()} failed too: {err!r}")
             return
         if exc is None and not released:
             raise PermitLost(self._lost_message())
 
 
+class Permit(_SyncHeld, _PermitState):
+    """A granted permit: refreshed in a background thread every lease/3 while held, given back
+    by ``release()`` or at the end of its ``with`` block."""
+
+    def __init__(
+        self,
+        options: _Options,
+        conn: redis.Redis,
+        identifier: Identifier,
+        ticket: Optional[int],
+        sent: float,
+    ) -> None:
+        _PermitState.__init__(self, options, identifier, ticket, sent)
+        self._init_sync(conn)
+
+    def release_some(self, count: int) -> bool:
+        """Gives back ``count`` of a weighted permit's permits and keeps holding the rest (with
+        its deadline and ticket). Returns False, and marks it lost, if it had run out."""
+        self._check_release_some(count)
+        reply = _execute(self._conn, "SEM.RELEASE", self.name, self.id, "COUNT", count)
+        if reply == 1:
+            self.count -= count
+            return True
+        self._mark_lost("SEM.RELEASE answered 0: the lease ran out before the release")
+        return False
+
+
+class AsyncPermit(_AsyncHeld, _PermitState):
+    """The asyncio form of Permit: refreshed by an asyncio task every lease/3 while held."""
+
+    def __init__(
+        self,
+        options: _Options,
+        conn: redis.asyncio.Redis,
+        identifier: Identifier,
+        ticket: Optional[int],
+        sent: float,
+    ) -> None:
+        _PermitState.__init__(self, options, identifier, ticket, sent)
+        self._init_async(conn)
+
+    async def release_some(self, count: int) -> bool:
+        """As Permit.release_some."""
+        self._check_release_some(count)
+        reply = await _execute_async(self._conn, "SEM.RELEASE", self.name, self.id, "COUNT", count)
+        if reply == 1:
+            self.count -= count
+            return True
+        self._mark_lost("SEM.RELEASE answered 0: the lease ran out before the release")
+        return False
+
+
+class PermitSet(_SyncHeld, _SetState):
+    """Permits of several semaphores taken at once (``acquire_all``): refreshed together
+    (SEM.REFRESHALL) in a background thread every lease/3, and lost as soon as any one of them
+    is; given back together (SEM.RELEASEALL) by ``release()`` or at the end of its ``with``
+    block."""
+
+    def __init__(
+        self,
+        options: _SetOptions,
+        conn: redis.Redis,
+        identifier: Identifier,
+        tickets: Optional[Tuple[int, ...]],
+        sent: float,
+    ) -> None:
+        _SetState.__init__(self, options, identifier, tickets, sent)
+        self._init_sync(conn)
+
+
+class AsyncPermitSet(_AsyncHeld, _SetState):
+    """The asyncio form of PermitSet."""
+
+    def __init__(
+        self,
+        options: _SetOptions,
+        conn: redis.asyncio.Redis,
+        identifier: Identifier,
+        tickets: Optional[Tuple[int, ...]],
+        sent: float,
+    ) -> None:
+        _SetState.__init__(self, options, identifier, tickets, sent)
+        self._init_async(conn)
+
+
 # The permits entered through `with semaphore` in this thread or task, innermost last, so one
 # Semaphore object can be shared by threads and tasks like threading.Semaphore.
-_entered: contextvars.ContextVar[Tuple[Tuple[object, _PermitState], ...]] = contextvars.ContextVar(
+_entered: contextvars.ContextVar[Tuple[Tuple[object, _Held], ...]] = contextvars.ContextVar(
     "redsem_entered", default=()
 )
 
 
-def _push(semaphore: object, permit: _PermitState) -> None:
+def _push(semaphore: object, permit: _Held) -> None:
     _entered.set(_entered.get() + ((semaphore, permit),))
 
 
@@ -683,3 +897,209 @@ class AsyncSemaphore:
         tb: Optional[TracebackType],
     ) -> None:
         await _pop(self).__aexit__(exc_type, exc, tb)
+
+
+class SemaphoreSet:
+    """Permits of several semaphores for one identifier, all or none (SEM.ACQUIREALL): ``with
+    SemaphoreSet(r, [("gpu", 1), ("licence", 5, 2)]) as permits``, or ``acquire_all(...)``.
+
+    client: a ``redis.Redis`` (its pool lends each set a connection, as for a Semaphore).
+    semaphores: ``(name, limit)`` for one permit of ``name``, or ``(name, limit, count)``; 1 to
+        64 distinct names (in Redis Cluster they must share a slot: use hash tags).
+    lease: seconds, the same for every semaphore; they are refreshed together every lease/3,
+        and the set is lost as soon as any one of them is.
+    wait: seconds to wait inside the server until the whole set can be granted at once; None
+        or 0 do not wait, math.inf waits without limit.
+    fair: every semaphore is a fair one (FAIR); ``permits.tickets`` has one fencing ticket per
+        semaphore, in the order given.
+    bound, identifier, auto_refresh: as for Semaphore.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        semaphores: Sequence[SemaphoreSpec],
+        lease: float = 30,
+        *,
+        wait: Optional[float] = None,
+        fair: bool = False,
+        bound: bool = False,
+        identifier: Optional[Identifier] = None,
+        auto_refresh: bool = True,
+    ) -> None:
+        self.client = client
+        self.options = _SetOptions(semaphores, lease, wait, fair, bound, identifier, auto_refresh)
+
+    def acquire(self) -> PermitSet:
+        """Takes every permit of the set, or raises NotAcquired (then none is held)."""
+        options = self.options
+        identifier = options.identifier or str(uuid.uuid4())
+        conn: redis.Redis = cast(Any, self.client).client()
+        try:
+            sent = time.monotonic()
+            command = options.acquire_command(identifier)
+            reply = _run_blocking(conn, command, options.blocks_for())
+            if reply is None:
+                raise NotAcquired(options.describe())
+            permits = PermitSet(options, conn, identifier, options.tickets_of(reply), sent)
+        except BaseException:
+            conn.close()
+            raise
+        try:
+            # A wait for the grant leaves the lease's start unknown: confirm it now.
+            if time.monotonic() - sent > options.lease / 3 and not permits.refresh():
+                raise PermitLost(permits._lost_message())
+        except BaseException:
+            try:
+                permits.release()
+            except Exception:
+                pass
+            raise
+        if options.auto_refresh:
+            permits._start_refreshing()
+        return permits
+
+    def __enter__(self) -> PermitSet:
+        permits = self.acquire()
+        _push(self, permits)
+        return permits
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        _pop(self).__exit__(exc_type, exc, tb)
+
+
+class AsyncSemaphoreSet:
+    """The asyncio form of SemaphoreSet, for ``redis.asyncio.Redis``; the same options."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        semaphores: Sequence[SemaphoreSpec],
+        lease: float = 30,
+        *,
+        wait: Optional[float] = None,
+        fair: bool = False,
+        bound: bool = False,
+        identifier: Optional[Identifier] = None,
+        auto_refresh: bool = True,
+    ) -> None:
+        self.client = client
+        self.options = _SetOptions(semaphores, lease, wait, fair, bound, identifier, auto_refresh)
+
+    async def acquire(self) -> AsyncPermitSet:
+        """As SemaphoreSet.acquire."""
+        options = self.options
+        identifier = options.identifier or str(uuid.uuid4())
+        conn = self.client.client()
+        try:
+            sent = time.monotonic()
+            command = options.acquire_command(identifier)
+            reply = await _run_blocking_async(conn, command, options.blocks_for())
+            if reply is None:
+                raise NotAcquired(options.describe())
+            permits = AsyncPermitSet(options, conn, identifier, options.tickets_of(reply), sent)
+        except BaseException:
+            await conn.aclose()
+            raise
+        try:
+            if time.monotonic() - sent > options.lease / 3 and not await permits.refresh():
+                raise PermitLost(permits._lost_message())
+        except BaseException:
+            try:
+                await permits.release()
+            except Exception:
+                pass
+            raise
+        if options.auto_refresh:
+            permits._start_refreshing()
+        return permits
+
+    async def __aenter__(self) -> AsyncPermitSet:
+        permits = await self.acquire()
+        _push(self, permits)
+        return permits
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        await _pop(self).__aexit__(exc_type, exc, tb)
+
+
+def acquire_all(
+    client: redis.Redis,
+    semaphores: Sequence[SemaphoreSpec],
+    lease: float = 30,
+    *,
+    wait: Optional[float] = None,
+    fair: bool = False,
+    bound: bool = False,
+    identifier: Optional[Identifier] = None,
+    auto_refresh: bool = True,
+) -> PermitSet:
+    """``SemaphoreSet(...).acquire()``: the set's permits, all held, or NotAcquired (none
+    held). The PermitSet is a context manager that releases them."""
+    return SemaphoreSet(
+        client, semaphores, lease, wait=wait, fair=fair, bound=bound,
+        identifier=identifier, auto_refresh=auto_refresh,
+    ).acquire()
+
+
+async def acquire_all_async(
+    client: redis.asyncio.Redis,
+    semaphores: Sequence[SemaphoreSpec],
+    lease: float = 30,
+    *,
+    wait: Optional[float] = None,
+    fair: bool = False,
+    bound: bool = False,
+    identifier: Optional[Identifier] = None,
+    auto_refresh: bool = True,
+) -> AsyncPermitSet:
+    """As acquire_all, for redis.asyncio."""
+    return await AsyncSemaphoreSet(
+        client, semaphores, lease, wait=wait, fair=fair, bound=bound,
+        identifier=identifier, auto_refresh=auto_refresh,
+    ).acquire()
+
+
+def _wait_empty_args(name: Identifier, timeout: float) -> Tuple[Args, Optional[float]]:
+    """SEM.WAITEMPTY's arguments, and how long it may block (None: without limit)."""
+    if not name:
+        raise ValueError("the semaphore name must not be empty")
+    if not timeout >= 0:
+        raise ValueError("timeout must be a number of seconds (math.inf: no limit)")
+    if math.isinf(timeout):
+        return ["SEM.WAITEMPTY", name, "0"], None
+    # The server reads 0 as "no limit": a timeout of 0 looks for at most a millisecond instead.
+    seconds = _seconds(timeout) if timeout > 0 else "0.001"
+    return ["SEM.WAITEMPTY", name, seconds], float(seconds)
+
+
+def wait_empty(client: redis.Redis, name: Identifier, timeout: float) -> bool:
+    """Waits until the semaphore ``name`` has no live holder (SEM.WAITEMPTY): True once it has
+    none (at once if it has none now), False when ``timeout`` seconds pass first (math.inf:
+    no limit). It takes nothing. It blocks the connection, so it uses one of the pool's own."""
+    args, block = _wait_empty_args(name, timeout)
+    conn: redis.Redis = cast(Any, client).client()
+    try:
+        return bool(_run_blocking(conn, args, block) == 1)
+    finally:
+        conn.close()
+
+
+async def wait_empty_async(client: redis.asyncio.Redis, name: Identifier, timeout: float) -> bool:
+    """As wait_empty, for redis.asyncio."""
+    args, block = _wait_empty_args(name, timeout)
+    conn = client.client()
+    try:
+        return bool(await _run_blocking_async(conn, args, block) == 1)
+    finally:
+        await conn.aclose()
