@@ -124,6 +124,7 @@ fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     match released {
         Holder::Live => {
             stats::count(&COUNTERS.released);
+            store.released(id.as_slice());
             store.notify(c"sem.release");
         }
         Holder::Expired => lost(&store),
@@ -333,6 +334,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
                 stats::count(&COUNTERS.renewed);
             } else {
                 stats::count(&COUNTERS.acquired);
+                stats::granted(selected_db(ctx), name, id.as_slice());
                 store.notify(c"sem.acquire");
                 if request.ticket_margin > 0 {
                     fencing::moved(name);

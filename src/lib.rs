@@ -39,6 +39,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // The library may stay mapped after a MODULE UNLOAD: start from a clean slate.
     config::reset();
     stats::reset();
+    stats::reset_distributions();
+    stats::forget_grants();
     fencing::reset();
     waiting::reset();
     let module_args: Vec<&[u8]> = args.iter().map(|arg| arg.as_slice()).collect();

@@ -1,7 +1,16 @@
-//! What `INFO sem` reports: counters since the module loaded, and gauges read from the waiting
-//! side when asked. A counter is one relaxed atomic add, so counting costs nothing measurable.
+//! What `INFO sem` reports: counters since the module loaded, gauges read from the waiting
+//! side when asked, and two latency distributions in the style of Redis's `INFO latencystats`:
+//! how long waiting acquires waited for their grant, and how long holders held their permits
+//! until they released them. A counter is one relaxed atomic add, a distribution one more, so
+//! counting costs nothing measurable; both distributions are fixed-size histograms.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::queue::IdHasher;
 
 use crate::waiting;
 
@@ -75,4 +84,203 @@ pub fn fields() -> Vec<(&'static str, u64)> {
     let mut fields = each_counter();
     fields.extend(waiting::gauges());
     fields
+}
+
+/// Exact below this many microseconds; above, [`SUB_BUCKETS`] buckets per power of two.
+const LINEAR: u64 = 64;
+const SUB_BUCKETS: u64 = 32;
+/// Powers of two above [`LINEAR`] covered: up to 2^40 µs (12 days); longer lands in the last.
+const OCTAVES: u64 = 34;
+const BUCKETS: usize = (LINEAR + SUB_BUCKETS * OCTAVES) as usize;
+
+/// A histogram of durations in microseconds, within about 3 % (as `hdr_histogram` with two
+/// significant digits): fixed in size whatever it counts.
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS],
+    count: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // only to fill the arrays below
+const ZERO: AtomicU64 = AtomicU64::new(0);
+
+/// From a waiting acquire's arrival to its grant.
+pub static WAIT_TIME: Histogram = Histogram {
+    buckets: [ZERO; BUCKETS],
+    count: AtomicU64::new(0),
+};
+/// From a grant to the release of its permits.
+pub static HOLD_TIME: Histogram = Histogram {
+    buckets: [ZERO; BUCKETS],
+    count: AtomicU64::new(0),
+};
+
+fn bucket_of(us: u64) -> usize {
+    if us < LINEAR {
+        return us as usize;
+    }
+    let octave = 63 - u64::from(us.leading_zeros()); // 6 and up
+    let sub = (us >> (octave - 5)) & (SUB_BUCKETS - 1);
+    let at = LINEAR + (octave - 6) * SUB_BUCKETS + sub;
+    (at as usize).min(BUCKETS - 1)
+}
+
+/// The largest value that lands in bucket `at`.
+fn bucket_top(at: usize) -> u64 {
+    let at = at as u64;
+    if at < LINEAR {
+        return at;
+    }
+    let octave = (at - LINEAR) / SUB_BUCKETS + 6;
+    let sub = (at - LINEAR) % SUB_BUCKETS;
+    ((SUB_BUCKETS + sub + 1) << (octave - 5)) - 1
+}
+
+impl Histogram {
+    pub fn record(&self, duration: Duration) {
+        let us = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
+        self.buckets[bucket_of(us)].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn reset(&self) {
+        for bucket in &self.buckets {
+            bucket.store(0, Ordering::Relaxed);
+        }
+        self.count.store(0, Ordering::Relaxed);
+    }
+
+    /// The value (µs) at or below which `quantile` of the recorded ones are; 0 when empty.
+    pub fn quantile_us(&self, quantile: f64) -> u64 {
+        let count = self.count.load(Ordering::Relaxed);
+        if count == 0 {
+            return 0;
+        }
+        let wanted = ((quantile * count as f64).ceil() as u64).clamp(1, count);
+        let mut seen = 0;
+        for (at, bucket) in self.buckets.iter().enumerate() {
+            seen += bucket.load(Ordering::Relaxed);
+            if seen >= wanted {
+                return bucket_top(at);
+            }
+        }
+        bucket_top(BUCKETS - 1)
+    }
+
+    /// `p50=1.023,p99=2.047,p99.9=4.095,count=12` in milliseconds, as `INFO latencystats`.
+    pub fn summary(&self) -> String {
+        let ms = |q| self.quantile_us(q) as f64 / 1000.0;
+        format!(
+            "p50={:.3},p99={:.3},p99.9={:.3},count={}",
+            ms(0.5),
+            ms(0.99),
+            ms(0.999),
+            self.count.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// The text fields of `INFO sem`: the distributions.
+pub fn distributions() -> Vec<(&'static str, String)> {
+    vec![
+        ("wait_time", WAIT_TIME.summary()),
+        ("hold_time", HOLD_TIME.summary()),
+    ]
+}
+
+/// `CONFIG RESETSTAT`, and each load of the module.
+pub fn reset_distributions() {
+    WAIT_TIME.reset();
+    HOLD_TIME.reset();
+}
+
+/// Grants whose release is still to come, for [`HOLD_TIME`]: by a hash of the database, the
+/// name and the identifier (a collision only blurs one sample). Holders another client deletes
+/// are never released; the map is bounded by forgetting everything when it is full.
+static GRANTED: Mutex<Option<HashMap<u64, Instant, BuildHasherDefault<IdHasher>>>> =
+    Mutex::new(None);
+const MAX_TRACKED: usize = 100_000;
+
+fn grant_key(db: i32, name: &[u8], holder: &[u8]) -> u64 {
+    let mut hasher = IdHasher::default();
+    hasher.write_u64(db as u64);
+    hasher.write(name);
+    hasher.write_u64(name.len() as u64);
+    hasher.write(holder);
+    hasher.finish()
+}
+
+fn granted_map<T>(
+    f: impl FnOnce(&mut HashMap<u64, Instant, BuildHasherDefault<IdHasher>>) -> T,
+) -> T {
+    let mut guard = GRANTED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    f(guard.get_or_insert_with(HashMap::default))
+}
+
+/// A new permit of `holder` was granted now.
+pub fn granted(db: i32, name: &[u8], holder: &[u8]) {
+    let key = grant_key(db, name, holder);
+    granted_map(|map| {
+        if map.len() >= MAX_TRACKED {
+            map.clear();
+        }
+        map.insert(key, Instant::now());
+    });
+}
+
+/// `holder` left the semaphore (released, expired, lost): when it was granted, if known.
+pub fn ended(db: i32, name: &[u8], holder: &[u8]) -> Option<Instant> {
+    let key = grant_key(db, name, holder);
+    granted_map(|map| map.remove(&key))
+}
+
+/// The data went (a flush, a swap, this node becoming a replica): its grants are forgotten.
+pub fn forget_grants() {
+    granted_map(HashMap::clear);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_every_value_within_three_percent() {
+        let mut last = 0;
+        for us in (0..10_000u64).chain((10_000..1 << 41).step_by(9_999_991)) {
+            let at = bucket_of(us);
+            assert!(at >= last, "buckets grow with the value");
+            last = at;
+            if us < 1 << 40 {
+                let top = bucket_top(at);
+                assert!(top >= us, "{us} lands in a bucket up to {top}");
+                assert!(
+                    (top - us) as f64 <= us as f64 * 0.032,
+                    "{us} reported as {top}"
+                );
+            } else {
+                assert_eq!(at, BUCKETS - 1, "longer lands in the last");
+            }
+        }
+    }
+
+    #[test]
+    fn quantiles_of_a_known_distribution() {
+        let h = Histogram {
+            buckets: [ZERO; BUCKETS],
+            count: AtomicU64::new(0),
+        };
+        assert_eq!(h.quantile_us(0.5), 0);
+        for ms in 1..=1000u64 {
+            h.record(Duration::from_millis(ms));
+        }
+        // (quantile, the exact value in ms)
+        for (q, exact) in [(0.5, 500.0), (0.99, 990.0), (0.999, 999.0)] {
+            let got = h.quantile_us(q) as f64 / 1000.0;
+            assert!(got >= exact && got <= exact * 1.032, "p{q}: {got} ms");
+        }
+        assert!(h.summary().ends_with(",count=1000"), "{}", h.summary());
+        h.reset();
+        assert_eq!(h.summary(), "p50=0.000,p99=0.000,p99.9=0.000,count=0");
+    }
 }

@@ -6,6 +6,7 @@
 use std::cell::OnceCell;
 use std::ffi::CStr;
 use std::io::Write;
+use std::time::Instant;
 
 use redis_module::{raw, Context, RedisString};
 
@@ -13,6 +14,7 @@ use crate::args::{parse_counter, parse_extra, parse_stored_limit, parse_weight};
 use crate::error::SemError;
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
+use crate::server::selected_db;
 use crate::stats::{self, COUNTERS};
 use crate::types::deadline_ms;
 
@@ -63,6 +65,9 @@ pub struct RedisStore<'a> {
     /// Whether `<name>` was missing when opened: every holder it had is gone (its key expired,
     /// or another client deleted it).
     opened_empty: bool,
+    /// When each holder this call removed was granted (if known), for the hold-time
+    /// distribution: a release records its own; the others (expired, lost) are dropped.
+    ended: Vec<(Vec<u8>, Instant)>,
 }
 
 impl<'a> RedisStore<'a> {
@@ -85,7 +90,16 @@ impl<'a> RedisStore<'a> {
             deadlines: DeadlineChange::None,
             removed: None,
             opened_empty,
+            ended: Vec::new(),
         })
+    }
+
+    /// `holder` gave its permits back in this call: its hold time is recorded.
+    pub fn released(&mut self, holder: &[u8]) {
+        if let Some(at) = self.ended.iter().position(|(id, _)| id == holder) {
+            let (_, since) = self.ended.swap_remove(at);
+            stats::HOLD_TIME.record(since.elapsed());
+        }
     }
 
     /// Whether `<name>` was missing when the store opened it, asked once: later calls answer
@@ -334,6 +348,15 @@ impl Store for RedisStore<'_> {
         }
         let removed = self.holders.zrem(ids);
         self.owners.zrem(ids);
+        if removed > 0 {
+            let db = selected_db(self.ctx);
+            let name = self.holders.name().as_slice();
+            for id in ids {
+                if let Some(since) = stats::ended(db, name, id.as_slice()) {
+                    self.ended.push((id.as_slice().to_vec(), since));
+                }
+            }
+        }
         if removed > 0 {
             self.deadlines = DeadlineChange::Unknown;
         }

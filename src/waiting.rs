@@ -417,6 +417,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
                     stats::count(&COUNTERS.renewed);
                 } else {
                     stats::count(&COUNTERS.acquired);
+                    stats::granted(sem.db, &sem.name, &ask.holder);
                     store.notify(c"sem.acquire");
                     if request.ticket_margin > 0 {
                         fencing::moved(&sem.name);
@@ -513,6 +514,12 @@ fn answer(id: WaiterId, outcome: Outcome) {
 /// Unblocks a waiter already taken out of its line (of waiters for permits, or `for_empty`),
 /// counting how its wait ended.
 fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
+    if matches!(
+        outcome,
+        Outcome::Granted { .. } | Outcome::GrantedSet { .. }
+    ) {
+        stats::WAIT_TIME.record(handle.waited());
+    }
     stats::count(match outcome {
         Outcome::Granted { .. } | Outcome::GrantedSet { .. } => &COUNTERS.waits_granted,
         Outcome::TimedOut => &COUNTERS.waits_timed_out,
@@ -669,6 +676,7 @@ pub fn connection_closed(client: u64) {
 /// `FLUSHDB` or `FLUSHALL` (`None`): bindings there are gone with their keys, and every waiter
 /// there is served on the empty semaphores.
 pub fn flushed(db: Option<i32>) {
+    stats::forget_grants();
     with(|s| s.registry.drop_bindings(db));
     if WAITERS.load(Ordering::Relaxed) > 0 {
         defer(Work::ServeDb(db));
@@ -678,6 +686,7 @@ pub fn flushed(db: Option<i32>) {
 /// `SWAPDB a b`: bindings follow their keys; waiters stay with their connection's database and
 /// are served on what it holds now.
 pub fn swapped(a: i32, b: i32) {
+    stats::forget_grants();
     with(|s| s.registry.swap_binding_dbs(a, b));
     if WAITERS.load(Ordering::Relaxed) > 0 {
         defer(Work::ServeDb(Some(a)));
@@ -695,6 +704,7 @@ pub fn recheck_all() {
 /// The server became a replica: it grants nothing any more, so every waiter is answered now,
 /// and bindings end (the primary's data replaces this node's).
 pub fn became_replica() {
+    stats::forget_grants();
     let waiters = with(|s| {
         s.by_handle.clear();
         s.work.clear();
@@ -994,6 +1004,7 @@ fn grant_set(
             stats::count(&COUNTERS.renewed);
         } else {
             stats::count(&COUNTERS.acquired);
+            stats::granted(sem.db, &sem.name, &ask.holder);
             store.notify(c"sem.acquire");
             if request.ticket_margin > 0 {
                 fencing::moved(&sem.name);
@@ -1072,6 +1083,7 @@ fn give_back(ctx: &Context, binding: &Binding, why: GiveBack) {
         if let Ok(Holder::Live) = semaphore::release(store, clock_ms(), &holder, None) {
             if why == GiveBack::ConnectionClosed {
                 stats::count(&COUNTERS.bound_released);
+                store.released(&binding.holder);
             }
             store.notify(c"sem.release");
         }

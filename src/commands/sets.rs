@@ -299,6 +299,7 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
             stats::count(&COUNTERS.renewed);
         } else {
             stats::count(&COUNTERS.acquired);
+            stats::granted(selected_db(ctx), &sem().name, id.as_slice());
             store.notify(c"sem.acquire");
             if requests[i].ticket_margin > 0 {
                 fencing::moved(call.args[call.names[i]].as_slice());
@@ -341,6 +342,7 @@ pub fn release_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
             Holder::Live => {
                 held += 1;
                 stats::count(&COUNTERS.released);
+                store.released(id.as_slice());
                 store.notify(c"sem.release");
             }
             Holder::Expired => lost(store),

@@ -5,6 +5,7 @@
 
 use std::os::raw::{c_int, c_void};
 use std::ptr::NonNull;
+use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, RedisValue};
 
@@ -14,7 +15,7 @@ use crate::waiting::{self, Left};
 
 /// A blocked client, as the module holds it until it calls [`finish`] on it.
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub struct Blocked(NonNull<raw::RedisModuleBlockedClient>);
+pub struct Blocked(NonNull<raw::RedisModuleBlockedClient>, Instant);
 
 // SAFETY: blocked-client handles are only used on Redis's main thread; the registry that keeps
 // them sits behind a lock only because statics must be Sync.
@@ -24,6 +25,11 @@ impl Blocked {
     /// A number identifying the handle (its address), for the disconnect callback's lookup.
     pub fn key(&self) -> usize {
         self.0.as_ptr() as usize
+    }
+
+    /// How long since the client was blocked.
+    pub fn waited(&self) -> Duration {
+        self.1.elapsed()
     }
 }
 
@@ -67,7 +73,7 @@ pub fn block(ctx: &Context) -> Option<Blocked> {
     let bc = NonNull::new(bc)?;
     // SAFETY: a handle BlockClient just returned.
     unsafe { raw::RedisModule_SetDisconnectCallback.unwrap()(bc.as_ptr(), Some(on_disconnect)) };
-    Some(Blocked(bc))
+    Some(Blocked(bc, Instant::now()))
 }
 
 /// Ends the wait with `outcome`, handed back to [`waiting::reply`] for the reply, and to

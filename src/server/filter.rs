@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::raw;
 
 use crate::keys::{is_derived, set_name_positions, with_derived, Command};
-use crate::waiting;
+use crate::{stats, waiting};
 
 /// Registers the filter.
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
@@ -55,6 +55,11 @@ unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
         return; // no name: Redis answers with its arity error
     }
     let Some(command) = arg(fctx, 0).and_then(Command::from_name) else {
+        let is = |pos, word: &[u8]| arg(fctx, pos).is_some_and(|a| a.eq_ignore_ascii_case(word));
+        // Redis resets its own statistics; the module's distributions go with them.
+        if argc == 2 && is(0, b"CONFIG") && is(1, b"RESETSTAT") {
+            stats::reset_distributions();
+        }
         if waiting::queued_anywhere() {
             note_other_command(fctx);
         }

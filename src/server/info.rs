@@ -23,11 +23,21 @@ extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
     // SAFETY: the INFO context Redis passes; the section name and field names are C strings
     // that live through each call. The section is the module's own ("sem").
     let fields = guard(Vec::new(), stats::fields);
+    let distributions = guard(Vec::new(), stats::distributions);
     unsafe {
         raw::RedisModule_InfoAddSection.unwrap()(ctx, std::ptr::null_mut());
         for (name, value) in fields {
             let name = CString::new(name).expect("no NUL in field names");
             raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, name.as_ptr().cast_mut(), value);
+        }
+        for (name, value) in distributions {
+            let name = CString::new(name).expect("no NUL in field names");
+            let value = CString::new(value).expect("no NUL in a summary");
+            raw::RedisModule_InfoAddFieldCString.unwrap()(
+                ctx,
+                name.as_ptr().cast_mut(),
+                value.as_ptr().cast_mut(),
+            );
         }
     }
 }

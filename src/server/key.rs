@@ -94,6 +94,11 @@ impl<'a> Key<'a> {
         }
     }
 
+    /// The key's name.
+    pub fn name(&self) -> &'a RedisString {
+        self.name
+    }
+
     // The raw number, not `raw::KeyType`, whose conversion panics on types newer than the crate.
     fn key_type(&self) -> isize {
         // SAFETY: KeyType accepts any handle OpenKey returned, NULL included.

@@ -88,6 +88,7 @@ pub fn missing_api() -> Vec<&'static str> {
         RedisModule_LoadConfigs,
         RedisModule_InfoAddSection,
         RedisModule_InfoAddFieldULongLong,
+        RedisModule_InfoAddFieldCString,
         RedisModule_GetSelectedDb,
         RedisModule_SubscribeToKeyspaceEvents,
         RedisModule_AvoidReplicaTraffic,

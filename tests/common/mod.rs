@@ -239,11 +239,13 @@ pub fn unix_ms_now() -> i64 {
     since_epoch.as_millis() as i64
 }
 
-/// `INFO sem`, field by field.
+/// `INFO sem`'s counters and gauges, field by field (the distributions, which are not one
+/// number, left out).
 pub fn info_sem(conn: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
     let info: String = run(conn, &["INFO", "sem"]);
     info.lines()
         .filter_map(|line| line.split_once(':'))
+        .filter(|(k, _)| !k.ends_with("_time"))
         .map(|(k, v)| (k.to_string(), v.trim().parse().expect("a number")))
         .collect()
 }
