@@ -172,3 +172,20 @@ export function withPermits<T>(
  * it has none, false when `timeout` seconds pass first (Infinity: no limit; 0 looks once).
  */
 export function waitEmpty(redis: Client, name: string, timeout: number): Promise<boolean>;
+
+/**
+ * The operator's limit stored for the semaphore `name` (`SEM.LIMIT name`), or null when there
+ * is none. While one is stored, every acquire of `name` uses it instead of its own.
+ */
+export function storedLimit(redis: Client, name: string): Promise<number | null>;
+
+/**
+ * Stores an operator's limit for `name` (`SEM.LIMIT name n`), an integer from 0 (pauses) to
+ * 4294967295, used by every acquire of `name` instead of its own until clearLimit.
+ */
+export function setLimit(redis: Client, name: string, limit: number): Promise<void>;
+
+/**
+ * Removes the operator's limit of `name` (`SEM.LIMIT name CLEAR`): true if one was stored.
+ */
+export function clearLimit(redis: Client, name: string): Promise<boolean>;

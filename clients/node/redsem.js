@@ -578,12 +578,50 @@ async function waitEmpty(redis, name, timeout) {
   return reply === 1;
 }
 
+/** The largest limit SEM.LIMIT stores (an unsigned 32-bit number). */
+const MAX_LIMIT = 4294967295;
+
+/**
+ * The operator's limit stored for the semaphore `name` (SEM.LIMIT name), or null when there
+ * is none. While one is stored, every acquire of `name` uses it instead of its own.
+ */
+async function storedLimit(redis, name) {
+  if (!name) throw new TypeError("the semaphore name must not be empty");
+  const reply = await adapt(redis).call("SEM.LIMIT", name);
+  return reply == null ? null : Number(reply);
+}
+
+/**
+ * Stores an operator's limit for the semaphore `name` (SEM.LIMIT name n), 0 to 4294967295:
+ * every acquire of `name` uses it instead of its own until clearLimit. 0 pauses the
+ * semaphore; a lower limit takes no permit from its holders.
+ */
+async function setLimit(redis, name, limit) {
+  if (!name) throw new TypeError("the semaphore name must not be empty");
+  if (!Number.isInteger(limit) || limit < 0 || limit > MAX_LIMIT) {
+    throw new TypeError(`limit must be an integer from 0 to ${MAX_LIMIT} (0 pauses)`);
+  }
+  await adapt(redis).call("SEM.LIMIT", name, limit);
+}
+
+/**
+ * Removes the operator's limit of the semaphore `name` (SEM.LIMIT name CLEAR): acquires use
+ * their own limits again. Resolves with true if one was stored, else false.
+ */
+async function clearLimit(redis, name) {
+  if (!name) throw new TypeError("the semaphore name must not be empty");
+  return (await adapt(redis).call("SEM.LIMIT", name, "CLEAR")) === 1;
+}
+
 module.exports = {
   acquire,
   withPermit,
   acquireAll,
   withPermits,
   waitEmpty,
+  storedLimit,
+  setLimit,
+  clearLimit,
   Permit,
   PermitSet,
   SemaphoreError,

@@ -13,6 +13,9 @@ const { createClient } = require("redis");
 const {
   acquire,
   acquireAll,
+  clearLimit,
+  setLimit,
+  storedLimit,
   waitEmpty,
   withPermit,
   NotAcquired,
@@ -157,4 +160,19 @@ test("node-redis: sets, tickets, a waiting set, a lost set and waitEmpty", async
   assert.throws(() => next.check(), PermitLost);
   assert.equal(await next.release(), false);
   assert.equal(await live("licence"), 0);
+});
+
+test("node-redis: an operator's limit is read, stored, used and cleared", async () => {
+  assert.equal(await storedLimit(redis, "jobs"), null);
+  await setLimit(redis, "jobs", 0);
+  assert.equal(await storedLimit(redis, "jobs"), 0);
+  await assert.rejects(acquire(redis, "jobs", { limit: 10 }), NotAcquired);
+  await setLimit(redis, "jobs", 1);
+  await withPermit(redis, "jobs", { limit: 10 }, async () => {
+    await assert.rejects(acquire(redis, "jobs", { limit: 10 }), NotAcquired);
+  });
+  assert.equal(await clearLimit(redis, "jobs"), true);
+  assert.equal(await storedLimit(redis, "jobs"), null);
+  assert.equal(await clearLimit(redis, "jobs"), false);
+  assert.equal(await live("jobs"), 0);
 });

@@ -4,6 +4,7 @@
 const assert = require("node:assert/strict");
 const fs = require("node:fs");
 const path = require("node:path");
+const util = require("node:util");
 const { after, before, beforeEach, test } = require("node:test");
 const { setTimeout: sleep } = require("node:timers/promises");
 const Redis = require("ioredis");
@@ -11,6 +12,9 @@ const Redis = require("ioredis");
 const {
   acquire,
   acquireAll,
+  clearLimit,
+  setLimit,
+  storedLimit,
   waitEmpty,
   withPermit,
   withPermits,
@@ -54,10 +58,10 @@ test("the README's example, as written there, on the test server", async () => {
     "utf8",
   );
   const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((match) => match[1]);
-  assert.equal(blocks.length, 2);
+  assert.equal(blocks.length, 3);
   const AsyncFunction = (async () => {}).constructor;
   const printed = [];
-  const console = { log: (...args) => printed.push(args.join(" ")) };
+  const console = { log: (...args) => printed.push(util.format(...args)) }; // as console.log prints
   for (const block of blocks) {
     assert.ok(block.includes("new Redis(6379)"));
     const code = block.replace("new Redis(6379)", `new Redis(${server.port})`);
@@ -67,7 +71,9 @@ test("the README's example, as written there, on the test server", async () => {
   assert.ok(printed.some((line) => line.endsWith("has ticket 1")), printed.join("\n"));
   assert.ok(printed.includes("holding gpu,licence with tickets 1,1"), printed.join("\n"));
   assert.ok(printed.includes("drained: true"), printed.join("\n"));
-  for (const name of ["jobs", "printers", "gpu", "licence", "deploys"]) {
+  assert.ok(printed.includes("paused; stored limit: 0"), printed.join("\n"));
+  assert.ok(printed.includes("cleared: true stored limit: null"), printed.join("\n"));
+  for (const name of ["jobs", "printers", "gpu", "licence", "deploys", "reports"]) {
     assert.equal(await live(name), 0, name);
   }
 });
@@ -343,4 +349,34 @@ test("waitEmpty: true once the holders leave, false at the timeout", async () =>
   assert.equal(await redis.ping(), "PONG"); // it has a connection of its own
   assert.equal(await holder.release(), true);
   assert.equal(await waiting, true);
+});
+
+test("an operator's limit is stored, used by every acquire instead of its own, and cleared", async () => {
+  assert.equal(await storedLimit(redis, "jobs"), null);
+  assert.equal(await clearLimit(redis, "jobs"), false);
+  await setLimit(redis, "jobs", 0); // pauses
+  assert.equal(await storedLimit(redis, "jobs"), 0);
+  await assert.rejects(acquire(redis, "jobs", { limit: 10 }), NotAcquired);
+  await assert.rejects(acquireAll(redis, [{ name: "jobs", limit: 10 }]), NotAcquired);
+  assert.equal(await live("jobs"), 0);
+  await setLimit(redis, "jobs", 2);
+  assert.equal(await storedLimit(redis, "jobs"), 2);
+  const first = await acquire(redis, "jobs", { limit: 10 });
+  const second = await acquire(redis, "jobs", { limit: 10 });
+  await assert.rejects(acquire(redis, "jobs", { limit: 10 }), NotAcquired); // 2, not 10
+  // Raised, a waiter is served at once.
+  const waiting = acquire(redis, "jobs", { limit: 10, wait: 10 });
+  await sleep(100);
+  await setLimit(redis, "jobs", 4294967295);
+  const third = await waiting;
+  assert.equal(await storedLimit(redis, "jobs"), 4294967295);
+  assert.equal(await clearLimit(redis, "jobs"), true);
+  assert.equal(await storedLimit(redis, "jobs"), null);
+  assert.equal(await clearLimit(redis, "jobs"), false);
+  for (const permit of [first, second, third]) assert.equal(await permit.release(), true);
+  for (const bad of [-1, 4294967296, 1.5, "3", null]) {
+    await assert.rejects(setLimit(redis, "jobs", bad), TypeError);
+  }
+  await assert.rejects(storedLimit(redis, ""), TypeError);
+  assert.equal(await redis.exists("jobs:limit"), 0);
 });

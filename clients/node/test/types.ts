@@ -5,6 +5,9 @@ import { createClient } from "redis";
 import {
   acquire,
   acquireAll,
+  clearLimit,
+  setLimit,
+  storedLimit,
   waitEmpty,
   withPermit,
   withPermits,
@@ -50,6 +53,21 @@ export async function sets(): Promise<boolean> {
   const empty: boolean = await waitEmpty(client, "gpu", Infinity);
   return (tickets?.length ?? 0) + names.length + id.length > 0 && empty && (await permits.release());
 }
+
+export async function operatorsLimit(): Promise<number> {
+  const redis = new Redis(6379);
+  const client = await createClient({ url: "redis://127.0.0.1:6379" }).connect();
+  await setLimit(redis, "jobs", 0);
+  const done: void = await setLimit(client, "jobs", 5);
+  const stored: number | null = await storedLimit(client, "jobs");
+  const cleared: boolean = await clearLimit(redis, "jobs");
+  // @ts-expect-error the stored limit may be null
+  const always: number = await storedLimit(redis, "jobs");
+  return (stored ?? 0) + (cleared ? 1 : 0) + always + (done === undefined ? 0 : 1);
+}
+
+// @ts-expect-error a limit is a number
+export const limitAsText = setLimit(new Redis(6379), "jobs", "5");
 
 // @ts-expect-error a semaphore of a set needs a limit
 export const missingSetLimit: SetSemaphore = { name: "gpu" };

@@ -35,6 +35,12 @@ from redsem import (
     SemaphoreSet,
     acquire_all,
     acquire_all_async,
+    clear_limit,
+    clear_limit_async,
+    set_limit,
+    set_limit_async,
+    stored_limit,
+    stored_limit_async,
     wait_empty,
     wait_empty_async,
 )
@@ -115,7 +121,7 @@ def test_the_readme_examples(r, server, capsys):
     """The Python examples of clients/README.md, as written there, on the test server."""
     readme = ROOT / "clients/README.md"
     blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     for block in blocks:
         assert "port=6379" in block
         exec(compile(block.replace("port=6379", f"port={server.port}"), str(readme), "exec"), {})
@@ -125,7 +131,9 @@ def test_the_readme_examples(r, server, capsys):
     assert "4 GPU slots held; lost: False" in printed
     assert "tickets (1, 1)" in printed
     assert "drained: True" in printed
-    names = ("jobs", "printers", "gpus", "gpu", "licence", "deploys")
+    assert "paused; stored limit: 0" in printed
+    assert "cleared: True stored limit: None" in printed
+    names = ("jobs", "printers", "gpus", "gpu", "licence", "deploys", "reports")
     assert [live(r, name) for name in names] == [0] * len(names)
 
 
@@ -568,6 +576,61 @@ def test_async_sets_and_wait_empty(server):
                 while not permits.lost:
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.01)
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_operators_limit_is_stored_used_by_acquires_and_cleared(r):
+    assert stored_limit(r, "jobs") is None
+    assert clear_limit(r, "jobs") is False
+    jobs = Semaphore(r, "jobs", limit=10, lease=30)
+    set_limit(r, "jobs", 0)  # pauses
+    assert stored_limit(r, "jobs") == 0
+    with pytest.raises(NotAcquired):
+        jobs.acquire()
+    assert live(r, "jobs") == 0
+    set_limit(r, "jobs", 2)
+    assert stored_limit(r, "jobs") == 2
+    first, second = jobs.acquire(), jobs.acquire()
+    with pytest.raises(NotAcquired):  # the stored 2, not the caller's 10
+        jobs.acquire()
+    set_limit(r, "jobs", 4294967295)
+    assert stored_limit(r, "jobs") == 4294967295
+    assert clear_limit(r, "jobs") is True
+    assert stored_limit(r, "jobs") is None
+    assert clear_limit(r, "jobs") is False
+    with jobs as third:  # the caller's own limit again
+        assert live(r, "jobs") == 3
+    assert third.lost is False
+    assert first.release() and second.release()
+    for bad in (-1, 4294967296, 1.5, True, "3"):
+        with pytest.raises(ValueError):
+            set_limit(r, "jobs", bad)
+    with pytest.raises(ValueError):
+        stored_limit(r, "")
+    assert not r.exists("jobs:limit")
+
+
+def test_async_operators_limit(server):
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        await r.flushall()
+        assert await stored_limit_async(r, "jobs") is None
+        await set_limit_async(r, "jobs", 0)
+        assert await stored_limit_async(r, "jobs") == 0
+        with pytest.raises(NotAcquired):
+            await AsyncSemaphore(r, "jobs", limit=5).acquire()
+        await set_limit_async(r, "jobs", 1)
+        async with AsyncSemaphore(r, "jobs", limit=5) as permit:
+            assert permit.count == 1
+            with pytest.raises(NotAcquired):
+                await AsyncSemaphore(r, "jobs", limit=5).acquire()
+        with pytest.raises(ValueError):
+            await set_limit_async(r, "jobs", -1)
+        assert await clear_limit_async(r, "jobs") is True
+        assert await stored_limit_async(r, "jobs") is None
+        assert await clear_limit_async(r, "jobs") is False
         await r.aclose()
 
     asyncio.run(main())

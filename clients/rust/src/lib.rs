@@ -25,7 +25,8 @@
 //!
 //! A [`PermitSet`] ([`SemaphoreSet::acquire`]) holds permits of several semaphores taken all
 //! or none in one step, refreshed, lost and given back together; [`wait_empty`] waits until a
-//! semaphore has no holder.
+//! semaphore has no holder; [`stored_limit`], [`set_limit`] and [`clear_limit`] read, store and
+//! remove an operator's limit (`SEM.LIMIT`), used by every acquire instead of its own.
 
 use std::fmt;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -444,6 +445,36 @@ pub fn wait_empty(client: &Client, name: &str, timeout: Duration) -> Result<bool
         .arg(timeout)
         .query(&mut conn)?;
     Ok(emptied == 1)
+}
+
+/// The operator's limit stored for the semaphore `name` (`SEM.LIMIT name`), or `None` when
+/// there is none. While one is stored, every acquire of `name` uses it instead of its own.
+pub fn stored_limit(client: &Client, name: &str) -> Result<Option<u64>> {
+    let mut conn = client.get_connection()?;
+    Ok(redis::cmd("SEM.LIMIT").arg(name).query(&mut conn)?)
+}
+
+/// Stores an operator's limit for the semaphore `name` (`SEM.LIMIT name n`): every acquire of
+/// `name` uses it instead of its own until [`clear_limit`]. 0 pauses the semaphore; a lower
+/// limit takes no permit from its holders, and a higher one serves the waiters at once.
+pub fn set_limit(client: &Client, name: &str, limit: u32) -> Result<()> {
+    let mut conn = client.get_connection()?;
+    redis::cmd("SEM.LIMIT")
+        .arg(name)
+        .arg(limit)
+        .query::<()>(&mut conn)?;
+    Ok(())
+}
+
+/// Removes the operator's limit of the semaphore `name` (`SEM.LIMIT name CLEAR`): acquires use
+/// their own limits again. `Ok(true)` if one was stored.
+pub fn clear_limit(client: &Client, name: &str) -> Result<bool> {
+    let mut conn = client.get_connection()?;
+    let removed: i64 = redis::cmd("SEM.LIMIT")
+        .arg(name)
+        .arg("CLEAR")
+        .query(&mut conn)?;
+    Ok(removed == 1)
 }
 
 struct State {

@@ -9,7 +9,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{run, wait_until, zset, Server};
-use redsem_client::{wait_empty, Error, Semaphore, SemaphoreSet};
+use redsem_client::{
+    clear_limit, set_limit, stored_limit, wait_empty, Error, Semaphore, SemaphoreSet,
+};
 
 /// A server with the module; the harness finds the workspace's debug build through
 /// REDSEM_MODULE (its own default is relative to the root crate).
@@ -94,6 +96,25 @@ fn readme_set_example(url: &str) -> Result<bool, Error> {
     Ok(drained)
 }
 
+/// The Rust example of clients/README.md for an operator's limit, but for the server's address.
+fn readme_limit_example(url: &str) -> Result<(), Error> {
+    // README limit example begins
+    let client = redis::Client::open(url)?;
+    let reports = Semaphore::new(client.clone(), "reports").limit(10);
+    // Pause "reports": while 0 is stored, every acquire is refused, whatever limit it passes.
+    redsem_client::set_limit(&client, "reports", 0)?;
+    assert!(matches!(reports.acquire(), Err(Error::NotAcquired)));
+    assert_eq!(redsem_client::stored_limit(&client, "reports")?, Some(0));
+    // At most 2 holders at once, whatever the callers pass, until it is cleared.
+    redsem_client::set_limit(&client, "reports", 2)?;
+    let permit = reports.acquire()?;
+    assert!(permit.release()?);
+    assert!(redsem_client::clear_limit(&client, "reports")?);
+    assert_eq!(redsem_client::stored_limit(&client, "reports")?, None);
+    // README limit example ends
+    Ok(())
+}
+
 /// The lines of this file between `// README <what> begins` and its end, unindented once, as
 /// clients/README.md shows them.
 fn example_text(what: &str) -> String {
@@ -118,13 +139,14 @@ fn the_readme_examples() {
     let url = format!("redis://127.0.0.1:{}/", server.port);
     readme_example(&url).unwrap();
     assert!(readme_set_example(&url).unwrap());
+    readme_limit_example(&url).unwrap();
     let mut conn = server.connection();
-    for name in ["jobs", "gpu", "licence", "deploys"] {
+    for name in ["jobs", "gpu", "licence", "deploys", "reports"] {
         assert_eq!(live(&mut conn, name), 0, "{name}");
     }
 
     // The README shows exactly this code.
-    for what in ["example", "set example"] {
+    for what in ["example", "set example", "limit example"] {
         let example = example_text(what);
         assert!(
             include_str!("../../README.md").contains(&example),
@@ -455,4 +477,45 @@ fn wait_empty_is_true_once_the_holders_leave_and_false_at_the_timeout() {
     assert!(wait_empty(&client, "jobs", Duration::MAX).unwrap());
     assert!(started.elapsed() >= Duration::from_millis(550));
     assert!(leaving.join().unwrap());
+}
+
+#[test]
+fn an_operators_limit_is_stored_used_by_every_acquire_and_cleared() {
+    let server = server();
+    let mut conn = server.connection();
+    let client = client(&server);
+    assert_eq!(stored_limit(&client, "jobs").unwrap(), None);
+    assert!(!clear_limit(&client, "jobs").unwrap());
+    set_limit(&client, "jobs", 0).unwrap(); // pauses
+    assert_eq!(stored_limit(&client, "jobs").unwrap(), Some(0));
+    let jobs = Semaphore::new(client.clone(), "jobs").limit(10);
+    assert!(matches!(jobs.acquire(), Err(Error::NotAcquired)));
+    let set = SemaphoreSet::new(client.clone()).semaphore("jobs", 10, 1);
+    assert!(matches!(set.acquire(), Err(Error::NotAcquired)));
+    assert_eq!(live(&mut conn, "jobs"), 0);
+
+    set_limit(&client, "jobs", 2).unwrap();
+    assert_eq!(stored_limit(&client, "jobs").unwrap(), Some(2));
+    let first = jobs.acquire().unwrap();
+    let second = jobs.acquire().unwrap();
+    assert!(matches!(jobs.acquire(), Err(Error::NotAcquired))); // 2, not 10
+                                                                // Raised, a waiter is served at once.
+    let waiting = {
+        let jobs = jobs.clone().wait(Some(Duration::from_secs(10)));
+        thread::spawn(move || jobs.acquire())
+    };
+    wait_until("the waiter is in line", Duration::from_secs(5), || {
+        run::<String>(&mut conn, &["SEM.GET", "jobs", "JSON"]).contains("\"waiters\":1")
+    });
+    set_limit(&client, "jobs", u32::MAX).unwrap();
+    let third = waiting.join().unwrap().unwrap();
+    assert_eq!(stored_limit(&client, "jobs").unwrap(), Some(4294967295));
+
+    assert!(clear_limit(&client, "jobs").unwrap());
+    assert_eq!(stored_limit(&client, "jobs").unwrap(), None);
+    assert!(!clear_limit(&client, "jobs").unwrap());
+    for permit in [first, second, third] {
+        assert!(permit.release().unwrap());
+    }
+    assert_eq!(run::<i64>(&mut conn, &["EXISTS", "jobs:limit"]), 0);
 }

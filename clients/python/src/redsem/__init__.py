@@ -51,6 +51,12 @@ __all__ = [
     "acquire_all_async",
     "wait_empty",
     "wait_empty_async",
+    "stored_limit",
+    "stored_limit_async",
+    "set_limit",
+    "set_limit_async",
+    "clear_limit",
+    "clear_limit_async",
     "SemaphoreError",
     "NotAcquired",
     "PermitLost",
@@ -1103,3 +1109,57 @@ async def wait_empty_async(client: redis.asyncio.Redis, name: Identifier, timeou
         return bool(await _run_blocking_async(conn, args, block) == 1)
     finally:
         await conn.aclose()
+
+
+# The largest limit SEM.LIMIT stores (an unsigned 32-bit number).
+_MAX_LIMIT = 4294967295
+
+
+def _checked_name(name: Identifier) -> Identifier:
+    if not name:
+        raise ValueError("the semaphore name must not be empty")
+    return name
+
+
+def _set_limit_args(name: Identifier, limit: int) -> Args:
+    """SEM.LIMIT's arguments to store ``limit``, checked before anything is sent."""
+    _checked_name(name)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= _MAX_LIMIT:
+        raise ValueError(f"limit must be an integer from 0 to {_MAX_LIMIT} (0 pauses)")
+    return ["SEM.LIMIT", name, limit]
+
+
+def stored_limit(client: redis.Redis, name: Identifier) -> Optional[int]:
+    """The operator's limit stored for the semaphore ``name`` (SEM.LIMIT name), or None when
+    there is none. While one is stored, every acquire of ``name`` uses it instead of its own."""
+    reply = _execute(client, "SEM.LIMIT", _checked_name(name))
+    return None if reply is None else int(reply)
+
+
+async def stored_limit_async(client: redis.asyncio.Redis, name: Identifier) -> Optional[int]:
+    """As stored_limit, for redis.asyncio."""
+    reply = await _execute_async(client, "SEM.LIMIT", _checked_name(name))
+    return None if reply is None else int(reply)
+
+
+def set_limit(client: redis.Redis, name: Identifier, limit: int) -> None:
+    """Stores an operator's limit for the semaphore ``name`` (SEM.LIMIT name n), 0 to
+    4294967295: every acquire of ``name`` uses it instead of its own until clear_limit. 0
+    pauses the semaphore; a lower limit takes no permit from its holders."""
+    _execute(client, *_set_limit_args(name, limit))
+
+
+async def set_limit_async(client: redis.asyncio.Redis, name: Identifier, limit: int) -> None:
+    """As set_limit, for redis.asyncio."""
+    await _execute_async(client, *_set_limit_args(name, limit))
+
+
+def clear_limit(client: redis.Redis, name: Identifier) -> bool:
+    """Removes the operator's limit of the semaphore ``name`` (SEM.LIMIT name CLEAR): acquires
+    use their own limits again. True if one was stored, else False."""
+    return bool(_execute(client, "SEM.LIMIT", _checked_name(name), "CLEAR") == 1)
+
+
+async def clear_limit_async(client: redis.asyncio.Redis, name: Identifier) -> bool:
+    """As clear_limit, for redis.asyncio."""
+    return bool(await _execute_async(client, "SEM.LIMIT", _checked_name(name), "CLEAR") == 1)
