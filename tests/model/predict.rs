@@ -271,13 +271,18 @@ fn blocking_outcomes(
             let view = state.with_keys(logical_view(&state.keys, t));
             let (reply, mut after, label) = sem_outcome(interp, new_id, Client::Main, &view, t);
             // A try of the timer that finds the holder set gone forgets the semaphore's
-            // bindings (their permits went with it), even when it ends in an error.
+            // bindings (their permits went with it), even when it ends in an error or (for a
+            // wait for empty, which reads only) answers.
             let names: Vec<&Bytes> = match interp {
-                Interp::Call(call) if blocked == Blocked::Single => vec![&call.name],
+                Interp::Call(call) => vec![&call.name],
                 Interp::Set(SetCall { names, .. }) => names.iter().collect(),
                 _ => vec![],
             };
-            if let Reply::Err(_) = &reply {
+            let forgets = match blocked {
+                Blocked::Empty => reply != Reply::Int(0),
+                _ => matches!(reply, Reply::Err(_)),
+            };
+            if forgets {
                 for gone in names.into_iter().filter(|n| !view.keys.contains_key(*n)) {
                     after.bindings.retain(|(name, _), _| name != gone);
                 }
