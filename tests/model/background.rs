@@ -26,7 +26,9 @@
 //!   soon after the permits in use reached 0 (0 only if they never stayed at 0 before its
 //!   timeout, as far as the reads tell); it is answered 1 at once when another client deletes
 //!   the keys and nobody waits for permits; it holds no acquirer back (the arrival-order and
-//!   timing checks above run with it in the episode).
+//!   timing checks above run with it in the episode);
+//! - a set waiter (`SEM.ACQUIREALL` of the waited name and a fresh second one) is held to the
+//!   same line, limit and timing rules as a single waiter on the waited name.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -74,6 +76,8 @@ pub struct Waiter {
     pub checked: bool,
     /// A SEM.WAITEMPTY waiter: it takes nothing, and waits in no line.
     pub for_empty: bool,
+    /// A SEM.ACQUIREALL waiter: it also takes a permit of the episode's other semaphore.
+    pub set: bool,
 }
 
 impl Waiter {
@@ -98,6 +102,20 @@ impl Waiter {
     fn is_grant(&self, reply: &Reply) -> bool {
         if self.for_empty {
             return false;
+        }
+        if self.set {
+            return match reply {
+                Reply::Bulk(id) => *id == self.id && !self.with_ticket,
+                Reply::Array(items) if self.with_ticket => match items.as_slice() {
+                    [Reply::Bulk(id), Reply::Array(tickets)] => {
+                        *id == self.id
+                            && tickets.len() == 2
+                            && tickets.iter().all(|t| matches!(t, Reply::Int(t) if *t > 0))
+                    }
+                    _ => false,
+                },
+                _ => false,
+            };
         }
         match reply {
             Reply::Bulk(id) => *id == self.id && !self.with_ticket,
@@ -169,6 +187,8 @@ struct Episode {
     dump: Option<Dump>,
     fair_granted: bool,
     flushed: bool,
+    /// A second semaphore, fresh, that set waiters take a permit of besides (limit 4).
+    other: Option<Bytes>,
     /// Only reads and time passing since the waiters came: nothing but a lease's end frees a
     /// permit, so when each waiter should be served is known.
     pure: bool,
@@ -320,6 +340,7 @@ impl Run {
         let key = match &reply {
             Reply::Int(1) if w.for_empty => "background emptied",
             Reply::Int(0) if w.for_empty => "background not emptied",
+            reply if w.is_grant(reply) && w.set => "background set granted",
             reply if w.is_grant(reply) => "background granted",
             Reply::Nil => "background timed out",
             Reply::Err(e) if e.starts_with("WRONGTYPE") => "background WRONGTYPE",
@@ -333,7 +354,9 @@ impl Run {
             )),
             Reply::Int(0 | 1) if for_empty => None,
             Reply::Err(e) if for_empty && e.starts_with("WRONGTYPE") => None,
-            reply if for_empty => Some(format!("a reply that is no answer of a wait for empty: {reply}")),
+            reply if for_empty => Some(format!(
+                "a reply that is no answer of a wait for empty: {reply}"
+            )),
             Reply::Nil if elapsed < wait - 2 => Some(format!(
                 "nil after {elapsed} ms, before its WAIT of {wait} ms"
             )),
@@ -666,11 +689,7 @@ impl Run {
             }
             // Nobody waits for permits: the semaphore is empty from the deletion on.
             "wipe" if !empties.is_empty() => {
-                *self
-                    .stats
-                    .background
-                    .entry("wipes emptied")
-                    .or_default() += 1;
+                *self.stats.background.entry("wipes emptied").or_default() += 1;
                 self.expect_prompt(ep, &empties, t1, "1", |w| w.emptied());
             }
             "string" if !pending.is_empty() || !empties.is_empty() => {
@@ -713,16 +732,19 @@ impl Run {
             dump: None,
             fair_granted: false,
             flushed: false,
+            other: None,
             pure: true,
         };
+        // Now and then a second name for set waiters (fresh too, so that it never stops one).
+        let others: Vec<&Bytes> = free.iter().filter(|n| **n != name).collect();
+        if !others.is_empty() && self.rng.percent(30) {
+            ep.other = Some((*self.rng.pick(&others)).clone());
+        }
         // A fresh semaphore, filled (mostly) by the main client.
-        let fresh = vec![
-            b"DEL".to_vec(),
-            name.clone(),
-            owner_key(&name),
-            counter_key(&name),
-            permits_key(&name),
-        ];
+        let mut fresh = vec![b"DEL".to_vec()];
+        for n in std::iter::once(&name).chain(&ep.other) {
+            fresh.extend([n.clone(), owner_key(n), counter_key(n), permits_key(n)]);
+        }
         self.episode_run(&mut ep, &[fresh]);
         let fills = if self.rng.percent(75) {
             limit
@@ -767,7 +789,13 @@ impl Run {
                 self.send_empty_waiter(&mut ep);
             }
             let no = ep.waiters.len();
-            let w_fair = if self.rng.percent(85) { fair } else { !fair };
+            // Set waiters keep the episode's kind, so that the other name never refuses one.
+            let set = ep.other.is_some() && self.rng.percent(40);
+            let w_fair = if set || self.rng.percent(85) {
+                fair
+            } else {
+                !fair
+            };
             let count = if limit >= 2 && self.rng.percent(15) {
                 2
             } else {
@@ -798,6 +826,35 @@ impl Run {
             if with_ticket {
                 args.push(b"WITHTICKET".to_vec());
             }
+            if let (true, Some(other)) = (set, &ep.other) {
+                let mut parts = [
+                    vec![
+                        name.clone(),
+                        limit.to_string().into_bytes(),
+                        count.to_string().into_bytes(),
+                    ],
+                    vec![other.clone(), b"4".to_vec(), b"1".to_vec()],
+                ];
+                if self.rng.percent(50) {
+                    parts.swap(0, 1);
+                }
+                args = vec![b"SEM.ACQUIREALL".to_vec(), b"2".to_vec()];
+                args.extend(parts.into_iter().flatten());
+                args.extend([
+                    lease_text(lease_ms),
+                    b"ID".to_vec(),
+                    id.clone(),
+                    b"WAIT".to_vec(),
+                    lease_text(wait_ms),
+                ]);
+                if w_fair {
+                    args.push(b"FAIR".to_vec());
+                }
+                if with_ticket {
+                    args.push(b"WITHTICKET".to_vec());
+                }
+                *self.stats.background.entry("set waiters").or_default() += 1;
+            }
             let waiter = Waiter {
                 no,
                 args,
@@ -816,6 +873,7 @@ impl Run {
                 destroyed: false,
                 checked: false,
                 for_empty: false,
+                set,
             };
             self.send_waiter(&mut ep, waiter);
         }
@@ -936,8 +994,13 @@ impl Run {
             destroyed: false,
             checked: false,
             for_empty: true,
+            set: false,
         };
-        *self.stats.background.entry("waiters for empty").or_default() += 1;
+        *self
+            .stats
+            .background
+            .entry("waiters for empty")
+            .or_default() += 1;
         self.send_waiter(ep, waiter);
     }
 
@@ -1011,8 +1074,11 @@ impl Run {
                 self.episode_fail(
                     ep,
                     "a wait for empty was answered wrong",
-                    &format!("{problem}
-the holders' lives: {}", lives.join(", ")),
+                    &format!(
+                        "{problem}
+the holders' lives: {}",
+                        lives.join(", ")
+                    ),
                 );
             }
         }
@@ -1168,8 +1234,13 @@ the holders' lives: {}",
         if self.world.fencing.armed && ep.fair_granted {
             self.world.fencing.moved.insert(ep.name.clone());
         }
+        let fair_set = ep.waiters.iter().any(|w| w.set && w.fair && w.granted());
+        if let (true, true, Some(other)) = (self.world.fencing.armed, fair_set, &ep.other) {
+            self.world.fencing.moved.insert(other.clone());
+        }
         for name in NAMES {
-            if ep.flushed || name.as_bytes() == ep.name.as_slice() || kind == "storm" {
+            let other = ep.other.as_deref() == Some(name.as_bytes());
+            if ep.flushed || name.as_bytes() == ep.name.as_slice() || other || kind == "storm" {
                 self.clean.remove(name.as_bytes());
             }
         }
@@ -1222,6 +1293,7 @@ the holders' lives: {}",
             dump: None,
             fair_granted: false,
             flushed: false,
+            other: None,
             pure: true,
         };
         let (now, replies, _) = self.episode_run(&mut ep, &[cmd(&["INFO", "sem"])]);
@@ -1291,6 +1363,7 @@ the holders' lives: {}",
                     destroyed: false,
                     checked: false,
                     for_empty: false,
+                    set: false,
                 };
                 self.send_waiter(&mut ep, waiter);
                 names_of.push(k);

@@ -485,7 +485,9 @@ fn parse_set(
             let [id] = rest else {
                 return Err(SemErr::Arity(cmd));
             };
-            SetOp::Release { id: identifier(id)? }
+            SetOp::Release {
+                id: identifier(id)?,
+            }
         }
         _ => {
             let [id, lease] = rest else {

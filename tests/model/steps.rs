@@ -4,8 +4,8 @@
 use super::keyspace::{Bytes, Keyspace, Value};
 use super::rng::Rng;
 use super::sem::{
-    counter_key, interpret, owner_key, parse_limit, permits_key, Call, Cmd, Interp, Op, SetCall,
-    SetOp,
+    counter_key, deadline_ms, interpret, owner_key, parse_limit, permits_key, Call, Cmd, Interp,
+    Op, SetCall, SetOp,
 };
 use super::wire::{cmd, show_command};
 
@@ -391,7 +391,7 @@ fn sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
                 ]);
             }
         }
-        "SEM.WAITEMPTY" => args.push(empty_timeout(rng, direct)),
+        "SEM.WAITEMPTY" => args.push(empty_timeout(rng, seen, &name, direct)),
         _ => {
             if rng.percent(50) {
                 args.push(spell(rng, "JSON"));
@@ -401,10 +401,23 @@ fn sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
     args
 }
 
-/// A SEM.WAITEMPTY timeout: short, since a direct call waits for real (never 0 there).
-fn empty_timeout(rng: &mut Rng, direct: bool) -> Bytes {
+/// A SEM.WAITEMPTY timeout: short, since a direct call waits for real (never 0 there); now
+/// and then just past the last lease of the name, so that the wait sees it end.
+fn empty_timeout(rng: &mut Rng, seen: &Seen, name: &[u8], direct: bool) -> Bytes {
     if !direct && rng.percent(25) {
         return word(rng, &["0", "0.000", "00"]);
+    }
+    let last = match seen.keys.get(name).map(|e| &e.value) {
+        Some(Value::ZSet(z)) => z.highest_score().map(deadline_ms),
+        _ => None,
+    };
+    if let Some(left) = last
+        .map(|at| at.saturating_sub(seen.now_ms))
+        .filter(|&l| (1..150).contains(&l))
+    {
+        if direct && rng.percent(60) {
+            return format!("0.{:03}", left + rng.range(2, 20)).into_bytes();
+        }
     }
     let ms = rng.range(1, if direct { 30 } else { 150 });
     format!("0.{ms:03}").into_bytes()
