@@ -1,6 +1,8 @@
 //! A randomized, seeded, model-based test against a real redis-server: long random sequences of
 //! SEM.* calls (every option: ID, WITHTICKET, COUNT, WAIT (blocking for real when sent on its
-//! own), BOUND; valid and invalid arguments; inside MULTI/EXEC and Lua scripts) interleaved
+//! own), BOUND; valid and invalid arguments; inside MULTI/EXEC and Lua scripts; the calls on a
+//! set of semaphores, SEM.ACQUIREALL (surveyed first, all or nothing), SEM.RELEASEALL and
+//! SEM.REFRESHALL; SEM.WAITEMPTY, blocking too) interleaved
 //! with what other clients and operators do to the same keys (deletions, renames, values of
 //! other types, foreign sorted-set entries with odd scores, foreign permits, expiries, garbage
 //! counters, FLUSHDB, active expiry switched off and on, time passing, the client's connection
@@ -18,7 +20,8 @@
 //! 7. the module remembers as many BOUND permits as the model (INFO sem, sem_bound_holders).
 //!
 //! Now and then a step is a background episode instead (tests/model/background.rs): clients on
-//! their own connections wait in SEM.ACQUIRE/ACQUIREFAIR ... WAIT on one name while the run goes
+//! their own connections wait in SEM.ACQUIRE/ACQUIREFAIR ... WAIT on one name (or in
+//! SEM.ACQUIREALL ... WAIT on it and a second one, or in SEM.WAITEMPTY) while the run goes
 //! on with that name's keys (other clients' reads and writes, releases, refreshes, time
 //! passing), their replies read later; or a timer storm, many leases ending in the same
 //! millisecond with waiters behind them. The module grants these waiters at instants no step

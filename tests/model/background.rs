@@ -1,5 +1,5 @@
 //! Steps with waiters in the background: clients on their own connections blocked in
-//! `SEM.ACQUIRE/ACQUIREFAIR ... WAIT`, read later, while the run goes on with the waited name's
+//! `SEM.ACQUIRE/ACQUIREFAIR ... WAIT` or in `SEM.WAITEMPTY`, read later, while the run goes on with the waited name's
 //! keys (other clients' reads and writes, releases, refreshes, leases running out); and a timer
 //! storm (many leases ending in the same millisecond, with waiters behind them).
 //!
@@ -21,7 +21,14 @@
 //!   (`sem_lines_served` stays put), when nothing else is due meanwhile;
 //! - no key is empty, and the keys stay readable;
 //! - in a storm, every waiter is granted, each lease starting at or after the deadline, and
-//!   the module's timer ran.
+//!   the module's timer ran;
+//! - a wait for empty answers 1 only when no holder was live at some instant of its wait, and
+//!   soon after the permits in use reached 0 (0 only if they never stayed at 0 before its
+//!   timeout, as far as the reads tell); it is answered 1 at once when another client deletes
+//!   the keys and nobody waits for permits; it holds no acquirer back (the arrival-order and
+//!   timing checks above run with it in the episode);
+//! - a set waiter (`SEM.ACQUIREALL` of the waited name and a fresh second one) is held to the
+//!   same line, limit and timing rules as a single waiter on the waited name.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -67,6 +74,10 @@ pub struct Waiter {
     /// Destructive steps (releases, other clients' writes) done since it was sent.
     pub destroyed: bool,
     pub checked: bool,
+    /// A SEM.WAITEMPTY waiter: it takes nothing, and waits in no line.
+    pub for_empty: bool,
+    /// A SEM.ACQUIREALL waiter: it also takes a permit of the episode's other semaphore.
+    pub set: bool,
 }
 
 impl Waiter {
@@ -74,7 +85,38 @@ impl Waiter {
         matches!(&self.answer, Some((reply, _)) if self.is_grant(reply))
     }
 
+    /// Its wait ended without what it waited for (nil, or 0 for a wait for empty).
+    fn timed_out(&self) -> bool {
+        let nothing = if self.for_empty {
+            Reply::Int(0)
+        } else {
+            Reply::Nil
+        };
+        matches!(&self.answer, Some((reply, _)) if *reply == nothing)
+    }
+
+    fn emptied(&self) -> bool {
+        self.for_empty && matches!(&self.answer, Some((Reply::Int(1), _)))
+    }
+
     fn is_grant(&self, reply: &Reply) -> bool {
+        if self.for_empty {
+            return false;
+        }
+        if self.set {
+            return match reply {
+                Reply::Bulk(id) => *id == self.id && !self.with_ticket,
+                Reply::Array(items) if self.with_ticket => match items.as_slice() {
+                    [Reply::Bulk(id), Reply::Array(tickets)] => {
+                        *id == self.id
+                            && tickets.len() == 2
+                            && tickets.iter().all(|t| matches!(t, Reply::Int(t) if *t > 0))
+                    }
+                    _ => false,
+                },
+                _ => false,
+            };
+        }
         match reply {
             Reply::Bulk(id) => *id == self.id && !self.with_ticket,
             Reply::Array(items) if self.with_ticket => {
@@ -145,6 +187,8 @@ struct Episode {
     dump: Option<Dump>,
     fair_granted: bool,
     flushed: bool,
+    /// A second semaphore, fresh, that set waiters take a permit of besides (limit 4).
+    other: Option<Bytes>,
     /// Only reads and time passing since the waiters came: nothing but a lease's end frees a
     /// permit, so when each waiter should be served is known.
     pure: bool,
@@ -294,13 +338,25 @@ impl Run {
         let (reply, _) = w.answer.clone().expect("an answer");
         let wait = w.wait_ms;
         let key = match &reply {
+            Reply::Int(1) if w.for_empty => "background emptied",
+            Reply::Int(0) if w.for_empty => "background not emptied",
+            reply if w.is_grant(reply) && w.set => "background set granted",
             reply if w.is_grant(reply) => "background granted",
             Reply::Nil => "background timed out",
             Reply::Err(e) if e.starts_with("WRONGTYPE") => "background WRONGTYPE",
             _ => "background refused (other kind)",
         };
         *self.stats.background.entry(key).or_default() += 1;
+        let for_empty = w.for_empty;
         let problem = match &reply {
+            Reply::Int(0) if for_empty && elapsed < wait - 2 => Some(format!(
+                "0 after {elapsed} ms, before its timeout of {wait} ms"
+            )),
+            Reply::Int(0 | 1) if for_empty => None,
+            Reply::Err(e) if for_empty && e.starts_with("WRONGTYPE") => None,
+            reply if for_empty => Some(format!(
+                "a reply that is no answer of a wait for empty: {reply}"
+            )),
             Reply::Nil if elapsed < wait - 2 => Some(format!(
                 "nil after {elapsed} ms, before its WAIT of {wait} ms"
             )),
@@ -529,8 +585,7 @@ impl Run {
             let w = &ep.waiters[i];
             // A wait that ends about now may end first.
             let may_end = w.since_hi + w.wait_ms <= t1 + 5;
-            let timed_out = matches!(w.answer, Some((Reply::Nil, _)));
-            if w.answer.is_none() || !(ok(w) || (may_end && timed_out)) {
+            if w.answer.is_none() || !(ok(w) || (may_end && w.timed_out())) {
                 let detail = format!("waiter #{} did not get {what} at once", w.no);
                 self.episode_fail(ep, "another client's change was not served", &detail);
             }
@@ -544,7 +599,10 @@ impl Run {
             self.take_answer(ep, i, None);
         }
         let pending: Vec<usize> = (0..ep.waiters.len())
-            .filter(|&i| ep.waiters[i].answer.is_none())
+            .filter(|&i| ep.waiters[i].answer.is_none() && !ep.waiters[i].for_empty)
+            .collect();
+        let empties: Vec<usize> = (0..ep.waiters.len())
+            .filter(|&i| ep.waiters[i].answer.is_none() && ep.waiters[i].for_empty)
             .collect();
         let far = (ep.last_read + 600_000).to_string().into_bytes();
         let members: Vec<Bytes> = ep
@@ -629,7 +687,13 @@ impl Run {
                 // One answered just before (not yet taken in) fits too: it was granted then.
                 self.expect_prompt(ep, &granted, t1, "a permit", |w| w.granted());
             }
-            "string" if !pending.is_empty() => {
+            // Nobody waits for permits: the semaphore is empty from the deletion on.
+            "wipe" if !empties.is_empty() => {
+                *self.stats.background.entry("wipes emptied").or_default() += 1;
+                self.expect_prompt(ep, &empties, t1, "1", |w| w.emptied());
+            }
+            "string" if !pending.is_empty() || !empties.is_empty() => {
+                let pending: Vec<usize> = pending.iter().chain(&empties).copied().collect();
                 *self
                     .stats
                     .background
@@ -638,6 +702,7 @@ impl Run {
                 // A grant answered just before the overwrite (not yet taken in) is no error.
                 self.expect_prompt(ep, &pending, t1, "WRONGTYPE", |w| {
                     w.granted()
+                        || w.emptied()
                         || matches!(&w.answer, Some((Reply::Err(e), _)) if e.starts_with("WRONGTYPE"))
                 });
             }
@@ -667,16 +732,19 @@ impl Run {
             dump: None,
             fair_granted: false,
             flushed: false,
+            other: None,
             pure: true,
         };
+        // Now and then a second name for set waiters (fresh too, so that it never stops one).
+        let others: Vec<&Bytes> = free.iter().filter(|n| **n != name).collect();
+        if !others.is_empty() && self.rng.percent(30) {
+            ep.other = Some((*self.rng.pick(&others)).clone());
+        }
         // A fresh semaphore, filled (mostly) by the main client.
-        let fresh = vec![
-            b"DEL".to_vec(),
-            name.clone(),
-            owner_key(&name),
-            counter_key(&name),
-            permits_key(&name),
-        ];
+        let mut fresh = vec![b"DEL".to_vec()];
+        for n in std::iter::once(&name).chain(&ep.other) {
+            fresh.extend([n.clone(), owner_key(n), counter_key(n), permits_key(n)]);
+        }
         self.episode_run(&mut ep, &[fresh]);
         let fills = if self.rng.percent(75) {
             limit
@@ -716,8 +784,18 @@ impl Run {
             );
         }
         self.episode_observe(&mut ep);
-        for no in 0..self.rng.range(1, 4) as usize {
-            let w_fair = if self.rng.percent(85) { fair } else { !fair };
+        for _ in 0..self.rng.range(1, 4) as usize {
+            if self.rng.percent(25) {
+                self.send_empty_waiter(&mut ep);
+            }
+            let no = ep.waiters.len();
+            // Set waiters keep the episode's kind, so that the other name never refuses one.
+            let set = ep.other.is_some() && self.rng.percent(40);
+            let w_fair = if set || self.rng.percent(85) {
+                fair
+            } else {
+                !fair
+            };
             let count = if limit >= 2 && self.rng.percent(15) {
                 2
             } else {
@@ -748,6 +826,35 @@ impl Run {
             if with_ticket {
                 args.push(b"WITHTICKET".to_vec());
             }
+            if let (true, Some(other)) = (set, &ep.other) {
+                let mut parts = [
+                    vec![
+                        name.clone(),
+                        limit.to_string().into_bytes(),
+                        count.to_string().into_bytes(),
+                    ],
+                    vec![other.clone(), b"4".to_vec(), b"1".to_vec()],
+                ];
+                if self.rng.percent(50) {
+                    parts.swap(0, 1);
+                }
+                args = vec![b"SEM.ACQUIREALL".to_vec(), b"2".to_vec()];
+                args.extend(parts.into_iter().flatten());
+                args.extend([
+                    lease_text(lease_ms),
+                    b"ID".to_vec(),
+                    id.clone(),
+                    b"WAIT".to_vec(),
+                    lease_text(wait_ms),
+                ]);
+                if w_fair {
+                    args.push(b"FAIR".to_vec());
+                }
+                if with_ticket {
+                    args.push(b"WITHTICKET".to_vec());
+                }
+                *self.stats.background.entry("set waiters").or_default() += 1;
+            }
             let waiter = Waiter {
                 no,
                 args,
@@ -765,8 +872,13 @@ impl Run {
                 start: None,
                 destroyed: false,
                 checked: false,
+                for_empty: false,
+                set,
             };
             self.send_waiter(&mut ep, waiter);
+        }
+        if self.rng.percent(30) {
+            self.send_empty_waiter(&mut ep);
         }
         *self.stats.background.entry("waiters").or_default() += ep.waiters.len() as u64;
 
@@ -851,13 +963,133 @@ impl Run {
         self.check_order(&ep);
         self.check_limit(&ep);
         self.check_timing(&ep);
+        self.check_empty(&ep);
         ep.fair_granted |= ep.waiters.iter().any(|w| w.fair && w.granted());
         self.end_episode(ep, "background");
+    }
+
+    /// A client that waits for the episode's semaphore to empty.
+    fn send_empty_waiter(&mut self, ep: &mut Episode) {
+        let wait_ms = self.rng.range(20, 250);
+        let args = vec![
+            b"SEM.WAITEMPTY".to_vec(),
+            ep.name.clone(),
+            lease_text(wait_ms),
+        ];
+        let waiter = Waiter {
+            no: ep.waiters.len(),
+            args,
+            id: Vec::new(),
+            fair: false,
+            count: 0,
+            lease_ms: 0,
+            wait_ms,
+            with_ticket: false,
+            since_lo: 0,
+            since_hi: 0,
+            sent_at: Instant::now(),
+            thread: None,
+            answer: None,
+            start: None,
+            destroyed: false,
+            checked: false,
+            for_empty: true,
+            set: false,
+        };
+        *self
+            .stats
+            .background
+            .entry("waiters for empty")
+            .or_default() += 1;
+        self.send_waiter(ep, waiter);
+    }
+
+    /// In a pure episode the holders' lives are known: a wait for empty answers 1 only if no
+    /// holder was live at some instant between its arrival and its answer, and soon after one
+    /// was; 0 only if the permits in use never stayed at 0 before its timeout. (A lease that
+    /// ends as a waiter for permits is granted leaves no instant at 0: that gap is allowed.)
+    fn check_empty(&mut self, ep: &Episode) {
+        let unknown = ep.waiters.iter().any(|w| w.granted() && w.start.is_none());
+        if !ep.pure || unknown {
+            return;
+        }
+        let spans: Vec<&Span> = ep.spans.values().collect();
+        let empty_at = |t: i64| !spans.iter().any(|s| s.start <= t && t < s.end);
+        // A lease that starts in the very millisecond may have started after the answer.
+        let maybe_empty = |t: i64| !spans.iter().any(|s| s.start < t && t < s.end);
+        // Empty from `t` for longer than the timer's latency: nothing fills it at once.
+        let stays_empty = |t: i64| {
+            empty_at(t)
+                && !spans
+                    .iter()
+                    .any(|s| s.start > t && s.start <= t + TIMING_MS)
+        };
+        for w in ep.waiters.iter().filter(|w| w.for_empty) {
+            let Some((reply, at)) = &w.answer else {
+                continue;
+            };
+            // The server's clock at the answer, about: the wait began at `since_lo` or later.
+            let answered = w.since_lo + at.duration_since(w.sent_at).as_millis() as i64;
+            let ends = |from: i64, to: i64| {
+                std::iter::once(from)
+                    .chain(spans.iter().map(|s| s.end))
+                    .filter(move |&t| t >= from && t <= to)
+            };
+            let first_empty = ends(w.since_hi, w.since_lo + w.wait_ms - TIMING_MS)
+                .filter(|&t| stays_empty(t))
+                .min();
+            *self
+                .stats
+                .background
+                .entry("waits for empty timed")
+                .or_default() += 1;
+            let problem = match reply {
+                Reply::Int(1) if !ends(w.since_lo, answered + TIMING_MS).any(maybe_empty) => Some(
+                    format!(
+                        "waiter #{} was answered 1 (at about {answered}), but a holder was live                          all along",
+                        w.no
+                    ),
+                ),
+                Reply::Int(1) => match first_empty {
+                    Some(e) if answered > e + PROMPT_MS as i64 => Some(format!(
+                        "waiter #{} was answered 1 at about {answered}, the semaphore was empty                          from {e}",
+                        w.no
+                    )),
+                    _ => None,
+                },
+                Reply::Int(0) => first_empty.map(|e| {
+                    format!(
+                        "waiter #{} timed out, but the semaphore was empty from {e}",
+                        w.no
+                    )
+                }),
+                _ => None,
+            };
+            if let Some(problem) = problem {
+                let lives: Vec<String> = ep
+                    .spans
+                    .iter()
+                    .map(|(id, s)| format!("{} {}..{} x{}", show(id), s.start, s.end, s.weight))
+                    .collect();
+                self.episode_fail(
+                    ep,
+                    "a wait for empty was answered wrong",
+                    &format!(
+                        "{problem}
+the holders' lives: {}",
+                        lives.join(", ")
+                    ),
+                );
+            }
+        }
     }
 
     /// Waiters are served in arrival order (one line per semaphore).
     fn check_order(&mut self, ep: &Episode) {
         for (i, a) in ep.waiters.iter().enumerate() {
+            if a.for_empty {
+                continue;
+            }
             for b in &ep.waiters[i + 1..] {
                 let Some(start_b) = b.start else { continue };
                 let problem = match (&a.answer, a.start) {
@@ -902,7 +1134,7 @@ impl Run {
             let Some((reply, _)) = &w.answer else {
                 continue;
             };
-            if matches!(reply, Reply::Err(_)) {
+            if w.for_empty || matches!(reply, Reply::Err(_)) {
                 // Refused at once: never in line.
                 continue;
             }
@@ -1002,8 +1234,13 @@ the holders' lives: {}",
         if self.world.fencing.armed && ep.fair_granted {
             self.world.fencing.moved.insert(ep.name.clone());
         }
+        let fair_set = ep.waiters.iter().any(|w| w.set && w.fair && w.granted());
+        if let (true, true, Some(other)) = (self.world.fencing.armed, fair_set, &ep.other) {
+            self.world.fencing.moved.insert(other.clone());
+        }
         for name in NAMES {
-            if ep.flushed || name.as_bytes() == ep.name.as_slice() || kind == "storm" {
+            let other = ep.other.as_deref() == Some(name.as_bytes());
+            if ep.flushed || name.as_bytes() == ep.name.as_slice() || other || kind == "storm" {
                 self.clean.remove(name.as_bytes());
             }
         }
@@ -1056,6 +1293,7 @@ the holders' lives: {}",
             dump: None,
             fair_granted: false,
             flushed: false,
+            other: None,
             pure: true,
         };
         let (now, replies, _) = self.episode_run(&mut ep, &[cmd(&["INFO", "sem"])]);
@@ -1124,6 +1362,8 @@ the holders' lives: {}",
                     start: None,
                     destroyed: false,
                     checked: false,
+                    for_empty: false,
+                    set: false,
                 };
                 self.send_waiter(&mut ep, waiter);
                 names_of.push(k);

@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 
 use super::keyspace::{compare, logical_view, show_keys, Bytes, Dump, Keyspace, Value};
 use super::ops;
-use super::sem::{arity_text, execute, interpret, Call, Client, Interp, Op, World};
+use super::sem::{
+    arity_text, execute, execute_set, interpret, Call, Client, Interp, Op, SetCall, SetOp, World,
+};
 use super::steps::Step;
 use super::wire::{fits, Reply};
 
@@ -22,7 +24,8 @@ enum Action {
     Sem {
         interp: Interp,
         new_id: Bytes,
-        /// A direct call with `WAIT ms` (ms > 0): a full semaphore blocks the caller.
+        /// A direct call with `WAIT ms` or a SEM.WAITEMPTY timeout (ms > 0): a full semaphore
+        /// (or, for SEM.WAITEMPTY, one with a holder) blocks the caller.
         wait_ms: Option<i64>,
         client: Client,
     },
@@ -62,6 +65,17 @@ fn sem_outcome(
                     Reply::Err(err.text()),
                     world.clone(),
                     format!("error: {}", err.label()),
+                ),
+            }
+        }
+        Interp::Set(set) => {
+            let mut after = world.clone();
+            match execute_set(&mut after, set, now, new_id, client) {
+                Ok((reply, effect)) => (reply, after, format!("{effect:?}")),
+                Err(err) => (
+                    Reply::Err(err.text()),
+                    world.clone(),
+                    format!("error: {} (set)", err.label()),
                 ),
             }
         }
@@ -108,7 +122,7 @@ impl Action {
                 client,
                 ..
             } => {
-                let times = if matches!(interp, Interp::Call(_)) {
+                let times = if matches!(interp, Interp::Call(_) | Interp::Set(_)) {
                     t_min..=t1
                 } else {
                     t_min..=t_min
@@ -185,10 +199,44 @@ fn give_back(world: &World, now: i64) -> World {
     after
 }
 
-/// A direct acquire with WAIT: tried at once; when full, the caller waits while the module's
-/// timer tries again (at lease ends: here, at any later instant), each try removing the expired
-/// holders, until a try grants the permit or fails, or the wait ends (nil). The timer's tries
-/// run outside any command, so keys whose expiry passed are gone for them.
+/// What a blocked caller waits for.
+#[derive(Clone, Copy, PartialEq)]
+enum Blocked {
+    /// A single acquire: the timer's tries remove expired holders, and a head of the line of
+    /// the other kind keeps waiting.
+    Single,
+    /// A set acquire: a try that does not fit everywhere changes nothing; an error ends it.
+    Set,
+    /// SEM.WAITEMPTY: answered 1 once no live holder is left, 0 at its timeout.
+    Empty,
+}
+
+impl Blocked {
+    fn of(interp: &Interp) -> Blocked {
+        match interp {
+            Interp::Set(_) => Blocked::Set,
+            Interp::Call(Call {
+                op: Op::WaitEmpty { .. },
+                ..
+            }) => Blocked::Empty,
+            _ => Blocked::Single,
+        }
+    }
+
+    /// The reply of a try that leaves the caller waiting.
+    fn waiting(self) -> Reply {
+        match self {
+            Blocked::Empty => Reply::Int(0),
+            _ => Reply::Nil,
+        }
+    }
+}
+
+/// A direct acquire with WAIT (or SEM.WAITEMPTY): tried at once; when full, the caller waits
+/// while the module's timer tries again (at lease ends: here, at any later instant), each try
+/// of a single acquire removing the expired holders, until a try grants the permit (finds the
+/// semaphore empty) or fails, or the wait ends (nil, 0). The timer's tries run outside any
+/// command, so keys whose expiry passed are gone for them.
 #[allow(clippy::too_many_arguments)]
 fn blocking_outcomes(
     interp: &Interp,
@@ -200,13 +248,14 @@ fn blocking_outcomes(
     t1: i64,
     spent: &mut usize,
 ) -> Vec<Outcome> {
+    let blocked = Blocked::of(interp);
     let mut finals = Vec::new();
     let mut waiting: Vec<(World, i64)> = Vec::new();
     let mut todo: Vec<usize> = Vec::new();
     for t in t_min..=t1 {
         *spent += 1;
         let (reply, after, label) = sem_outcome(interp, new_id, Client::Main, world, t);
-        if reply == Reply::Nil {
+        if reply == blocked.waiting() {
             todo.extend(add_state(&mut waiting, after, t));
         } else {
             finals.push((reply, after, label, t));
@@ -222,25 +271,44 @@ fn blocking_outcomes(
             let view = state.with_keys(logical_view(&state.keys, t));
             let (reply, mut after, label) = sem_outcome(interp, new_id, Client::Main, &view, t);
             // A try of the timer that finds the holder set gone forgets the semaphore's
-            // bindings (their permits went with it), even when it ends in an error.
-            if let (Reply::Err(_), Interp::Call(call)) = (&reply, interp) {
-                if !view.keys.contains_key(&call.name) {
-                    after.bindings.retain(|(name, _), _| *name != call.name);
+            // bindings (their permits went with it), even when it ends in an error or (for a
+            // wait for empty, which reads only) answers.
+            let names: Vec<&Bytes> = match interp {
+                Interp::Call(call) => vec![&call.name],
+                Interp::Set(SetCall { names, .. }) => names.iter().collect(),
+                _ => vec![],
+            };
+            let forgets = match blocked {
+                Blocked::Empty => reply != Reply::Int(0),
+                _ => matches!(reply, Reply::Err(_)),
+            };
+            if forgets {
+                for gone in names.into_iter().filter(|n| !view.keys.contains_key(*n)) {
+                    after.bindings.retain(|(name, _), _| name != gone);
                 }
             }
             match reply {
                 // The head of the line does not fit yet: it keeps waiting, nothing changed.
                 Reply::Err(text)
-                    if text.contains("live fair holders")
-                        || text.contains("live plain holders") => {}
-                Reply::Nil => todo.extend(add_state(&mut waiting, after, t)),
+                    if blocked == Blocked::Single
+                        && (text.contains("live fair holders")
+                            || text.contains("live plain holders")) => {}
+                Reply::Nil if blocked == Blocked::Single => {
+                    todo.extend(add_state(&mut waiting, after, t))
+                }
+                // Nothing changes while a set or a wait for empty keeps waiting.
+                reply if reply == blocked.waiting() => {}
                 reply => finals.push((reply, after, format!("{label} after waiting"), t)),
             }
         }
     }
     if t1 >= t0 + wait_ms {
         for (state, t) in waiting {
-            finals.push((Reply::Nil, state, "Full: waited, timed out".into(), t));
+            let label = match blocked {
+                Blocked::Empty => "NotEmpty: waited, timed out",
+                _ => "Full: waited, timed out",
+            };
+            finals.push((blocked.waiting(), state, label.into(), t));
         }
     }
     finals
@@ -299,6 +367,16 @@ fn plan(step: &Step, replies: &[Reply]) -> Result<Plan, String> {
         let wait_ms = match &interp {
             Interp::Call(Call {
                 op: Op::Acquire {
+                    wait_ms: Some(ms), ..
+                },
+                ..
+            })
+            | Interp::Call(Call {
+                op: Op::WaitEmpty { wait_ms: ms },
+                ..
+            })
+            | Interp::Set(SetCall {
+                op: SetOp::Acquire {
                     wait_ms: Some(ms), ..
                 },
                 ..

@@ -30,15 +30,23 @@ pub enum Cmd {
     Refresh,
     Release,
     Get,
+    WaitEmpty,
+    AcquireAll,
+    ReleaseAll,
+    RefreshAll,
 }
 
 impl Cmd {
-    pub const ALL: [Cmd; 5] = [
+    pub const ALL: [Cmd; 9] = [
         Cmd::Acquire,
         Cmd::AcquireFair,
         Cmd::Refresh,
         Cmd::Release,
         Cmd::Get,
+        Cmd::WaitEmpty,
+        Cmd::AcquireAll,
+        Cmd::ReleaseAll,
+        Cmd::RefreshAll,
     ];
 
     pub fn lower(self) -> &'static str {
@@ -48,6 +56,20 @@ impl Cmd {
             Cmd::Refresh => "sem.refresh",
             Cmd::Release => "sem.release",
             Cmd::Get => "sem.get",
+            Cmd::WaitEmpty => "sem.waitempty",
+            Cmd::AcquireAll => "sem.acquireall",
+            Cmd::ReleaseAll => "sem.releaseall",
+            Cmd::RefreshAll => "sem.refreshall",
+        }
+    }
+
+    /// For a command on a set of semaphores, how far apart its names are (a name, limit and
+    /// count each for SEM.ACQUIREALL).
+    pub fn set_step(self) -> Option<usize> {
+        match self {
+            Cmd::AcquireAll => Some(3),
+            Cmd::ReleaseAll | Cmd::RefreshAll => Some(1),
+            _ => None,
         }
     }
 
@@ -62,8 +84,11 @@ impl Cmd {
     fn redis_min_args(self) -> usize {
         match self {
             Cmd::Acquire | Cmd::AcquireFair | Cmd::Refresh => 4,
-            Cmd::Release => 3,
+            Cmd::Release | Cmd::WaitEmpty => 3,
             Cmd::Get => 2,
+            Cmd::AcquireAll => 6,
+            Cmd::ReleaseAll => 4,
+            Cmd::RefreshAll => 5,
         }
     }
 }
@@ -78,6 +103,9 @@ pub enum SemErr {
     InvalidLimit,
     InvalidLease,
     InvalidWait,
+    InvalidTimeout,
+    InvalidNumsems,
+    NamedTwice,
     InvalidCount,
     InvalidReleaseCount,
     BoundInScript,
@@ -104,6 +132,15 @@ impl SemErr {
                 .into(),
             SemErr::InvalidWait => "ERR WAIT must be a number of seconds from 0 (no limit) to \
                                     31536000, with at most 3 decimals"
+                .into(),
+            SemErr::InvalidTimeout => "ERR timeout must be a number of seconds from 0 (no \
+                                       limit) to 31536000, with at most 3 decimals"
+                .into(),
+            SemErr::InvalidNumsems => "ERR numsems must be an integer from 1 to 64, followed by \
+                                       that many semaphores"
+                .into(),
+            SemErr::NamedTwice => "ERR a semaphore is named twice, or one name is another's \
+                                   key (<name>:owner, <name>:counter, <name>:permits)"
                 .into(),
             SemErr::InvalidCount => {
                 "ERR COUNT must be an integer from 1 to the limit (at most 4294967295)".into()
@@ -154,6 +191,9 @@ impl SemErr {
             SemErr::InvalidLimit => "limit",
             SemErr::InvalidLease => "lease",
             SemErr::InvalidWait => "wait",
+            SemErr::InvalidTimeout => "timeout",
+            SemErr::InvalidNumsems => "numsems",
+            SemErr::NamedTwice => "named twice",
             SemErr::InvalidCount => "count",
             SemErr::InvalidReleaseCount => "release count",
             SemErr::BoundInScript => "BOUND in a script",
@@ -206,6 +246,39 @@ pub enum Op {
     Get {
         json: bool,
     },
+    /// SEM.WAITEMPTY: `wait_ms` 0 is no limit.
+    WaitEmpty {
+        wait_ms: i64,
+    },
+}
+
+/// What a call on a set of semaphores does, once its arguments are read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SetOp {
+    Acquire {
+        /// Per name: the limit and the count.
+        asks: Vec<(u64, u64)>,
+        lease_ms: i64,
+        id: Option<Bytes>,
+        fair: bool,
+        with_ticket: bool,
+        wait_ms: Option<i64>,
+        bound: bool,
+    },
+    Release {
+        id: Bytes,
+    },
+    Refresh {
+        id: Bytes,
+        lease_ms: i64,
+    },
+}
+
+/// SEM.ACQUIREALL, SEM.RELEASEALL or SEM.REFRESHALL on `names`, in the order named.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SetCall {
+    pub names: Vec<Bytes>,
+    pub op: SetOp,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -223,6 +296,7 @@ pub enum Interp {
     /// Refused by the module's argument checks.
     Refused(SemErr),
     Call(Call),
+    Set(SetCall),
 }
 
 fn digits_value(digits: &[u8]) -> Option<u64> {
@@ -286,6 +360,9 @@ pub fn parse_permits(field: &[u8], value: &[u8]) -> Option<u64> {
 
 pub fn interpret(args: &[Bytes]) -> Interp {
     let cmd = Cmd::from_name(&args[0]).expect("a SEM.* command");
+    if let Some(step) = cmd.set_step() {
+        return interpret_set(cmd, step, args);
+    }
     let seen_by_redis = if args.len() >= 2 {
         args.len() + DERIVED.len()
     } else {
@@ -298,6 +375,130 @@ pub fn interpret(args: &[Bytes]) -> Interp {
         Ok(call) => Interp::Call(call),
         Err(err) => Interp::Refused(err),
     }
+}
+
+/// `numsems`: one or two digits, from 1 to 64.
+fn parse_numsems(arg: &[u8]) -> Option<usize> {
+    if arg.is_empty() || arg.len() > 2 {
+        return None;
+    }
+    digits_value(arg)
+        .map(|n| n as usize)
+        .filter(|n| (1..=64).contains(n))
+}
+
+/// A set command: the filter appends each name's three keys only when `numsems` is valid and
+/// the arguments reach its last name; Redis's arity check sees them.
+fn interpret_set(cmd: Cmd, step: usize, args: &[Bytes]) -> Interp {
+    let n = args.get(1).and_then(|a| parse_numsems(a));
+    let appended = n.filter(|n| 2 + (n - 1) * step < args.len());
+    let seen_by_redis = args.len() + appended.map_or(0, |n| n * DERIVED.len());
+    if seen_by_redis < cmd.redis_min_args() {
+        return Interp::RedisArity(cmd);
+    }
+    match parse_set(cmd, step, n, appended.is_some(), args) {
+        Ok(set) => Interp::Set(set),
+        Err(err) => Interp::Refused(err),
+    }
+}
+
+/// Whether two names of one call would share a key.
+fn clash(a: &[u8], b: &[u8]) -> bool {
+    a == b
+        || DERIVED
+            .iter()
+            .any(|s| a == [b, s].concat().as_slice() || b == [a, s].concat().as_slice())
+}
+
+fn parse_set(
+    cmd: Cmd,
+    step: usize,
+    n: Option<usize>,
+    appended: bool,
+    args: &[Bytes],
+) -> Result<SetCall, SemErr> {
+    let n = n.ok_or(SemErr::InvalidNumsems)?;
+    let positions: Vec<usize> = (0..n).map(|i| 2 + i * step).collect();
+    // Without the appended keys the module finds no name where it looks for one.
+    if !appended || positions[n - 1] + step > args.len() {
+        return Err(SemErr::Arity(cmd));
+    }
+    let mut names: Vec<Bytes> = Vec::new();
+    for &pos in &positions {
+        let name = &args[pos];
+        if name.is_empty() {
+            return Err(SemErr::EmptyName);
+        }
+        if names.iter().any(|other| clash(other, name)) {
+            return Err(SemErr::NamedTwice);
+        }
+        names.push(name.clone());
+    }
+    let rest = &args[positions[n - 1] + step..];
+    let op = match cmd {
+        Cmd::AcquireAll => {
+            let mut asks = Vec::new();
+            for &pos in &positions {
+                let limit = parse_limit(&args[pos + 1]).ok_or(SemErr::InvalidLimit)?;
+                let count = parse_limit(&args[pos + 2])
+                    .filter(|&c| c <= limit)
+                    .ok_or(SemErr::InvalidCount)?;
+                asks.push((limit, count));
+            }
+            let [lease, options @ ..] = rest else {
+                return Err(SemErr::Arity(cmd));
+            };
+            let lease_ms = parse_lease_ms(lease).ok_or(SemErr::InvalidLease)?;
+            let (mut id, mut fair, mut with_ticket, mut bound) = (None, false, false, false);
+            let mut wait_ms = None;
+            let mut options = options.iter();
+            while let Some(option) = options.next() {
+                if option.eq_ignore_ascii_case(b"ID") && id.is_none() {
+                    id = Some(identifier(options.next().ok_or(SemErr::Syntax)?)?);
+                } else if option.eq_ignore_ascii_case(b"FAIR") && !fair {
+                    fair = true;
+                } else if option.eq_ignore_ascii_case(b"WITHTICKET") && !with_ticket {
+                    with_ticket = true;
+                } else if option.eq_ignore_ascii_case(b"BOUND") && !bound {
+                    bound = true;
+                } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
+                    let value = options.next().ok_or(SemErr::Syntax)?;
+                    wait_ms = Some(parse_wait_ms(value).ok_or(SemErr::InvalidWait)?);
+                } else {
+                    return Err(SemErr::Syntax);
+                }
+            }
+            if with_ticket && !fair {
+                return Err(SemErr::Syntax);
+            }
+            SetOp::Acquire {
+                asks,
+                lease_ms,
+                id,
+                fair,
+                with_ticket,
+                wait_ms,
+                bound,
+            }
+        }
+        Cmd::ReleaseAll => {
+            let [id] = rest else {
+                return Err(SemErr::Arity(cmd));
+            };
+            SetOp::Release {
+                id: identifier(id)?,
+            }
+        }
+        _ => {
+            let [id, lease] = rest else {
+                return Err(SemErr::Arity(cmd));
+            };
+            let id = identifier(id)?;
+            let lease_ms = parse_lease_ms(lease).ok_or(SemErr::InvalidLease)?;
+            SetOp::Refresh { id, lease_ms }
+        }
+    };
+    Ok(SetCall { names, op })
 }
 
 fn identifier(id: &[u8]) -> Result<Bytes, SemErr> {
@@ -404,6 +605,14 @@ fn parse_call(cmd: Cmd, args: &[Bytes]) -> Result<Call, SemErr> {
             [option] if option.eq_ignore_ascii_case(b"JSON") => Op::Get { json: true },
             _ => return Err(SemErr::Syntax),
         },
+        Cmd::WaitEmpty => {
+            let [seconds] = rest else {
+                return Err(SemErr::Arity(cmd));
+            };
+            let wait_ms = parse_wait_ms(seconds).ok_or(SemErr::InvalidTimeout)?;
+            Op::WaitEmpty { wait_ms }
+        }
+        Cmd::AcquireAll | Cmd::ReleaseAll | Cmd::RefreshAll => unreachable!("a set command"),
     };
     Ok(Call { name, op })
 }
@@ -868,6 +1077,16 @@ pub enum Effect {
     Lost,
     /// REFRESH or RELEASE of an identifier that held nothing.
     Absent,
+    /// SEM.WAITEMPTY: the semaphore had no live holder, or had one.
+    Empty,
+    NotEmpty,
+    /// SEM.ACQUIREALL granted (some of it may renew), or refused.
+    SetGranted,
+    SetFull,
+    /// SEM.RELEASEALL or SEM.REFRESHALL, by how many semaphores the identifier held.
+    SetNoneHeld,
+    SetSomeHeld,
+    SetAllHeld,
 }
 
 /// Runs `call` at module time `now` on `world`, from `client`. An error changes nothing.
@@ -886,7 +1105,8 @@ pub fn execute(
     }
     // A write that finds the holder set missing (its key expired, or another client deleted
     // it) ends every binding of the semaphore: their permits are gone.
-    let holders_gone = !matches!(call.op, Op::Get { .. }) && !world.keys.contains_key(&call.name);
+    let holders_gone = !matches!(call.op, Op::Get { .. } | Op::WaitEmpty { .. })
+        && !world.keys.contains_key(&call.name);
     let mut removed = Vec::new();
     let (reply, effect, bind) = rules(world, call, now, new_id, &mut removed)?;
     // The permits this call removed are no longer bound; one it granted with BOUND is (even
@@ -1103,6 +1323,9 @@ fn rules(
             Ok((Reply::Int(1), Effect::Released, None))
         }
         Op::Get { json: false } => Ok((Reply::Int(survey.in_use() as i64), Effect::Counted, None)),
+        // The answer at this instant (a direct call that finds a holder waits: predict.rs).
+        Op::WaitEmpty { .. } if survey.in_use() == 0 => Ok((Reply::Int(1), Effect::Empty, None)),
+        Op::WaitEmpty { .. } => Ok((Reply::Int(0), Effect::NotEmpty, None)),
         Op::Get { json: true } => {
             let fair = survey.kind == Some(Kind::Fair);
             let counter = read_counter(keys, &counter)?;
@@ -1154,4 +1377,128 @@ fn rules(
             Ok((Reply::Json(doc), Effect::Described, None))
         }
     }
+}
+
+/// Runs a call on a set of semaphores at module time `now`. Every key is opened (a wrong type
+/// anywhere is the error) before the first change; an acquire surveys every semaphore first
+/// and changes nothing unless each would grant, then grants each as a single acquire with
+/// COUNT would. An error changes nothing.
+pub fn execute_set(
+    world: &mut World,
+    set: &SetCall,
+    now: i64,
+    new_id: &[u8],
+    client: Client,
+) -> Result<(Reply, Effect), SemErr> {
+    if let SetOp::Acquire { bound: true, .. } = set.op {
+        if client == Client::Script {
+            return Err(SemErr::BoundInScript);
+        }
+    }
+    for name in &set.names {
+        check_type(&world.keys, name, "zset")?;
+        check_type(&world.keys, &owner_key(name), "zset")?;
+        check_type(&world.keys, &permits_key(name), "hash")?;
+    }
+    let calls: Vec<Call> = match &set.op {
+        SetOp::Acquire {
+            asks,
+            lease_ms,
+            id,
+            fair,
+            bound,
+            ..
+        } => set
+            .names
+            .iter()
+            .zip(asks)
+            .map(|(name, &(limit, count))| Call {
+                name: name.clone(),
+                op: Op::Acquire {
+                    kind: if *fair { Kind::Fair } else { Kind::Plain },
+                    limit,
+                    lease_ms: *lease_ms,
+                    id: id.clone(),
+                    // Asked for every grant, so that its ticket is known.
+                    with_ticket: true,
+                    wait_ms: None,
+                    bound: *bound,
+                    count: Some(count),
+                },
+            })
+            .collect(),
+        SetOp::Release { id } => set
+            .names
+            .iter()
+            .map(|name| Call {
+                name: name.clone(),
+                op: Op::Release {
+                    id: id.clone(),
+                    count: None,
+                },
+            })
+            .collect(),
+        SetOp::Refresh { id, lease_ms } => set
+            .names
+            .iter()
+            .map(|name| Call {
+                name: name.clone(),
+                op: Op::Refresh {
+                    id: id.clone(),
+                    lease_ms: *lease_ms,
+                },
+            })
+            .collect(),
+    };
+    if let SetOp::Acquire { .. } = set.op {
+        // The survey: each semaphore alone, as if it were the only one; its error is the
+        // call's, even after another's refusal.
+        let mut all = true;
+        for call in &calls {
+            let mut probe = world.clone();
+            let (reply, _) = execute(&mut probe, call, now, new_id, client)?;
+            all &= reply != Reply::Nil;
+        }
+        if !all {
+            return Ok((Reply::Nil, Effect::SetFull));
+        }
+    }
+    let mut after = world.clone();
+    let mut replies = Vec::new();
+    for call in &calls {
+        replies.push(execute(&mut after, call, now, new_id, client)?.0);
+    }
+    *world = after;
+    Ok(match &set.op {
+        SetOp::Acquire {
+            id, with_ticket, ..
+        } => {
+            let id = match id {
+                Some(id) => Reply::Bulk(id.clone()),
+                None => Reply::NewId(new_id.to_vec()),
+            };
+            let tickets: Vec<Reply> = replies
+                .into_iter()
+                .map(|r| match r {
+                    Reply::Array(items) => items[1].clone(),
+                    _ => Reply::Int(0),
+                })
+                .collect();
+            let reply = if *with_ticket {
+                Reply::Array(vec![id, Reply::Array(tickets)])
+            } else {
+                id
+            };
+            (reply, Effect::SetGranted)
+        }
+        _ => {
+            let held = replies.iter().filter(|r| **r == Reply::Int(1)).count();
+            let effect = match held {
+                0 => Effect::SetNoneHeld,
+                n if n == set.names.len() => Effect::SetAllHeld,
+                _ => Effect::SetSomeHeld,
+            };
+            (Reply::Int(held as i64), effect)
+        }
+    })
 }

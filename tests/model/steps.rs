@@ -3,7 +3,10 @@
 
 use super::keyspace::{Bytes, Keyspace, Value};
 use super::rng::Rng;
-use super::sem::{counter_key, interpret, owner_key, parse_limit, permits_key, Call, Interp, Op};
+use super::sem::{
+    counter_key, deadline_ms, interpret, owner_key, parse_limit, permits_key, Call, Cmd, Interp,
+    Op, SetCall, SetOp,
+};
 use super::wire::{cmd, show_command};
 
 /// The semaphore names: few, so that steps collide. The last one has a hash tag.
@@ -12,16 +15,23 @@ pub const NAMES: [&str; 3] = ["a", "b", "{c}x"];
 pub const IDS: [&[u8]; 5] = [b"i0", b"i1", b"i2", b"i3", b"\xffz"];
 
 /// Runs up to two SEM.* calls on the name KEYS[1]. ARGV: the number of calls, then per call its
-/// argument count and arguments (command name first, the name left out).
+/// argument count and arguments (command name first, the name left out). A negative count
+/// passes a call's arguments as they are (a call on a set of semaphores names its own).
 pub const EVAL_SCRIPT: &str = r#"
 local out = {}
 local pos = 2
 for c = 1, tonumber(ARGV[1]) do
   local argc = tonumber(ARGV[pos])
+  local whole = argc < 0
+  if whole then argc = -argc end
   local args = {}
   for j = 1, argc do args[j] = ARGV[pos + j] end
   pos = pos + argc + 1
-  out[c] = redis.pcall(args[1], KEYS[1], unpack(args, 2))
+  if whole then
+    out[c] = redis.pcall(unpack(args))
+  else
+    out[c] = redis.pcall(args[1], KEYS[1], unpack(args, 2))
+  end
 end
 if #out == 1 then return out[1] end
 return out
@@ -68,9 +78,21 @@ impl Step {
             }
             Step::Eval(calls) => {
                 let mut args = cmd(&["EVAL", EVAL_SCRIPT, "1"]);
-                args.push(calls[0][1].clone());
+                // KEYS[1]: the name of the first call on one semaphore, else a set's first.
+                let key = calls
+                    .iter()
+                    .find(|c| !is_set(c))
+                    .map(|c| c[1].clone())
+                    .or_else(|| calls[0].get(2).cloned())
+                    .unwrap_or_default();
+                args.push(key);
                 args.push(calls.len().to_string().into_bytes());
                 for call in calls {
+                    if is_set(call) {
+                        args.push(format!("-{}", call.len()).into_bytes());
+                        args.extend(call.iter().cloned());
+                        continue;
+                    }
                     let rest: Vec<&Bytes> = std::iter::once(&call[0]).chain(&call[2..]).collect();
                     args.push(rest.len().to_string().into_bytes());
                     args.extend(rest.into_iter().cloned());
@@ -153,6 +175,11 @@ impl Seen<'_> {
             _ => Vec::new(),
         }
     }
+}
+
+/// Whether `args` call a command on a set of semaphores.
+pub fn is_set(args: &[Bytes]) -> bool {
+    Cmd::from_name(&args[0]).is_some_and(|c| c.set_step().is_some())
 }
 
 fn b(s: &str) -> Bytes {
@@ -311,7 +338,12 @@ fn sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
         (15, "SEM.REFRESH"),
         (14, "SEM.RELEASE"),
         (11, "SEM.GET"),
+        (if direct { 3 } else { 6 }, "SEM.WAITEMPTY"),
+        (14, "set"),
     ]);
+    if which == "set" {
+        return set_command(rng, seen, direct);
+    }
     let mut args = vec![spell(rng, which), name.clone()];
     match which {
         "SEM.ACQUIRE" | "SEM.ACQUIREFAIR" => {
@@ -359,6 +391,7 @@ fn sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
                 ]);
             }
         }
+        "SEM.WAITEMPTY" => args.push(empty_timeout(rng, seen, &name, direct)),
         _ => {
             if rng.percent(50) {
                 args.push(spell(rng, "JSON"));
@@ -368,9 +401,181 @@ fn sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
     args
 }
 
+/// A SEM.WAITEMPTY timeout: short, since a direct call waits for real (never 0 there); now
+/// and then just past the last lease of the name, so that the wait sees it end.
+fn empty_timeout(rng: &mut Rng, seen: &Seen, name: &[u8], direct: bool) -> Bytes {
+    if !direct && rng.percent(25) {
+        return word(rng, &["0", "0.000", "00"]);
+    }
+    let last = match seen.keys.get(name).map(|e| &e.value) {
+        Some(Value::ZSet(z)) => z.highest_score().map(deadline_ms),
+        _ => None,
+    };
+    if let Some(left) = last
+        .map(|at| at.saturating_sub(seen.now_ms))
+        .filter(|&l| (1..150).contains(&l))
+    {
+        if direct && rng.percent(60) {
+            return format!("0.{:03}", left + rng.range(2, 20)).into_bytes();
+        }
+    }
+    let ms = rng.range(1, if direct { 30 } else { 150 });
+    format!("0.{ms:03}").into_bytes()
+}
+
+/// 1 to 3 of the names, distinct, in a random order.
+fn set_names(rng: &mut Rng) -> Vec<Bytes> {
+    let mut names: Vec<Bytes> = NAMES.iter().map(|n| b(n)).collect();
+    for i in (1..names.len()).rev() {
+        let j = rng.below(i + 1);
+        names.swap(i, j);
+    }
+    names.truncate(rng.weighted(&[(2, 1), (5, 2), (3, 3)]));
+    names
+}
+
+/// A well-formed SEM.ACQUIREALL, SEM.RELEASEALL or SEM.REFRESHALL on some of the names.
+fn set_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
+    let names = set_names(rng);
+    // Mostly the kind the semaphores already have.
+    let fair_now = names
+        .iter()
+        .any(|n| !seen.members(&owner_key(n)).is_empty());
+    let which = rng.weighted(&[
+        (60, "SEM.ACQUIREALL"),
+        (22, "SEM.RELEASEALL"),
+        (18, "SEM.REFRESHALL"),
+    ]);
+    let mut args = vec![spell(rng, which), names.len().to_string().into_bytes()];
+    let id = identifier(rng, seen, &names[0]);
+    match which {
+        "SEM.ACQUIREALL" => {
+            for name in &names {
+                let limit_text = limit(rng);
+                let limit = parse_limit(&limit_text).unwrap_or(1) as i64;
+                let count = rng.range(1, limit.min(3));
+                args.extend([name.clone(), limit_text, count.to_string().into_bytes()]);
+            }
+            args.push(lease(rng));
+            let fair = rng.percent(if fair_now { 80 } else { 40 });
+            let mut options: Vec<Vec<Bytes>> = Vec::new();
+            if rng.percent(75) {
+                options.push(vec![spell(rng, "ID"), id]);
+            }
+            if fair {
+                options.push(vec![spell(rng, "FAIR")]);
+                if rng.percent(50) {
+                    options.push(vec![spell(rng, "WITHTICKET")]);
+                }
+            }
+            if rng.percent(if direct { 8 } else { 20 }) {
+                options.push(vec![spell(rng, "WAIT"), wait_value(rng, direct)]);
+            }
+            if rng.percent(20) {
+                options.push(vec![spell(rng, "BOUND")]);
+            }
+            for i in (1..options.len()).rev() {
+                let j = rng.below(i + 1);
+                options.swap(i, j);
+            }
+            args.extend(options.into_iter().flatten());
+        }
+        "SEM.RELEASEALL" => {
+            args.extend(names);
+            args.push(id);
+        }
+        _ => {
+            args.extend(names);
+            args.push(id);
+            args.push(lease(rng));
+        }
+    }
+    args
+}
+
+/// A set command broken in one way (or, by chance, still valid). Every name stays in the
+/// model's universe, or the call names one twice (an error before any key is opened).
+fn broken_set_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
+    let mut args = set_command(rng, seen, direct);
+    let acquire = args[0].eq_ignore_ascii_case(b"SEM.ACQUIREALL");
+    let n = args[1][0] - b'0';
+    let last_name = 2 + (n as usize - 1) * if acquire { 3 } else { 1 };
+    match rng.below(14) {
+        0 => args[1] = word(rng, &["0", "65", "", "x", "-1", "1.0", "007", " 1"]),
+        1 => args[1] = (n + 1).to_string().into_bytes(),
+        2 if n > 1 => args[1] = (n - 1).to_string().into_bytes(),
+        3 => {
+            // A name given twice, or another's derived key.
+            let first = args[2].clone();
+            let other = match rng.below(4) {
+                0 => first.clone(),
+                1 => owner_key(&first),
+                2 => counter_key(&first),
+                _ => permits_key(&first),
+            };
+            args[last_name] = other;
+            if n == 1 {
+                args[1] = b("2");
+                let at = last_name + if acquire { 3 } else { 1 };
+                let mut extra = vec![first];
+                if acquire {
+                    extra.extend([b("2"), b("1")]);
+                }
+                for (k, a) in extra.into_iter().enumerate() {
+                    args.insert(at + k, a);
+                }
+            }
+        }
+        4 => args[2 + rng.below(n as usize) * if acquire { 3 } else { 1 }] = Vec::new(),
+        5 if acquire => args[3] = word(rng, &BAD_LIMITS),
+        6 if acquire => args[4] = word(rng, &BAD_COUNTS),
+        7 if acquire => args[4] = b("5"),
+        8 => {
+            let keep = rng.range(1, args.len() as i64 - 1) as usize;
+            args.truncate(keep);
+        }
+        9 => args.push(b("extra")),
+        10 if acquire => args.push(word(rng, &["WITHTICKET", "FAIR", "BOUND", "NOWAIT", "ID"])),
+        11 if acquire => args.extend([spell(rng, "WAIT"), word(rng, &BAD_WAITS)]),
+        12 => {
+            let at = args.len() - if which_refresh(&args) { 1 } else { 0 };
+            if acquire {
+                args[last_name + 3] = word(rng, &BAD_LEASES);
+            } else if which_refresh(&args) {
+                args[at] = word(rng, &BAD_LEASES);
+            } else {
+                args[at - 1] = Vec::new();
+            }
+        }
+        _ => {
+            if !acquire {
+                let at = args.len() - if which_refresh(&args) { 2 } else { 1 };
+                args[at] = Vec::new();
+            }
+        }
+    }
+    args
+}
+
+fn which_refresh(args: &[Bytes]) -> bool {
+    args[0].eq_ignore_ascii_case(b"SEM.REFRESHALL")
+}
+
 /// A SEM.* command broken in one or two ways (or, by chance, still valid).
 fn broken_sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
     let mut args = sem_command(rng, seen, direct);
+    if is_set(&args) {
+        return broken_set_command(rng, seen, direct);
+    }
+    if args[0].eq_ignore_ascii_case(b"SEM.WAITEMPTY") {
+        match rng.below(4) {
+            0 => args[2] = word(rng, &BAD_WAITS),
+            1 => args.truncate(2),
+            2 => args.push(b("extra")),
+            _ => args[1] = Vec::new(),
+        }
+        return args;
+    }
     let acquire = args[0].to_ascii_uppercase().starts_with(b"SEM.ACQUIRE");
     let times = if rng.percent(25) { 2 } else { 1 };
     for _ in 0..times {
@@ -654,7 +859,9 @@ pub fn step(rng: &mut Rng, seen: &Seen) -> Step {
                     if c.len() < 2 {
                         continue;
                     }
-                    c[1] = name.clone();
+                    if !is_set(&c) {
+                        c[1] = name.clone();
+                    }
                     if !matches!(interpret(&c), Interp::RedisArity(_)) {
                         break c;
                     }
@@ -672,12 +879,19 @@ pub fn step(rng: &mut Rng, seen: &Seen) -> Step {
     }
 }
 
-/// Whether a direct call would wait without limit (`WAIT 0`) if the semaphore is full.
+/// Whether a direct call would wait without limit (`WAIT 0`, a SEM.WAITEMPTY timeout of 0) if
+/// the semaphore is full (has a holder).
 fn wait_without_limit(args: &[Bytes]) -> bool {
     matches!(
         interpret(args),
         Interp::Call(Call {
             op: Op::Acquire {
+                wait_ms: Some(0),
+                ..
+            } | Op::WaitEmpty { wait_ms: 0 },
+            ..
+        }) | Interp::Set(SetCall {
+            op: SetOp::Acquire {
                 wait_ms: Some(0),
                 ..
             },
