@@ -523,6 +523,21 @@ pub fn release<S: Store>(
     Ok(Holder::Live)
 }
 
+/// Whether [`release`] of `id` (all its permits) would answer an error, changing nothing: the
+/// survey of one semaphore of a set release, which changes none when one fails.
+pub fn check_release<S: Store>(store: &S, now_ms: i64, id: &S::Id) -> Result<(), SemError> {
+    survey(store, now_ms)?;
+    if store.has_weights() && store.deadline(id).is_some_and(|d| d > now_ms) {
+        store.weight(id)?;
+    }
+    Ok(())
+}
+
+/// Whether [`refresh`] would answer an error, changing nothing (see [`check_release`]).
+pub fn check_refresh<S: Store>(store: &S, now_ms: i64) -> Result<(), SemError> {
+    survey(store, now_ms).map(|_| ())
+}
+
 /// SEM.GET: permits in use by live holders, without removing anything (it runs on read-only
 /// replicas too).
 pub fn in_use<S: Store>(store: &S, now_ms: i64) -> Result<u64, SemError> {

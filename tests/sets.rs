@@ -890,3 +890,26 @@ fn a_bound_waiting_set_comes_back_whole_and_replicates_exactly() {
     wait_for_replica(&mut p);
     assert_eq!(snapshot_of_all_keys(&mut r), snapshot_of_all_keys(&mut p));
 }
+
+/// An error found in any of the named semaphores leaves all of them as they were, the ones
+/// named before it included.
+#[test]
+fn a_set_release_or_refresh_that_fails_anywhere_changes_nothing() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "a", "2", "60", "ID", "x"]);
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "b", "2", "60", "ID", "y"]);
+    let _: i64 = run(&mut c, &["HSET", "b:permits", "", "not a count"]);
+    let before = everything(&mut c);
+    for args in [
+        &["SEM.RELEASEALL", "2", "a", "b", "x"][..],
+        &["SEM.REFRESHALL", "2", "a", "b", "x", "30"],
+    ] {
+        let err = error_of(&mut c, args);
+        assert!(
+            err.starts_with("ERR the semaphore's permits key"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(everything(&mut c), before, "{args:?} changed a key");
+    }
+}

@@ -336,6 +336,10 @@ pub fn release_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
     let id = identifier(id)?;
     let mut stores = call.open_all(ctx)?;
     let now = now_ms();
+    // Every semaphore is surveyed before the first change: an error changes none of them.
+    for store in &stores {
+        semaphore::check_release(store, now, id)?;
+    }
     let mut held = 0;
     for (i, store) in stores.iter_mut().enumerate() {
         match semaphore::release(store, now, id, None)? {
@@ -362,6 +366,9 @@ pub fn refresh_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
     let mut stores = call.open_all(ctx)?;
     let now = now_ms();
+    for store in &stores {
+        semaphore::check_refresh(store, now)?;
+    }
     let mut held = 0;
     for (i, store) in stores.iter_mut().enumerate() {
         match semaphore::refresh(store, now, id, lease_ms)? {

@@ -11,6 +11,8 @@ struct MemoryStore {
     owners: HashMap<Vec<u8>, f64>,
     counter: Option<u64>,
     counter_is_garbage: bool,
+    /// `<name>:permits` holds something that is not a count (another client wrote it).
+    weights_are_garbage: bool,
     /// `<name>:permits`: holders' permits beyond 1, and the `""` total.
     weights: HashMap<Vec<u8>, u64>,
     extra: Option<u64>,
@@ -81,9 +83,15 @@ impl Store for MemoryStore {
         Ok(self.stored_limit)
     }
     fn weight(&self, id: &Vec<u8>) -> Result<u64, SemError> {
+        if self.weights_are_garbage {
+            return Err(SemError::PermitsCorrupt);
+        }
         Ok(self.weights.get(id).copied().unwrap_or(1))
     }
     fn extra(&self) -> Result<u64, SemError> {
+        if self.weights_are_garbage {
+            return Err(SemError::PermitsCorrupt);
+        }
         Ok(self.extra.unwrap_or(0))
     }
     fn put_weights(&mut self, set: Option<(&Vec<u8>, u64)>, removed: &[&Vec<u8>], extra: u64) {
@@ -968,4 +976,23 @@ fn a_stored_limit_applies_instead_of_the_callers() {
             assert_eq!(renewed, Ok(super::tests::renewed(None)), "case {i}");
         }
     }
+}
+
+/// The checks of a set release or refresh find exactly the errors the rules would answer.
+#[test]
+fn checks_find_the_errors_of_release_and_refresh() {
+    let lease = 60_000;
+    let mut store = run(&[(0, "h", weighted(plain(5, lease), 2), Ok(granted(None)))]);
+    assert_eq!(check_release(&store, T0 + 1, &id("h")), Ok(()));
+    assert_eq!(check_refresh(&store, T0 + 1), Ok(()));
+    store.weights_are_garbage = true;
+    let released = release(&mut store, T0 + 1, &id("h"), None);
+    assert!(released.is_err(), "{released:?}");
+    assert_eq!(
+        check_release(&store, T0 + 1, &id("h")),
+        released.map(|_| ())
+    );
+    let refreshed = refresh(&mut store, T0 + 1, &id("h"), lease);
+    assert_eq!(check_refresh(&store, T0 + 1), refreshed.map(|_| ()));
+    assert!(check_refresh(&store, T0 + 1).is_err());
 }
