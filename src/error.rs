@@ -144,7 +144,7 @@ impl fmt::Display for SemError {
             ),
             SemError::NamedTwice => f.write_str(
                 "ERR a semaphore is named twice, or one name is another's key \
-                 (<name>:owner, <name>:counter, <name>:permits)",
+                 (<name>:owner, <name>:counter, <name>:permits, <name>:limit)",
             ),
             SemError::WrongType => {
                 f.write_str("WRONGTYPE Operation against a key holding the wrong kind of value")

@@ -378,6 +378,8 @@ pub fn would_grant<S: Store>(
     if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
         return Err(SemError::KindMismatch { held });
     }
+    // Read where `acquire` reads it, so that a broken limit key is the same error here.
+    let limit = effective_limit(store, request)?;
     if store.deadline(id).is_some_and(|d| d > now_ms) {
         if let Some(count) = request.count {
             let held = store.weight(id)?;
@@ -393,7 +395,7 @@ pub fn would_grant<S: Store>(
         }
         return Ok(true);
     }
-    if survey.in_use().saturating_add(request.permits()) > effective_limit(store, request)? {
+    if survey.in_use().saturating_add(request.permits()) > limit {
         return Ok(false);
     }
     if request.kind == Kind::Fair {

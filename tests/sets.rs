@@ -913,3 +913,31 @@ fn a_set_release_or_refresh_that_fails_anywhere_changes_nothing() {
         assert_eq!(everything(&mut c), before, "{args:?} changed a key");
     }
 }
+
+/// A broken stored limit on a semaphore the set only renews is found before anything changes.
+#[test]
+fn a_broken_limit_key_anywhere_refuses_the_set_before_any_grant() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "x", "5", "60", "ID", "h"]);
+    let _: () = run(&mut c, &["SET", "x:limit", "garbage"]);
+    let before = everything(&mut c);
+    let err = error_of(
+        &mut c,
+        &[
+            "SEM.ACQUIREALL",
+            "2",
+            "y",
+            "1",
+            "1",
+            "x",
+            "5",
+            "1",
+            "60",
+            "ID",
+            "h",
+        ],
+    );
+    assert!(err.starts_with("ERR the semaphore's limit key"), "{err}");
+    assert_eq!(everything(&mut c), before, "y was granted before x's error");
+}

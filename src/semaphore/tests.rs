@@ -18,6 +18,7 @@ struct MemoryStore {
     extra: Option<u64>,
     /// `<name>:limit`.
     stored_limit: Option<u64>,
+    stored_limit_is_garbage: bool,
     /// Every change, in order, as the effects a replica would receive.
     effects: Vec<String>,
 }
@@ -80,6 +81,9 @@ impl Store for MemoryStore {
         !self.weights.is_empty() || self.extra.is_some()
     }
     fn stored_limit(&self) -> Result<Option<u64>, SemError> {
+        if self.stored_limit_is_garbage {
+            return Err(SemError::StoredLimitCorrupt);
+        }
         Ok(self.stored_limit)
     }
     fn weight(&self, id: &Vec<u8>) -> Result<u64, SemError> {
@@ -995,4 +999,24 @@ fn checks_find_the_errors_of_release_and_refresh() {
     let refreshed = refresh(&mut store, T0 + 1, &id("h"), lease);
     assert_eq!(check_refresh(&store, T0 + 1), refreshed.map(|_| ()));
     assert!(check_refresh(&store, T0 + 1).is_err());
+}
+
+/// A broken stored limit is the same error for `would_grant` as for `acquire`, a renewal's
+/// included (a set acquire must not find it only halfway through its grants).
+#[test]
+fn would_grant_reads_the_stored_limit_where_acquire_does() {
+    let lease = 60_000;
+    let mut store = run(&[(0, "h", weighted(plain(5, lease), 3), Ok(granted(None)))]);
+    store.stored_limit_is_garbage = true;
+    for (who, count) in [("h", 3), ("h", 1), ("new", 1)] {
+        let request = weighted(plain(5, lease), count);
+        let foretold = would_grant(&store, T0 + 1, &id(who), &request);
+        assert_eq!(foretold, Err(SemError::StoredLimitCorrupt), "{who} {count}");
+        let effects = store.effects.len();
+        assert_eq!(
+            acquire(&mut store, T0 + 1, &id(who), &request),
+            Err(SemError::StoredLimitCorrupt)
+        );
+        assert_eq!(store.effects.len(), effects);
+    }
 }
