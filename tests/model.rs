@@ -2,10 +2,11 @@
 //! SEM.* calls (every option: ID, WITHTICKET, COUNT, WAIT (blocking for real when sent on its
 //! own), BOUND; valid and invalid arguments; inside MULTI/EXEC and Lua scripts; the calls on a
 //! set of semaphores, SEM.ACQUIREALL (surveyed first, all or nothing), SEM.RELEASEALL and
-//! SEM.REFRESHALL; SEM.WAITEMPTY, blocking too) interleaved
+//! SEM.REFRESHALL; SEM.WAITEMPTY, blocking too; SEM.LIMIT storing, reading and clearing the
+//! operator's limit that acquires then use) interleaved
 //! with what other clients and operators do to the same keys (deletions, renames, values of
 //! other types, foreign sorted-set entries with odd scores, foreign permits, expiries, garbage
-//! counters, FLUSHDB, active expiry switched off and on, time passing, the client's connection
+//! counters, limit keys set, deleted, expiring or holding garbage, FLUSHDB, active expiry switched off and on, time passing, the client's connection
 //! closing with BOUND permits). The model (tests/model/) follows the rules of src/semaphore.rs,
 //! src/commands.rs, src/args.rs and src/store.rs. After EVERY step:
 //!

@@ -36,7 +36,7 @@ use std::thread::{self, sleep, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::keyspace::{show, show_keys, time_ms, Bytes, Dump, Value};
-use super::sem::{counter_key, deadline_ms, owner_key, permits_key};
+use super::sem::{counter_key, deadline_ms, limit_key, owner_key, permits_key};
 use super::steps::NAMES;
 use super::wire::{cmd, pipeline, reply_of, show_command, Reply};
 use super::Run;
@@ -743,7 +743,13 @@ impl Run {
         // A fresh semaphore, filled (mostly) by the main client.
         let mut fresh = vec![b"DEL".to_vec()];
         for n in std::iter::once(&name).chain(&ep.other) {
-            fresh.extend([n.clone(), owner_key(n), counter_key(n), permits_key(n)]);
+            fresh.extend([
+                n.clone(),
+                owner_key(n),
+                counter_key(n),
+                permits_key(n),
+                limit_key(n),
+            ]);
         }
         self.episode_run(&mut ep, &[fresh]);
         let fills = if self.rng.percent(75) {
@@ -1308,6 +1314,7 @@ the holders' lives: {}",
                 owner_key(name),
                 counter_key(name),
                 permits_key(name),
+                limit_key(name),
             ]);
             let mut zadd = vec![b"ZADD".to_vec(), name.clone()];
             for h in 0..per_name {

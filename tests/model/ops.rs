@@ -45,9 +45,9 @@ fn arg_i64(arg: &[u8]) -> i64 {
 }
 
 /// Whether the command's outcome depends on the exact time it ran (beyond which keys had
-/// expired): PEXPIRE sets an expiry relative to it.
+/// expired): PEXPIRE and EXPIRE set an expiry relative to it.
 pub fn needs_time(args: &[Bytes]) -> bool {
-    args[0].eq_ignore_ascii_case(b"PEXPIRE")
+    args[0].eq_ignore_ascii_case(b"PEXPIRE") || args[0].eq_ignore_ascii_case(b"EXPIRE")
 }
 
 /// The possible outcomes of `args` run at `now` on `keys` (already as of that instant).
@@ -182,8 +182,13 @@ pub fn apply(keys: &Keyspace, args: &[Bytes], now: i64, latest: i64) -> Vec<(Rep
             }
             _ => Reply::Int(0),
         },
-        b"PEXPIRE" => {
-            let ms = arg_i64(&args[2]);
+        b"PEXPIRE" | b"EXPIRE" => {
+            let unit = if name.as_slice() == b"EXPIRE" {
+                1000
+            } else {
+                1
+            };
+            let ms = arg_i64(&args[2]) * unit;
             let at = now + ms;
             let Some(entry) = keys.get_mut(&args[1]) else {
                 return vec![(Reply::Int(0), keys)];

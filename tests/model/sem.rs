@@ -31,19 +31,21 @@ pub enum Cmd {
     Release,
     Get,
     WaitEmpty,
+    Limit,
     AcquireAll,
     ReleaseAll,
     RefreshAll,
 }
 
 impl Cmd {
-    pub const ALL: [Cmd; 9] = [
+    pub const ALL: [Cmd; 10] = [
         Cmd::Acquire,
         Cmd::AcquireFair,
         Cmd::Refresh,
         Cmd::Release,
         Cmd::Get,
         Cmd::WaitEmpty,
+        Cmd::Limit,
         Cmd::AcquireAll,
         Cmd::ReleaseAll,
         Cmd::RefreshAll,
@@ -57,6 +59,7 @@ impl Cmd {
             Cmd::Release => "sem.release",
             Cmd::Get => "sem.get",
             Cmd::WaitEmpty => "sem.waitempty",
+            Cmd::Limit => "sem.limit",
             Cmd::AcquireAll => "sem.acquireall",
             Cmd::ReleaseAll => "sem.releaseall",
             Cmd::RefreshAll => "sem.refreshall",
@@ -85,7 +88,7 @@ impl Cmd {
         match self {
             Cmd::Acquire | Cmd::AcquireFair | Cmd::Refresh => 4,
             Cmd::Release | Cmd::WaitEmpty => 3,
-            Cmd::Get => 2,
+            Cmd::Get | Cmd::Limit => 2,
             Cmd::AcquireAll => 6,
             Cmd::ReleaseAll => 4,
             Cmd::RefreshAll => 5,
@@ -94,13 +97,17 @@ impl Cmd {
 }
 
 /// The key names the module's command filter inserts after the name, for every command.
-pub const DERIVED: [&[u8]; 3] = [b":owner", b":counter", b":permits"];
+pub const DERIVED: [&[u8]; 4] = [b":owner", b":counter", b":permits", b":limit"];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SemErr {
     Syntax,
     Arity(Cmd),
     InvalidLimit,
+    /// `SEM.LIMIT name n`: n is not 0..=4294967295 (nor CLEAR).
+    InvalidStoredLimit,
+    /// `<name>:limit` holds something other than 0..=4294967295.
+    StoredLimitCorrupt,
     InvalidLease,
     InvalidWait,
     InvalidTimeout,
@@ -127,6 +134,12 @@ impl SemErr {
             SemErr::Syntax => "ERR syntax error".into(),
             SemErr::Arity(cmd) => arity_text(*cmd),
             SemErr::InvalidLimit => "ERR limit must be an integer from 1 to 4294967295".into(),
+            SemErr::InvalidStoredLimit => "ERR limit must be an integer from 0 (pause) to \
+                                            4294967295, or CLEAR"
+                .into(),
+            SemErr::StoredLimitCorrupt => "ERR the semaphore's limit key does not hold an \
+                                           integer from 0 to 4294967295"
+                .into(),
             SemErr::InvalidLease => "ERR lease must be a number of seconds greater than 0 and \
                                      at most 31536000, with at most 3 decimals"
                 .into(),
@@ -189,6 +202,8 @@ impl SemErr {
             SemErr::Syntax => "syntax",
             SemErr::Arity(_) => "arity (module)",
             SemErr::InvalidLimit => "limit",
+            SemErr::InvalidStoredLimit => "stored limit",
+            SemErr::StoredLimitCorrupt => "limit key corrupt",
             SemErr::InvalidLease => "lease",
             SemErr::InvalidWait => "wait",
             SemErr::InvalidTimeout => "timeout",
@@ -250,6 +265,10 @@ pub enum Op {
     WaitEmpty {
         wait_ms: i64,
     },
+    /// SEM.LIMIT: `None` reads the stored limit; `Some(Some(n))` stores n, `Some(None)` clears.
+    Limit {
+        change: Option<Option<u64>>,
+    },
 }
 
 /// What a call on a set of semaphores does, once its arguments are read.
@@ -310,6 +329,11 @@ fn digits_value(digits: &[u8]) -> Option<u64> {
 
 pub fn parse_limit(arg: &[u8]) -> Option<u64> {
     digits_value(arg).filter(|v| (1..=MAX_LIMIT).contains(v))
+}
+
+/// `SEM.LIMIT name n`, and `<name>:limit` read back: as `limit`, and 0 too.
+pub fn parse_stored_limit(arg: &[u8]) -> Option<u64> {
+    digits_value(arg).filter(|v| *v <= MAX_LIMIT)
 }
 
 /// `digits[.d[d[d]]]` seconds in ms, saturating; `None` when malformed.
@@ -612,6 +636,16 @@ fn parse_call(cmd: Cmd, args: &[Bytes]) -> Result<Call, SemErr> {
             let wait_ms = parse_wait_ms(seconds).ok_or(SemErr::InvalidTimeout)?;
             Op::WaitEmpty { wait_ms }
         }
+        Cmd::Limit => match rest {
+            [] => Op::Limit { change: None },
+            [arg] if arg.eq_ignore_ascii_case(b"CLEAR") => Op::Limit { change: Some(None) },
+            [arg] => Op::Limit {
+                change: Some(Some(
+                    parse_stored_limit(arg).ok_or(SemErr::InvalidStoredLimit)?,
+                )),
+            },
+            _ => return Err(SemErr::Arity(cmd)),
+        },
         Cmd::AcquireAll | Cmd::ReleaseAll | Cmd::RefreshAll => unreachable!("a set command"),
     };
     Ok(Call { name, op })
@@ -680,6 +714,10 @@ pub fn permits_key(name: &[u8]) -> Bytes {
     derived_key(name, 2)
 }
 
+pub fn limit_key(name: &[u8]) -> Bytes {
+    derived_key(name, 3)
+}
+
 /// A deadline in whole ms, rounded up and saturating (scores that are no deadline).
 pub fn deadline_ms(score: f64) -> i64 {
     score.ceil() as i64
@@ -700,6 +738,18 @@ fn read_counter(keys: &Keyspace, key: &[u8]) -> Result<Option<u64>, SemErr> {
     match keys.get(key).map(|e| &e.value) {
         None => Ok(None),
         Some(Value::Str(s)) => parse_counter(s).map(Some).ok_or(SemErr::CounterNotInteger),
+        Some(_) => Err(SemErr::WrongType),
+    }
+}
+
+/// `<name>:limit`, opened (as a string) only where it is read: an acquire that may make a new
+/// grant, SEM.GET JSON, SEM.LIMIT.
+fn read_stored_limit(keys: &Keyspace, name: &[u8]) -> Result<Option<u64>, SemErr> {
+    match keys.get(&limit_key(name)).map(|e| &e.value) {
+        None => Ok(None),
+        Some(Value::Str(s)) => parse_stored_limit(s)
+            .map(Some)
+            .ok_or(SemErr::StoredLimitCorrupt),
         Some(_) => Err(SemErr::WrongType),
     }
 }
@@ -1087,6 +1137,10 @@ pub enum Effect {
     SetNoneHeld,
     SetSomeHeld,
     SetAllHeld,
+    /// SEM.LIMIT: read, stored or cleared (a change), or nothing to change.
+    LimitRead,
+    LimitChanged,
+    LimitKept,
 }
 
 /// Runs `call` at module time `now` on `world`, from `client`. An error changes nothing.
@@ -1112,7 +1166,9 @@ pub fn execute(
     // The permits this call removed are no longer bound; one it granted with BOUND is (even
     // when the same call pruned that identifier's expired permit first); a new permit granted
     // without BOUND ends an old binding of its identifier.
-    if holders_gone {
+    // SEM.LIMIT looks at the bindings only when it writes.
+    let wrote = !matches!(call.op, Op::Limit { .. }) || effect == Effect::LimitChanged;
+    if holders_gone && wrote {
         world.bindings.retain(|(name, _), _| *name != call.name);
     }
     for id in removed {
@@ -1152,6 +1208,34 @@ fn rules(
     check_type(keys, name, "zset")?;
     check_type(keys, &owner_key(name), "zset")?;
     check_type(keys, &permits_key(name), "hash")?;
+    // SEM.LIMIT surveys nothing: it reads the stored limit and writes its key (in place: an
+    // expiry another client set stays).
+    if let Op::Limit { change } = &call.op {
+        let stored = read_stored_limit(keys, name)?;
+        let Some(change) = change else {
+            let reply = stored.map_or(Reply::Nil, |n| Reply::Int(n as i64));
+            return Ok((reply, Effect::LimitRead, None));
+        };
+        let reply = match change {
+            Some(_) => Reply::Status("OK".into()),
+            None => Reply::Int(i64::from(stored.is_some())),
+        };
+        if stored == *change {
+            return Ok((reply, Effect::LimitKept, None));
+        }
+        let key = limit_key(name);
+        match change {
+            Some(n) => {
+                let expire = keys.get(&key).and_then(|e| e.expire);
+                let value = Value::Str(n.to_string().into_bytes());
+                keys.insert(key, Entry { value, expire });
+            }
+            None => {
+                keys.remove(&key);
+            }
+        }
+        return Ok((reply, Effect::LimitChanged, None));
+    }
     let mut sets = Sets::load(keys, name);
     let survey = sets.survey(now)?;
     match &call.op {
@@ -1183,7 +1267,9 @@ fn rules(
             };
             let bind = bound.then(|| id.to_vec());
             let permits = count.unwrap_or(1);
-            let room = survey.in_use().saturating_add(permits) <= *limit;
+            // An operator's stored limit replaces the caller's (read before any renewal).
+            let limit = read_stored_limit(keys, name)?.unwrap_or(*limit);
+            let room = survey.in_use().saturating_add(permits) <= limit;
             let deadline = now + lease_ms;
             let live_holder = sets.holders.score(id).is_some_and(|s| is_live(s, now));
             let margin = world.fencing.margin(name);
@@ -1326,6 +1412,7 @@ fn rules(
         // The answer at this instant (a direct call that finds a holder waits: predict.rs).
         Op::WaitEmpty { .. } if survey.in_use() == 0 => Ok((Reply::Int(1), Effect::Empty, None)),
         Op::WaitEmpty { .. } => Ok((Reply::Int(0), Effect::NotEmpty, None)),
+        Op::Limit { .. } => unreachable!("answered above"),
         Op::Get { json: true } => {
             let fair = survey.kind == Some(Kind::Fair);
             let counter = read_counter(keys, &counter)?;
@@ -1359,6 +1446,8 @@ fn rules(
                     }));
                 }
             }
+            // Read after the holders, as the module's snapshot.
+            let stored_limit = read_stored_limit(keys, name)?;
             let doc = json!({
                 "name": String::from_utf8_lossy(name),
                 "fair": fair,
@@ -1366,9 +1455,8 @@ fn rules(
                 "in_use": survey.in_use(),
                 "holders": holders,
                 // Nobody waits while this model's single client runs a command.
-                // No step stores a limit.
-                "stored_limit": null,
-                "limit_in_force": false,
+                "stored_limit": stored_limit,
+                "limit_in_force": stored_limit.is_some(),
                 "waiters": 0,
                 "longest_wait_ms": null,
                 "waiter_ages_ms": [],

@@ -4,8 +4,8 @@
 use super::keyspace::{Bytes, Keyspace, Value};
 use super::rng::Rng;
 use super::sem::{
-    counter_key, deadline_ms, interpret, owner_key, parse_limit, permits_key, Call, Cmd, Interp,
-    Op, SetCall, SetOp,
+    counter_key, deadline_ms, interpret, limit_key, owner_key, parse_limit, permits_key, Call, Cmd,
+    Interp, Op, SetCall, SetOp,
 };
 use super::wire::{cmd, show_command};
 
@@ -43,7 +43,13 @@ pub fn universe() -> Vec<Bytes> {
         .iter()
         .flat_map(|n| {
             let n = n.as_bytes();
-            [n.to_vec(), owner_key(n), counter_key(n), permits_key(n)]
+            [
+                n.to_vec(),
+                owner_key(n),
+                counter_key(n),
+                permits_key(n),
+                limit_key(n),
+            ]
         })
         .collect()
 }
@@ -123,6 +129,7 @@ impl Step {
                 b"PEXPIRE" => "op PEXPIRE",
                 b"INCRBY" => "op INCRBY",
                 b"FLUSHDB" => "op FLUSHDB",
+                b"EXPIRE" => "op EXPIRE",
                 b"DEBUG" => "op DEBUG SET-ACTIVE-EXPIRE",
                 _ => "op ?",
             },
@@ -221,11 +228,12 @@ fn op_name(rng: &mut Rng) -> Bytes {
 
 fn any_key(rng: &mut Rng) -> Bytes {
     let name = op_name(rng);
-    match rng.below(4) {
+    match rng.below(5) {
         0 => name,
         1 => owner_key(&name),
         2 => counter_key(&name),
-        _ => permits_key(&name),
+        3 => permits_key(&name),
+        _ => limit_key(&name),
     }
 }
 
@@ -340,9 +348,13 @@ fn sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
         (11, "SEM.GET"),
         (if direct { 3 } else { 6 }, "SEM.WAITEMPTY"),
         (14, "set"),
+        (6, "SEM.LIMIT"),
     ]);
     if which == "set" {
         return set_command(rng, seen, direct);
+    }
+    if which == "SEM.LIMIT" {
+        return limit_command(rng, seen, direct);
     }
     let mut args = vec![spell(rng, which), name.clone()];
     match which {
@@ -397,6 +409,74 @@ fn sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
                 args.push(spell(rng, "JSON"));
             }
         }
+    }
+    args
+}
+
+/// SEM.LIMIT: a read, a store (0 pauses the semaphore) or a clear. The stores are mostly
+/// limits that let some grants through, and clears are as common, so that a pause ends soon.
+fn limit_command(rng: &mut Rng, seen: &Seen, _direct: bool) -> Vec<Bytes> {
+    let name = sem_name(rng);
+    let mut args = vec![spell(rng, "SEM.LIMIT"), name.clone()];
+    match rng.weighted(&[(30, "read"), (40, "store"), (30, "clear")]) {
+        "read" => {}
+        "store" => {
+            // Now and then the limit stored already (no write, WATCH does not fire).
+            let stored = match seen.keys.get(&limit_key(&name)).map(|e| &e.value) {
+                Some(Value::Str(s)) if rng.percent(30) => Some(s.clone()),
+                _ => None,
+            };
+            args.push(stored.unwrap_or_else(|| {
+                b(rng.weighted(&[
+                    (8, "0"),
+                    (25, "1"),
+                    (25, "2"),
+                    (20, "3"),
+                    (10, "5"),
+                    (3, "00"),
+                    (3, "002"),
+                    (2, "4294967295"),
+                ]))
+            }));
+        }
+        _ => args.push(spell(rng, "CLEAR")),
+    }
+    args
+}
+
+/// A SEM.LIMIT broken in one way (or, by chance, still valid).
+fn broken_limit_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
+    let mut args = limit_command(rng, seen, direct);
+    match rng.below(6) {
+        0 => {
+            args.truncate(2);
+            args.push(word(
+                rng,
+                &[
+                    "-1",
+                    "4294967296",
+                    "abc",
+                    "",
+                    "1.0",
+                    "+1",
+                    " 1",
+                    "-0",
+                    "CLEARX",
+                    "99999999999999999999999",
+                ],
+            ));
+        }
+        1 => {
+            args.truncate(2);
+            args.extend([b("2"), b("2")]);
+        }
+        2 => {
+            args.truncate(2);
+            args.extend([spell(rng, "CLEAR"), b("1")]);
+        }
+        3 => args[1] = Vec::new(),
+        4 => args.truncate(1),
+        _ => args.push(b("extra")),
     }
     args
 }
@@ -507,11 +587,12 @@ fn broken_set_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
         3 => {
             // A name given twice, or another's derived key.
             let first = args[2].clone();
-            let other = match rng.below(4) {
+            let other = match rng.below(5) {
                 0 => first.clone(),
                 1 => owner_key(&first),
                 2 => counter_key(&first),
-                _ => permits_key(&first),
+                3 => permits_key(&first),
+                _ => limit_key(&first),
             };
             args[last_name] = other;
             if n == 1 {
@@ -566,6 +647,9 @@ fn broken_sem_command(rng: &mut Rng, seen: &Seen, direct: bool) -> Vec<Bytes> {
     let mut args = sem_command(rng, seen, direct);
     if is_set(&args) {
         return broken_set_command(rng, seen, direct);
+    }
+    if args[0].eq_ignore_ascii_case(b"SEM.LIMIT") {
+        return broken_limit_command(rng, seen, direct);
     }
     if args[0].eq_ignore_ascii_case(b"SEM.WAITEMPTY") {
         match rng.below(4) {
@@ -697,6 +781,7 @@ fn op_command(rng: &mut Rng, seen: &Seen) -> Vec<Bytes> {
         (2, "FLUSHDB"),
         (4, "ACTIVE-EXPIRE"),
         (8, "PERMITS"),
+        (10, "LIMIT"),
     ]) {
         "ZADD" => {
             let key = if rng.percent(5) {
@@ -728,7 +813,7 @@ fn op_command(rng: &mut Rng, seen: &Seen) -> Vec<Bytes> {
                 .keys
                 .iter()
                 .filter(|(k, e)| {
-                    let want = if k.ends_with(b":counter") {
+                    let want = if k.ends_with(b":counter") || k.ends_with(b":limit") {
                         "string"
                     } else if k.ends_with(b":permits") {
                         "hash"
@@ -792,6 +877,31 @@ fn op_command(rng: &mut Rng, seen: &Seen) -> Vec<Bytes> {
             }
         }
         "FLUSHDB" => vec![b("FLUSHDB")],
+        "LIMIT" => {
+            // Another client writes <name>:limit: a limit, garbage, a deletion, an expiry.
+            let key = limit_key(&name);
+            match rng.weighted(&[(35, "SET"), (15, "garbage"), (25, "DEL"), (25, "EXPIRE")]) {
+                "SET" => vec![b("SET"), key, word(rng, &["0", "1", "2", "3", "4", "01"])],
+                "garbage" => vec![
+                    b("SET"),
+                    key,
+                    word(rng, &["x", "-1", "4294967296", "1.5", "", " 3", "+2"]),
+                ],
+                "DEL" => vec![b("DEL"), key],
+                _ if rng.percent(50) => {
+                    vec![
+                        b("PEXPIRE"),
+                        key,
+                        rng.range(5, 300).to_string().into_bytes(),
+                    ]
+                }
+                _ => vec![
+                    b("EXPIRE"),
+                    key,
+                    rng.range(1, 1000).to_string().into_bytes(),
+                ],
+            }
+        }
         "PERMITS" => {
             // Another client writes <name>:permits: a holder's count, the extra total, or
             // garbage; or deletes a field.
