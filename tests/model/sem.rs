@@ -152,9 +152,11 @@ impl SemErr {
             SemErr::InvalidNumsems => "ERR numsems must be an integer from 1 to 64, followed by \
                                        that many semaphores"
                 .into(),
-            SemErr::NamedTwice => "ERR a semaphore is named twice, or one name is another's \
-                                   key (<name>:owner, <name>:counter, <name>:permits)"
-                .into(),
+            SemErr::NamedTwice => {
+                "ERR a semaphore is named twice, or one name is another's \
+                                   key (<name>:owner, <name>:counter, <name>:permits, <name>:limit)"
+                    .into()
+            }
             SemErr::InvalidCount => {
                 "ERR COUNT must be an integer from 1 to the limit (at most 4294967295)".into()
             }
