@@ -14,7 +14,7 @@ use crate::args::{parse_counter, parse_extra, parse_stored_limit, parse_weight};
 use crate::error::SemError;
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
-use crate::server::selected_db;
+use crate::server::{key_exists, selected_db};
 use crate::stats::{self, COUNTERS};
 use crate::types::deadline_ms;
 
@@ -260,6 +260,10 @@ impl Store for RedisStore<'_> {
     }
 
     fn stored_limit(&self) -> Result<Option<u64>, SemError> {
+        // Most semaphores have none: a look-up costs less than opening the key.
+        if self.limit.get().is_none() && !key_exists(self.ctx, self.limit_name) {
+            return Ok(None);
+        }
         self.limit_key()?
             .read_string(|value| {
                 parse_stored_limit(value).map_err(|_| SemError::StoredLimitCorrupt)

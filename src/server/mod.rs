@@ -33,6 +33,7 @@ pub fn missing_api() -> Vec<&'static str> {
     }
     let required = presence!(
         RedisModule_OpenKey,
+        RedisModule_KeyExists,
         RedisModule_CloseKey,
         RedisModule_KeyType,
         RedisModule_ValueLength,
@@ -129,6 +130,12 @@ pub fn now_ms() -> i64 {
 pub fn clock_ms() -> i64 {
     // SAFETY: a plain read of the server clock, resolved when the module loaded.
     unsafe { raw::RedisModule_Milliseconds.unwrap()() }
+}
+
+/// Whether `name` exists in the context's database (a look-up that opens nothing).
+pub fn key_exists(ctx: &Context, name: &RedisString) -> bool {
+    // SAFETY: a valid context and key name.
+    unsafe { raw::RedisModule_KeyExists.unwrap()(ctx.ctx, name.inner) != 0 }
 }
 
 /// Whether the server called the command only to learn its keys (`getkeys-api`).
