@@ -16,9 +16,9 @@ use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{has_hash_tag, is_derived, Command};
-use crate::queue::{arrival, Arrival, Ask, Binding, SemKey};
+use crate::queue::{arrival, Arrival, Ask, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot, Store};
-use crate::server::block::{can_block, in_script};
+use crate::server::block::{can_block, client_id, in_script};
 use crate::server::command::{run, Arg};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
@@ -330,33 +330,12 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             }
         },
         Acquired::Granted { ticket, renewed } => {
-            if renewed {
-                stats::count(&COUNTERS.renewed);
-            } else {
-                stats::count(&COUNTERS.acquired);
-                stats::granted(selected_db(ctx), name, id.as_slice());
-                store.notify(c"sem.acquire");
-                if request.ticket_margin > 0 {
-                    fencing::moved(name);
-                }
-            }
+            store.record_grant(id.as_slice(), renewed, request.ticket_margin);
             // After the call's own removals are forgotten (an expired permit of the same
-            // identifier may be among them): a BOUND grant binds the new permit; another new
-            // grant of an identifier ends an old binding of it, whose permit is gone.
+            // identifier may be among them).
             after_write(&mut store, || call.sem(ctx));
-            waiting::granted_again(&call.sem(ctx), id.as_slice());
-            if bound {
-                let holder = id.as_slice().to_vec();
-                waiting::bind(
-                    ctx,
-                    Binding {
-                        sem: call.sem(ctx),
-                        holder,
-                    },
-                );
-            } else if !renewed && waiting::any_bindings() {
-                waiting::unbind(&call.sem(ctx), std::slice::from_ref(id));
-            }
+            let bind_to = bound.then(|| client_id(ctx));
+            waiting::after_grant(|| call.sem(ctx), id.as_slice(), renewed, bind_to);
             let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
             match ticket {
                 Some(ticket) if with_ticket => {

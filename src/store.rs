@@ -12,6 +12,7 @@ use redis_module::{raw, Context, RedisString};
 
 use crate::args::{parse_counter, parse_extra, parse_stored_limit, parse_weight};
 use crate::error::SemError;
+use crate::fencing;
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
 use crate::server::{key_exists, selected_db};
@@ -179,6 +180,23 @@ impl<'a> RedisStore<'a> {
         match self.permits.hget(field) {
             None => Ok(None),
             Some(value) => parse(value.as_slice()).map(Some),
+        }
+    }
+
+    /// Counts a grant to `holder` and tells of it: a renewal is only counted; a new permit is
+    /// timed for the hold-time distribution, fires `sem.acquire`, and (for a fair grant with a
+    /// fencing margin) marks the name's tickets as moved on.
+    pub fn record_grant(&self, holder: &[u8], renewed: bool, ticket_margin: u64) {
+        if renewed {
+            stats::count(&COUNTERS.renewed);
+            return;
+        }
+        stats::count(&COUNTERS.acquired);
+        let name = self.holders.name().as_slice();
+        stats::granted(selected_db(self.ctx), name, holder);
+        self.notify(c"sem.acquire");
+        if ticket_margin > 0 {
+            fencing::moved(name);
         }
     }
 

@@ -312,10 +312,29 @@ fn block_caller(
     Ok(())
 }
 
-/// Records that the caller's connection holds `binding`'s permit (BOUND).
-pub fn bind(ctx: &Context, binding: Binding) {
-    let client = block::client_id(ctx);
-    with(|s| s.registry.bind(client, binding));
+/// After a grant of `holder` in `sem` (made lazily: most grants need neither): a give-back of
+/// its old permit still pending must not take the new one; a BOUND grant binds the permit to
+/// connection `bind_to`; another new permit of the identifier ends an old binding of it, whose
+/// permit is gone.
+pub fn after_grant(sem: impl Fn() -> SemKey, holder: &[u8], renewed: bool, bind_to: Option<u64>) {
+    granted_again(&sem, holder);
+    match bind_to {
+        Some(client) => {
+            let binding = Binding {
+                sem: sem(),
+                holder: holder.to_vec(),
+            };
+            with(|s| s.registry.bind(client, binding));
+        }
+        None if !renewed && any_bindings() => {
+            let binding = Binding {
+                sem: sem(),
+                holder: holder.to_vec(),
+            };
+            with(|s| s.registry.unbind(&binding));
+        }
+        None => {}
+    }
 }
 
 /// Forgets the bindings of permits a write found gone: every binding of the semaphore when its
@@ -336,7 +355,7 @@ pub fn forget_gone(store: &mut RedisStore, sem: &SemKey) {
 }
 
 /// Forgets the bindings of permits that are gone: released, lost, or pruned as expired.
-pub fn unbind(sem: &SemKey, holders: &[RedisString]) {
+fn unbind(sem: &SemKey, holders: &[RedisString]) {
     if !any_bindings() {
         return;
     }
@@ -377,17 +396,24 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     }
     stats::count(&COUNTERS.lines_served);
     let mut granted_any = false;
-    while let Some((id, ask)) = with(|s| {
-        let head = s.registry.head(sem)?;
-        head.ask().map(|ask| (head.id, ask.clone())).or_else(|| {
-            // A set waiter: served by the timer once it heads all of its lines; until then
-            // nobody behind it here is served.
-            if s.registry.heads_every_line(head.id) {
-                s.work.insert(Work::ServeSet(head.id));
+    loop {
+        let head = with(|s| {
+            let head = s.registry.head(sem)?;
+            Some(match head.ask() {
+                Some(ask) => Head::Permits(head.id, ask.clone()),
+                None => Head::Set(head.id, s.registry.heads_every_line(head.id)),
+            })
+        });
+        let (id, ask) = match head {
+            Some(Head::Permits(id, ask)) => (id, ask),
+            // A set waiter: the timer serves it once it heads all of its lines (it needs their
+            // keys); until then nobody behind it here is served.
+            Some(Head::Set(id, true)) => {
+                defer(Work::ServeSet(id));
+                break;
             }
-            None
-        })
-    }) {
+            Some(Head::Set(_, false)) | None => break,
+        };
         if granted_any && slice.is_over() {
             defer(Work::Serve(sem.clone()));
             break;
@@ -413,33 +439,16 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         let outcome = match result {
             Ok(Acquired::Full) | Err(SemError::KindMismatch { .. }) => break,
             Ok(Acquired::Granted { ticket, renewed }) => {
-                if renewed {
-                    stats::count(&COUNTERS.renewed);
-                } else {
-                    stats::count(&COUNTERS.acquired);
-                    stats::granted(sem.db, &sem.name, &ask.holder);
-                    store.notify(c"sem.acquire");
-                    if request.ticket_margin > 0 {
-                        fencing::moved(&sem.name);
-                    }
-                }
+                store.record_grant(&ask.holder, renewed, request.ticket_margin);
+                let bind_to = ask
+                    .bound
+                    .then(|| with(|s| s.registry.waiter(id).map(|w| w.client)))
+                    .flatten();
+                after_grant(|| sem.clone(), &ask.holder, renewed, bind_to);
                 let binding = Binding {
                     sem: sem.clone(),
                     holder: ask.holder.clone(),
                 };
-                granted_again(sem, &ask.holder);
-                // A new permit of an identifier ends an older binding of it; with no binding
-                // anywhere there is none to end.
-                if ask.bound || (!renewed && any_bindings()) {
-                    with(|s| {
-                        let client = s.registry.waiter(id).map(|w| w.client);
-                        match client {
-                            Some(client) if ask.bound => s.registry.bind(client, binding.clone()),
-                            _ if !renewed => s.registry.unbind(&binding),
-                            _ => {}
-                        }
-                    });
-                }
                 Outcome::Granted {
                     binding,
                     ticket,
@@ -451,10 +460,6 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
             Err(err) => Outcome::Failed(err),
         };
         answer(id, outcome);
-    }
-    if any_pending() {
-        let now = clock_ms();
-        timer::arm(now, now);
     }
     let now_ms = clock_ms();
     answer_if_empty(store, sem, now_ms);
@@ -495,6 +500,13 @@ fn answer_if_empty(store: &RedisStore, sem: &SemKey, now_ms: i64) {
         end_wait(waiter.handle, outcome, true);
     }
     disarm_if_idle();
+}
+
+/// The head of a line, as [`serve`] sees it.
+enum Head {
+    Permits(WaiterId, Ask),
+    /// A set waiter, and whether it heads every line it stands in.
+    Set(WaiterId, bool),
 }
 
 /// Takes waiter `id` out of its line and unblocks it with `outcome`.
@@ -641,13 +653,13 @@ pub enum Left {
 /// `holder` of `sem` was granted again (renewed, or a new permit) by a command or a waiter's
 /// grant: a give-back of its old permit still pending (its BOUND connection closed in the same
 /// moment) must not take the new one away.
-pub fn granted_again(sem: &SemKey, holder: &[u8]) {
+fn granted_again(sem: impl Fn() -> SemKey, holder: &[u8]) {
     // Give-backs are work for the timer: with none pending there is nothing to take back.
     if !any_pending() {
         return;
     }
     let binding = Binding {
-        sem: sem.clone(),
+        sem: sem(),
         holder: holder.to_vec(),
     };
     with(|s| {
@@ -956,6 +968,7 @@ fn serve_set(ctx: &Context, id: WaiterId) {
             Ok(semaphore::would_grant(store, now, &holder, request)? && all)
         });
     match fits {
+        // The grants forget the bindings of what they removed, store by store.
         Ok(true) => grant_set(&mut stores, &parts, &requests, &holder, client, id, now),
         Ok(false) => {
             // It stays at the head: its lines are looked at again when they change or a lease
@@ -971,10 +984,13 @@ fn serve_set(ctx: &Context, id: WaiterId) {
             }
             return;
         }
-        Err(err) => answer(id, Outcome::Failed(err)),
-    }
-    for (sem, store) in sems.iter().zip(stores.iter_mut()) {
-        forget_gone(store, sem);
+        Err(err) => {
+            // Nothing was written; a holder set found gone still ends its bindings.
+            for (sem, store) in sems.iter().zip(stores.iter_mut()) {
+                forget_gone(store, sem);
+            }
+            answer(id, Outcome::Failed(err));
+        }
     }
     drop(stores);
     with(|s| s.work.extend(sems.into_iter().map(Work::Serve)));
@@ -1000,29 +1016,19 @@ fn grant_set(
                 return;
             }
         };
-        if renewed {
-            stats::count(&COUNTERS.renewed);
-        } else {
-            stats::count(&COUNTERS.acquired);
-            stats::granted(sem.db, &sem.name, &ask.holder);
-            store.notify(c"sem.acquire");
-            if request.ticket_margin > 0 {
-                fencing::moved(&sem.name);
-            }
-        }
+        store.record_grant(&ask.holder, renewed, request.ticket_margin);
+        // Bindings of permits this grant removed go first (as in `serve`).
         forget_gone(store, sem);
-        granted_again(sem, &ask.holder);
+        after_grant(
+            || sem.clone(),
+            &ask.holder,
+            renewed,
+            ask.bound.then_some(client),
+        );
         let binding = Binding {
             sem: sem.clone(),
             holder: ask.holder.clone(),
         };
-        with(|s| {
-            if ask.bound {
-                s.registry.bind(client, binding.clone());
-            } else if !renewed {
-                s.registry.unbind(&binding);
-            }
-        });
         grants.push(SetGrant {
             binding,
             ticket,

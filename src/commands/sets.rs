@@ -13,9 +13,9 @@ use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command, DERIVED};
-use crate::queue::{Ask, Binding, SemKey};
+use crate::queue::{Ask, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Store};
-use crate::server::block::{can_block, in_script};
+use crate::server::block::{can_block, client_id, in_script};
 use crate::server::key::Access;
 use crate::server::{key_at, now_ms, selected_db};
 use crate::stats::{self, COUNTERS};
@@ -287,6 +287,7 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
         stats::count(&COUNTERS.waits_started);
         return Ok(RedisValue::NoReply);
     }
+    let bind_to = bound.then(|| client_id(ctx));
     let mut tickets = Vec::with_capacity(stores.len());
     for (i, store) in stores.iter_mut().enumerate() {
         let sem = || call.sem(ctx, i);
@@ -295,24 +296,9 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
             // Nothing changed between the survey and here.
             Acquired::Full => return Err(SemError::Internal),
         };
-        if renewed {
-            stats::count(&COUNTERS.renewed);
-        } else {
-            stats::count(&COUNTERS.acquired);
-            stats::granted(selected_db(ctx), &sem().name, id.as_slice());
-            store.notify(c"sem.acquire");
-            if requests[i].ticket_margin > 0 {
-                fencing::moved(call.args[call.names[i]].as_slice());
-            }
-        }
+        store.record_grant(id.as_slice(), renewed, requests[i].ticket_margin);
         after_write(store, sem);
-        waiting::granted_again(&sem(), id.as_slice());
-        if bound {
-            let holder = id.as_slice().to_vec();
-            waiting::bind(ctx, Binding { sem: sem(), holder });
-        } else if !renewed && waiting::any_bindings() {
-            waiting::unbind(&sem(), std::slice::from_ref(id));
-        }
+        waiting::after_grant(sem, id.as_slice(), renewed, bind_to);
         tickets.push(ticket);
     }
     stats::count(&COUNTERS.set_acquired);
