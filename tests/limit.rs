@@ -11,19 +11,6 @@ use common::state::snapshot_of_all_keys;
 use common::*;
 use redis::Value;
 
-fn json(conn: &mut redis::Connection, name: &str) -> serde_json::Value {
-    let text: String = run(conn, &["SEM.GET", name, "JSON"]);
-    serde_json::from_str(&text).expect("SEM.GET JSON")
-}
-
-fn in_line(conn: &mut redis::Connection, name: &str, n: u64) {
-    wait_until(
-        &format!("{n} wait for {name}"),
-        Duration::from_secs(10),
-        || json(conn, name)["waiters"] == n,
-    );
-}
-
 fn granted(pending: Pending) -> String {
     match pending.reply() {
         Ok(Value::BulkString(id)) => String::from_utf8(id).expect("UTF-8"),
@@ -52,7 +39,7 @@ fn a_raised_limit_serves_the_line_at_once_in_order() {
                     "10",
                 ],
             );
-            in_line(&mut c, "jobs", i + 1);
+            until_in_line(&mut c, "jobs", i + 1);
             pending
         })
         .collect();
@@ -64,7 +51,7 @@ fn a_raised_limit_serves_the_line_at_once_in_order() {
     let last = waiters.next().unwrap();
     thread::sleep(Duration::from_millis(50));
     assert!(!last.is_done(), "three hold the three permits");
-    let doc = json(&mut c, "jobs");
+    let doc = sem_json(&mut c, "jobs");
     assert_eq!(
         (doc["stored_limit"].clone(), doc["limit_in_force"].clone()),
         (3.into(), true.into())
@@ -131,12 +118,12 @@ fn a_cleared_limit_serves_waiters_by_their_own_limits() {
         &server,
         &["SEM.ACQUIRE", "s", "2", "30", "ID", "two", "WAIT", "10"],
     );
-    in_line(&mut c, "s", 1);
+    until_in_line(&mut c, "s", 1);
     let one = Pending::send(
         &server,
         &["SEM.ACQUIRE", "s", "1", "30", "ID", "one", "WAIT", "10"],
     );
-    in_line(&mut c, "s", 2);
+    until_in_line(&mut c, "s", 2);
     let keys: Vec<String> = run(&mut c, &["KEYS", "*"]);
     assert_eq!(keys, ["s:limit"], "the stored limit is the only key");
     let _: i64 = run(&mut c, &["SEM.LIMIT", "s", "CLEAR"]);
@@ -213,18 +200,8 @@ fn snapshot_of_all_keys_but_lists(
 /// replica and an AOF reload hold exactly the primary's keys, the stored limit included.
 #[test]
 fn changes_fire_an_event_and_replicate_exactly() {
-    let primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--repl-diskless-sync",
-        "no",
-        "--notify-keyspace-events",
-        "Kd",
-    ]);
+    let primary =
+        Server::start_with(&[&AOF_PRIMARY_ARGS[..], &["--notify-keyspace-events", "Kd"]].concat());
     let replica = start_replica_of(&primary);
     let mut p = primary.connection();
     let mut events = primary.connection();

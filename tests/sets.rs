@@ -587,16 +587,7 @@ fn fifty_clients(wait: bool) {
 
 #[test]
 fn a_replica_and_an_aof_hold_exactly_the_primarys_keys() {
-    let primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--repl-diskless-sync",
-        "no",
-    ]);
+    let primary = Server::start_with(&AOF_PRIMARY_ARGS);
     let replica = start_replica_of(&primary);
     let mut p = primary.connection();
     let long = "600";
@@ -637,20 +628,6 @@ fn a_replica_and_an_aof_hold_exactly_the_primarys_keys() {
     assert_eq!(snapshot_of_all_keys(&mut again), on_primary);
 }
 
-fn names_in_line(conn: &mut redis::Connection, name: &str) -> u64 {
-    let text: String = run(conn, &["SEM.GET", name, "JSON"]);
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    doc["waiters"].as_u64().expect("waiters")
-}
-
-fn until_in_line(conn: &mut redis::Connection, name: &str, n: u64) {
-    wait_until(
-        &format!("{n} wait for {name}"),
-        Duration::from_secs(10),
-        || names_in_line(conn, name) == n,
-    );
-}
-
 fn assert_waits(pending: &Pending, what: &str) {
     thread::sleep(Duration::from_millis(50));
     assert!(
@@ -686,7 +663,7 @@ fn a_waiting_set_holds_the_head_of_each_of_its_lines() {
         ],
     );
     until_in_line(&mut c, "y", 1);
-    assert_eq!(names_in_line(&mut c, "x"), 1);
+    assert_eq!(waiters_in_line(&mut c, "x"), 1);
     let single = Pending::send(
         &server,
         &["SEM.ACQUIRE", "y", "1", "30", "ID", "w", "WAIT", "10"],
@@ -833,7 +810,7 @@ fn a_set_that_stops_waiting_leaves_every_line() {
             assert_eq!(set.reply().expect("a reply"), Value::Nil, "{how}");
         }
         assert_eq!(
-            names_in_line(&mut c, "full"),
+            waiters_in_line(&mut c, "full"),
             0,
             "{how}: the set left the other line"
         );

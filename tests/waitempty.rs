@@ -12,19 +12,14 @@ use redis::Value;
 
 const EVENTUALLY: Duration = Duration::from_secs(10);
 
-fn json(conn: &mut redis::Connection, name: &str) -> serde_json::Value {
-    let text: String = run(conn, &["SEM.GET", name, "JSON"]);
-    serde_json::from_str(&text).expect("SEM.GET JSON")
-}
-
 /// Sends `SEM.WAITEMPTY name seconds` from a connection of its own, and returns once the
 /// server counts it among those waiting for `name` to empty.
 fn wait_empty(server: &Server, conn: &mut redis::Connection, name: &str, seconds: &str) -> Pending {
-    let before = json(conn, name)["waiting_for_empty"].as_u64().unwrap();
+    let before = sem_json(conn, name)["waiting_for_empty"].as_u64().unwrap();
     let pending = Pending::send(server, &["SEM.WAITEMPTY", name, seconds]);
     wait_until("the client waits for empty", EVENTUALLY, || {
         assert!(!pending.is_done(), "SEM.WAITEMPTY did not wait");
-        json(conn, name)["waiting_for_empty"].as_u64().unwrap() == before + 1
+        sem_json(conn, name)["waiting_for_empty"].as_u64().unwrap() == before + 1
     });
     pending
 }
@@ -82,9 +77,9 @@ fn the_last_release_wakes_every_waiter_for_empty() {
     let first = wait_empty(&server, &mut c, "jobs", "10");
     let second = wait_empty(&server, &mut c, "jobs", "0");
     let elsewhere = wait_empty(&server, &mut c, "other", "10");
-    assert_eq!(json(&mut c, "jobs")["waiting_for_empty"], 2);
+    assert_eq!(sem_json(&mut c, "jobs")["waiting_for_empty"], 2);
     assert_eq!(
-        json(&mut c, "jobs")["waiters"],
+        sem_json(&mut c, "jobs")["waiters"],
         0,
         "not in the line for permits"
     );
@@ -165,7 +160,7 @@ fn it_holds_nobody_back() {
         ],
     );
     wait_until("the waiter for a permit queues", EVENTUALLY, || {
-        json(&mut c, "line")["waiters"] == 1
+        sem_json(&mut c, "line")["waiters"] == 1
     });
     let _: i64 = run(&mut c, &["SEM.RELEASE", "line", "h"]);
     assert_eq!(
@@ -223,7 +218,7 @@ fn client_unblock_ends_it_with_0_or_an_error() {
     let info = info_sem(&mut c);
     assert_eq!(info["sem_empty_waits_cancelled"], 2, "{info:?}");
     assert_eq!(info["sem_waiting_for_empty"], 0);
-    assert_eq!(json(&mut c, "u")["waiting_for_empty"], 0);
+    assert_eq!(sem_json(&mut c, "u")["waiting_for_empty"], 0);
 }
 
 #[test]

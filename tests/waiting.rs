@@ -202,10 +202,10 @@ fn queue(server: &Server, conn: &mut redis::Connection, line: &str) -> Blocked {
 
 fn queue_from(client: Client, conn: &mut redis::Connection, line: &str) -> Blocked {
     let name = words(line)[1].to_string();
-    let before = waiters(conn, &name);
+    let before = waiters_in_line(conn, &name);
     let blocked = client.send(line);
     let deadline = Instant::now() + EVENTUALLY;
-    while waiters(conn, &name) != before + 1 {
+    while waiters_in_line(conn, &name) != before + 1 {
         if blocked.is_done() {
             panic!("{line} did not wait: {:?}", blocked.reply());
         }
@@ -239,17 +239,6 @@ fn raw_send(server: &Server, line: &str) -> TcpStream {
 // ---------------------------------------------------------------------------------------------
 // Reading the server
 // ---------------------------------------------------------------------------------------------
-
-fn sem_json(conn: &mut redis::Connection, name: &str) -> serde_json::Value {
-    let text: String = run(conn, &["SEM.GET", name, "JSON"]);
-    serde_json::from_str(&text).expect("SEM.GET JSON")
-}
-
-fn waiters(conn: &mut redis::Connection, name: &str) -> u64 {
-    sem_json(conn, name)["waiters"]
-        .as_u64()
-        .expect("waiters is a number")
-}
 
 /// The identifiers in `name`'s holder set (expired ones included), lowest deadline first.
 fn holders(conn: &mut redis::Connection, name: &str) -> Vec<String> {
@@ -326,7 +315,7 @@ fn ten_waiters_in_arrival_order(command: &str) {
         };
         assert_eq!(reply, expected, "waiter {k}");
         assert_eq!(holders(&mut conn, "line"), [name.as_str()]);
-        assert_eq!(waiters(&mut conn, "line"), 9 - k as u64);
+        assert_eq!(waiters_in_line(&mut conn, "line"), 9 - k as u64);
         for later in blocked.as_slice() {
             assert_waiting(later, "a waiter behind the one served");
         }
@@ -405,7 +394,7 @@ fn a_lease_end_grants_the_next_waiter_with_no_other_command() {
     assert_eq!(done.reply, id("w"));
     assert_granted_at_deadline(&mut conn, ("lease", "w", 10_000), &done, deadline, offset);
     assert_eq!(holders(&mut conn, "lease"), ["w"]);
-    assert_eq!(waiters(&mut conn, "lease"), 0);
+    assert_eq!(waiters_in_line(&mut conn, "lease"), 0);
 }
 
 #[test]
@@ -497,7 +486,7 @@ fn wait_0_waits_without_limit_until_client_unblock() {
 
     client_unblock(&mut conn, &blocked, "");
     assert_eq!(blocked.reply(), Reply::Nil);
-    assert_eq!(waiters(&mut conn, "forever"), 0);
+    assert_eq!(waiters_in_line(&mut conn, "forever"), 0);
     assert_eq!(holders(&mut conn, "forever"), ["h"]);
 }
 
@@ -540,7 +529,10 @@ fn bad_wait_and_bound_options_are_refused_and_change_nothing() {
         assert!(err.starts_with(wait_error), "empty WAIT: {err}");
     }
     assert_eq!(snapshot_of_all_keys(&mut conn), before);
-    assert_eq!(waiters(&mut conn, "opt") + waiters(&mut conn, "optp"), 0);
+    assert_eq!(
+        waiters_in_line(&mut conn, "opt") + waiters_in_line(&mut conn, "optp"),
+        0
+    );
 
     // Any order, any case; the largest wait is allowed (a renewal replies at once).
     let line = "sem.acquirefair opt 1 30 bound wait 31536000 withticket id h";
@@ -591,7 +583,7 @@ fn head_of_line(command: &str) {
     assert_waiting(&w1, "W1 (limit 1, one holder)");
     assert_waiting(&w2, "W2 behind W1");
     assert_eq!(holders(&mut conn, "hol"), ["A"]);
-    assert_eq!(waiters(&mut conn, "hol"), 2);
+    assert_eq!(waiters_in_line(&mut conn, "hol"), 2);
 
     assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE hol A"), 1);
     assert_eq!(w1.reply(), granted(command, "W1", 2));
@@ -603,7 +595,7 @@ fn head_of_line(command: &str) {
     let mut now_holding = holders(&mut conn, "hol");
     now_holding.sort();
     assert_eq!(now_holding, ["W1", "W2"]);
-    assert_eq!(waiters(&mut conn, "hol"), 0);
+    assert_eq!(waiters_in_line(&mut conn, "hol"), 0);
 }
 
 /// A and B hold (limit 3); W1 (limit 1) is first in line, W2 (limit 3) behind it. A release
@@ -684,7 +676,7 @@ fn a_plain_caller_without_wait_may_barge_ahead_of_the_line() {
         "a renewal with WAIT does not queue"
     );
     assert_waiting(&w1, "W1");
-    assert_eq!(waiters(&mut conn, "b"), 1);
+    assert_eq!(waiters_in_line(&mut conn, "b"), 1);
     // A waiting newcomer queues even though it would fit.
     assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE b X"), 1);
     let w2 = queue(&server, &mut conn, "SEM.ACQUIRE b 2 30 ID W2 WAIT 10");
@@ -861,18 +853,18 @@ fn a_waiter_that_goes_away_leaves_no_trace() {
     // A socket that closes while it waits.
     let socket = raw_send(&server, "SEM.ACQUIRE gone 1 30 ID s WAIT 10");
     wait_until("the socket waits", EVENTUALLY, || {
-        waiters(&mut conn, "gone") == 1
+        waiters_in_line(&mut conn, "gone") == 1
     });
     drop(socket);
     wait_until("the closed socket left the line", EVENTUALLY, || {
-        waiters(&mut conn, "gone") == 0
+        waiters_in_line(&mut conn, "gone") == 0
     });
 
     // A connection the server kills while it waits.
     let killed = queue(&server, &mut conn, "SEM.ACQUIRE gone 1 30 ID k WAIT 10");
     kill_client(&mut conn, killed.client_id);
     wait_until("the killed client left the line", EVENTUALLY, || {
-        waiters(&mut conn, "gone") == 0
+        waiters_in_line(&mut conn, "gone") == 0
     });
     let json = sem_json(&mut conn, "gone");
     assert_eq!(json["longest_wait_ms"], serde_json::Value::Null);
@@ -912,7 +904,10 @@ fn where_the_server_forbids_blocking_wait_answers_at_once() {
     assert_eq!((plain, fair), (None, None));
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
-    assert_eq!(waiters(&mut conn, "nb") + waiters(&mut conn, "nbf"), 0);
+    assert_eq!(
+        waiters_in_line(&mut conn, "nb") + waiters_in_line(&mut conn, "nbf"),
+        0
+    );
 
     // Where a permit is free, they get it at once as usual.
     let (granted,): (Option<String>,) = redis::pipe()
@@ -937,7 +932,7 @@ fn client_unblock_ends_a_wait_with_nil_or_an_error() {
     let blocked = queue(&server, &mut conn, line);
     client_unblock(&mut conn, &blocked, "");
     assert_eq!(blocked.reply(), Reply::Nil);
-    assert_eq!(waiters(&mut conn, "cu"), 0);
+    assert_eq!(waiters_in_line(&mut conn, "cu"), 0);
 
     let blocked = queue(&server, &mut conn, line);
     client_unblock(&mut conn, &blocked, "ERROR");
@@ -945,7 +940,7 @@ fn client_unblock_ends_a_wait_with_nil_or_an_error() {
         Reply::Error(err) => assert!(err.starts_with("UNBLOCKED"), "{err}"),
         other => panic!("CLIENT UNBLOCK ERROR gave {other:?}"),
     }
-    assert_eq!(waiters(&mut conn, "cu"), 0);
+    assert_eq!(waiters_in_line(&mut conn, "cu"), 0);
     assert_eq!(holders(&mut conn, "cu"), ["h"]);
 
     // A waiter behind an unblocked one moves up, and the next release serves it.
@@ -970,7 +965,7 @@ fn deleting_the_keys_serves_the_head_on_an_empty_semaphore() {
     assert_eq!(w1.reply(), id("w1"));
     assert_eq!(holders(&mut conn, "d"), ["w1"]);
     assert_waiting(&w2, "w2 behind the new holder");
-    assert_eq!(waiters(&mut conn, "d"), 1);
+    assert_eq!(waiters_in_line(&mut conn, "d"), 1);
     assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE d w1"), 1);
     assert_eq!(w2.reply(), id("w2"));
 
@@ -1025,7 +1020,11 @@ fn overwriting_the_holder_set_answers_the_waiters_wrongtype() {
     assert_eq!(cmd::<String>(&mut conn, "GET ow"), "x");
     // SEM.GET answers WRONGTYPE too while the key is a string: look once it is gone.
     assert_eq!(cmd::<i64>(&mut conn, "DEL ow"), 1);
-    assert_eq!(waiters(&mut conn, "ow"), 0, "the line went with the errors");
+    assert_eq!(
+        waiters_in_line(&mut conn, "ow"),
+        0,
+        "the line went with the errors"
+    );
 }
 
 #[test]
@@ -1062,7 +1061,10 @@ fn becoming_a_replica_answers_every_waiter_with_an_error_at_once() {
         elapsed < Duration::from_secs(2),
         "answered after {elapsed:?}"
     );
-    assert_eq!(waiters(&mut conn, "r1") + waiters(&mut conn, "r2"), 0);
+    assert_eq!(
+        waiters_in_line(&mut conn, "r1") + waiters_in_line(&mut conn, "r2"),
+        0
+    );
 }
 
 /// A waiter that goes away in the same event-loop iteration as its grant (one transaction
@@ -1135,7 +1137,7 @@ fn a_waiter_gone_in_the_same_moment_as_its_grant_gives_the_permit_back() {
         wait_until("the permit came back", EVENTUALLY, || {
             holders(&mut conn, &name).is_empty()
         });
-        assert_eq!(waiters(&mut conn, &name), 0);
+        assert_eq!(waiters_in_line(&mut conn, &name), 0);
         let pong: String = cmd(&mut conn, "PING");
         assert_eq!(pong, "PONG");
     }
@@ -1427,7 +1429,7 @@ fn waiting_workload(server: &Server, conn: &mut redis::Connection) {
         cmd::<i64>(conn, "EXISTS boundf boundf:owner") == 0
     });
     for name in ["rel", "relp", "lease", "leasef", "bound", "boundf", "to"] {
-        assert_eq!(waiters(conn, name), 0, "{name}");
+        assert_eq!(waiters_in_line(conn, name), 0, "{name}");
     }
 }
 
@@ -1648,7 +1650,7 @@ fn load(command: &str) {
     );
     assert_eq!(timeouts, 0, "a wait of 5 s ran out during a 2 s load");
     assert_eq!(cmd::<i64>(&mut conn, &format!("SEM.GET {name}")), 0);
-    assert_eq!(waiters(&mut conn, name), 0);
+    assert_eq!(waiters_in_line(&mut conn, name), 0);
     assert_eq!(cmd::<i64>(&mut conn, &format!("GET {name}-inside")), 0);
 
     if fair {

@@ -239,6 +239,41 @@ pub fn unix_ms_now() -> i64 {
     since_epoch.as_millis() as i64
 }
 
+/// A primary whose every write reaches the AOF before it replies, with a disk-based full sync
+/// (which starts at once) for a replica.
+pub const AOF_PRIMARY_ARGS: [&str; 8] = [
+    "--save",
+    "",
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+    "--repl-diskless-sync",
+    "no",
+];
+
+/// `SEM.GET name JSON`, parsed.
+pub fn sem_json(conn: &mut redis::Connection, name: &str) -> serde_json::Value {
+    let text: String = run(conn, &["SEM.GET", name, "JSON"]);
+    serde_json::from_str(&text).expect("SEM.GET JSON")
+}
+
+/// How many clients wait in `name`'s line for permits.
+pub fn waiters_in_line(conn: &mut redis::Connection, name: &str) -> u64 {
+    sem_json(conn, name)["waiters"]
+        .as_u64()
+        .expect("waiters is a number")
+}
+
+/// Waits until `n` clients wait in `name`'s line.
+pub fn until_in_line(conn: &mut redis::Connection, name: &str, n: u64) {
+    wait_until(
+        &format!("{n} wait for {name}"),
+        Duration::from_secs(10),
+        || waiters_in_line(conn, name) == n,
+    );
+}
+
 /// `INFO sem`'s counters and gauges, field by field (the distributions, which are not one
 /// number, left out).
 pub fn info_sem(conn: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
