@@ -283,8 +283,8 @@ fn blocking_outcomes(
                 _ => matches!(reply, Reply::Err(_)),
             };
             if forgets {
-                for gone in names.into_iter().filter(|n| !view.keys.contains_key(*n)) {
-                    after.bindings.retain(|(name, _), _| name != gone);
+                for gone in names.iter().filter(|n| !view.keys.contains_key(**n)) {
+                    after.bindings.retain(|(name, _), _| name != *gone);
                 }
             }
             match reply {
@@ -296,8 +296,20 @@ fn blocking_outcomes(
                 Reply::Nil if blocked == Blocked::Single => {
                     todo.extend(add_state(&mut waiting, after, t))
                 }
-                // Nothing changes while a set or a wait for empty keeps waiting.
-                reply if reply == blocked.waiting() => {}
+                // Nothing changes while a set or a wait for empty keeps waiting, but a set's
+                // try (at a lease end, or as another client's change is heard of) that finds a
+                // holder set gone forgets that semaphore's bindings, and waits on.
+                reply if reply == blocked.waiting() => {
+                    if blocked == Blocked::Set {
+                        let mut kept = state.clone();
+                        for gone in names.iter().filter(|n| !view.keys.contains_key(**n)) {
+                            kept.bindings.retain(|(name, _), _| name != *gone);
+                        }
+                        if kept.bindings != state.bindings {
+                            todo.extend(add_state(&mut waiting, kept, t));
+                        }
+                    }
+                }
                 reply => finals.push((reply, after, format!("{label} after waiting"), t)),
             }
         }
