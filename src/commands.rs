@@ -15,11 +15,12 @@ use crate::args::{
 use crate::config;
 use crate::error::SemError;
 use crate::fencing;
-use crate::keys::{has_hash_tag, is_derived, Command};
+use crate::keys::{has_hash_tag, is_derived, key_plan, with_derived, Command};
 use crate::queue::{arrival, Arrival, Ask, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot, Store};
+use crate::server::acl;
 use crate::server::block::{can_block, client_id, in_script};
-use crate::server::command::{run, Arg};
+use crate::server::command::{run, Arg, Expanded};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
 use crate::server::{guard, is_keys_position_request, is_primary, key_at, now_ms, selected_db};
@@ -57,6 +58,8 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
         if args.len() < 2 {
             return Err(SemError::Arity(command.name()));
         }
+        let expanded = with_keys(ctx, args, command)?;
+        let args = expanded.as_ref().map_or(args, Expanded::args);
         if command.set_step().is_some() {
             let call = sets::SetCall::new(ctx, args, command)?;
             return match command {
@@ -411,6 +414,32 @@ impl<'a> Call<'a> {
             limit: &self.args[5],
         }
     }
+}
+
+/// A call that arrives without its derived keys (where the filter leaves them out: see
+/// `server/filter.rs`) gets them here, after the caller's ACL user is checked on them as Redis
+/// checks the keys it is told of. In Cluster the name's hash tag puts them in its slot.
+fn with_keys(ctx: &Context, args: &[Arg], command: Command) -> Result<Option<Expanded>, SemError> {
+    let Some(plan) = key_plan(command, args.len(), |i| args.get(i).map(|a| a.as_slice())) else {
+        return Ok(None);
+    };
+    let keys: Vec<Vec<u8>> = plan
+        .names
+        .iter()
+        .flat_map(|&pos| {
+            let name = args[pos].as_slice();
+            command
+                .derived_suffixes()
+                .iter()
+                .map(move |suffix| with_derived(name, suffix, <[u8]>::to_vec))
+        })
+        .collect();
+    let expanded = Expanded::new(args, plan.at, &keys);
+    let (_, derived_flags) = key_flags(command);
+    if !acl::may_use(ctx, expanded.added(), derived_flags)? {
+        return Err(SemError::NoPermission);
+    }
+    Ok(Some(expanded))
 }
 
 /// Where the derived names the filter inserted end in `args` (command name included): they

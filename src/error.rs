@@ -1,5 +1,5 @@
 //! Every error reply redsem sends, built in one place. Each message starts with an error code
-//! (`ERR`, `WRONGTYPE`, or for a wait the server ends, `READONLY` and `TRYAGAIN` as Redis itself
+//! (`ERR`, `WRONGTYPE`, `NOPERM`, or for a wait the server ends, `READONLY` and `TRYAGAIN` as Redis itself
 //! would answer) so clients and `INFO errorstats` classify it correctly.
 
 use std::fmt;
@@ -49,6 +49,14 @@ pub enum SemError {
     NamedTwice,
     /// One of the semaphore's keys holds another type.
     WrongType,
+    /// The server refused to block this caller (Valkey 9 answers NULL for a client that is not
+    /// a normal connection or is blocked already): it cannot wait.
+    CannotWait,
+    /// The caller's ACL user may not use one of the derived keys the module checked itself.
+    NoPermission,
+    /// A call in its short form from a script or a module on a server without the command
+    /// filter, where the caller's user cannot be read: it must name the derived keys.
+    NeedsKeys,
     /// `<name>:counter` exists but is not an integer from 0 to 2^53.
     CounterNotInteger,
     /// The next ticket would not fit a sorted-set score exactly.
@@ -146,6 +154,16 @@ impl fmt::Display for SemError {
                 "ERR a semaphore is named twice, or one name is another's key \
                  (<name>:owner, <name>:counter, <name>:permits, <name>:limit)",
             ),
+            SemError::CannotWait => {
+                f.write_str("ERR the server cannot block this client: call without WAIT")
+            }
+            SemError::NoPermission => f.write_str(
+                "NOPERM this user has no permissions to access one of the keys used as arguments",
+            ),
+            SemError::NeedsKeys => f.write_str(
+                "ERR from a script or a module on this server, name the keys after the name: \
+                 <name> <name>:owner <name>:counter <name>:permits <name>:limit",
+            ),
             SemError::WrongType => {
                 f.write_str("WRONGTYPE Operation against a key holding the wrong kind of value")
             }
@@ -220,6 +238,9 @@ mod tests {
     fn every_message_starts_with_an_error_code() {
         let all = [
             SemError::Syntax,
+            SemError::NoPermission,
+            SemError::NeedsKeys,
+            SemError::CannotWait,
             SemError::Arity("sem.get"),
             SemError::InvalidLimit,
             SemError::InvalidStoredLimit,
@@ -261,7 +282,7 @@ mod tests {
             let text = err.to_string();
             let code = text.split(' ').next().unwrap();
             assert!(
-                ["ERR", "WRONGTYPE", "READONLY", "TRYAGAIN"].contains(&code),
+                ["ERR", "WRONGTYPE", "READONLY", "TRYAGAIN", "NOPERM"].contains(&code),
                 "{text}"
             );
             assert!(!text.contains('\n') && !text.contains('\r'), "{text}");

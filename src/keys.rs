@@ -117,6 +117,55 @@ pub fn set_name_positions(step: usize, numsems: &[u8], sent: usize) -> Option<Ve
     (positions[n - 1] < sent).then_some(positions)
 }
 
+/// Where a call sent without its derived keys must receive them: each name's keys (see
+/// [`DERIVED`]), in the names' order, go in at `at`. The filter and, where the filter cannot
+/// insert them, the command itself follow the same plan, so a call runs the same either way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPlan {
+    pub at: usize,
+    pub names: Vec<usize>,
+}
+
+/// The plan for a call of `command` with `argc` arguments (command name included), `arg(i)`
+/// reading argument `i`: `None` when the call carries its keys already (Redis 7.0 filters a
+/// command again after `CLIENT PAUSE WRITE`; clients may send the long form) or is malformed,
+/// which the command answers. No call of the short form carries them: each would be an invalid
+/// limit, lease, identifier or option.
+pub fn key_plan<'a>(
+    command: Command,
+    argc: usize,
+    arg: impl Fn(usize) -> Option<&'a [u8]>,
+) -> Option<KeyPlan> {
+    let suffixes = command.derived_suffixes();
+    let carried = |names: &[usize], start: usize| {
+        argc >= start + names.len() * suffixes.len()
+            && names.iter().enumerate().all(|(i, &pos)| {
+                arg(pos).is_some_and(|name| {
+                    suffixes.iter().enumerate().all(|(j, suffix)| {
+                        let at = start + i * suffixes.len() + j;
+                        arg(at).is_some_and(|key| is_derived(key, name, suffix))
+                    })
+                })
+            })
+    };
+    let Some(step) = command.set_step() else {
+        if argc < 2 || carried(&[1], 2) {
+            return None;
+        }
+        return Some(KeyPlan {
+            at: 2,
+            names: vec![1],
+        });
+    };
+    let names = set_name_positions(step, arg(1)?, argc)?;
+    let total = names.len() * suffixes.len();
+    let last = names[names.len() - 1];
+    if argc >= last + 1 + total && carried(&names, argc - total) {
+        return None;
+    }
+    Some(KeyPlan { at: argc, names })
+}
+
 /// Calls `use_key` with `<name><suffix>`, assembled on the stack for names of usual length so
 /// the filter builds the derived names without a heap allocation of its own.
 pub fn with_derived<T>(name: &[u8], suffix: &[u8], use_key: impl FnOnce(&[u8]) -> T) -> T {
@@ -205,6 +254,57 @@ mod tests {
         }
         assert_eq!(set_name_positions(1, b"64", 66).map(|p| p.len()), Some(64));
         assert_eq!(set_name_positions(1, b"07", 100).map(|p| p.len()), Some(7));
+    }
+
+    #[test]
+    fn short_calls_get_a_plan_and_long_ones_none() {
+        let plan = |command, args: &[&str]| {
+            key_plan(command, args.len(), |i| args.get(i).map(|a| a.as_bytes()))
+        };
+        let single = Some(KeyPlan {
+            at: 2,
+            names: vec![1],
+        });
+        assert_eq!(
+            plan(Command::Acquire, &["SEM.ACQUIRE", "j", "3", "30"]),
+            single
+        );
+        assert_eq!(plan(Command::Get, &["SEM.GET", "j"]), single);
+        assert_eq!(plan(Command::Get, &["SEM.GET"]), None, "no name");
+        let long = [
+            "SEM.GET",
+            "j",
+            "j:owner",
+            "j:counter",
+            "j:permits",
+            "j:limit",
+        ];
+        assert_eq!(plan(Command::Get, &long), None);
+        let partial = ["SEM.GET", "j", "j:owner", "j:counter", "j:permits", "x"];
+        assert_eq!(plan(Command::Get, &partial), single);
+        let set = ["SEM.RELEASEALL", "2", "a", "b", "id"];
+        assert_eq!(
+            plan(Command::ReleaseAll, &set),
+            Some(KeyPlan {
+                at: 5,
+                names: vec![2, 3]
+            })
+        );
+        let mut appended = set.to_vec();
+        for name in ["a", "b"] {
+            for suffix in ["owner", "counter", "permits", "limit"] {
+                appended.push(Box::leak(format!("{name}:{suffix}").into_boxed_str()));
+            }
+        }
+        assert_eq!(plan(Command::ReleaseAll, &appended), None);
+        assert_eq!(
+            plan(Command::ReleaseAll, &["SEM.RELEASEALL", "x", "a"]),
+            None
+        );
+        assert_eq!(
+            plan(Command::ReleaseAll, &["SEM.RELEASEALL", "3", "a"]),
+            None
+        );
     }
 
     #[test]

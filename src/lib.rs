@@ -55,13 +55,16 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         .and_then(|()| server::command_info::register(ctx.ctx))
         .and_then(|()| server::timer::init(ctx.ctx))
         .and_then(|()| server::info::register(ctx.ctx))
-        .and_then(|()| server::filter::register(ctx.ctx))
+        .and_then(|()| {
+            let (valkey, major, minor) = server::server_version(ctx.ctx);
+            server::filter::register(ctx.ctx, server::filter::mode_for(valkey, major, minor))
+        })
         .and_then(|()| server::events::subscribe(ctx.ctx));
     if let Err(reason) = registered {
         ctx.log_warning(&format!("redsem: {reason}"));
         return Status::Err;
     }
-    server::signal_only_changed_keys(ctx);
+    server::set_module_options(ctx);
     Status::Ok
 }
 

@@ -232,7 +232,7 @@ pub fn wait_set(
     let sems: Vec<SemKey> = parts.iter().map(|(sem, _)| sem.clone()).collect();
     check_room(&sems)?;
     events::follow_keys(ctx.ctx)?;
-    let blocked = block::block(ctx).ok_or(SemError::Internal)?;
+    let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
     let key = blocked.key();
     let client = block::client_id(ctx);
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
@@ -289,7 +289,7 @@ fn block_caller(
 ) -> Result<(), SemError> {
     check_room(std::slice::from_ref(&sem))?;
     events::follow_keys(ctx.ctx)?;
-    let blocked = block::block(ctx).ok_or(SemError::Internal)?;
+    let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
     let key = blocked.key();
     let client = block::client_id(ctx);
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));

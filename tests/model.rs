@@ -65,7 +65,7 @@ use std::io::{BufWriter, Write};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{start_replica_of, Server};
+use common::{server_kind, start_replica_of, Server};
 use keyspace::{compare, parse_dump, show, show_keys, time_ms, Bytes, Dump, Value, DUMP_SCRIPT};
 use predict::{Observed, Verdict};
 use rng::Rng;
@@ -871,6 +871,8 @@ fn random_steps_match_the_model_and_keep_every_invariant() {
     );
     let started = Instant::now();
     let primary = Server::start_with(&PRIMARY_ARGS);
+    let (valkey, major) = server_kind(&mut primary.connection());
+    sem::SCRIPTS_UNFILTERED.store(valkey && major >= 9, std::sync::atomic::Ordering::Relaxed);
     let replica = start_replica_of(&primary);
     let mut run = Run::new(&primary, profile.seed);
     run.background_rate = profile.background;

@@ -57,7 +57,8 @@ pub fn client_id(ctx: &Context) -> u64 {
     unsafe { raw::RedisModule_GetClientId.unwrap()(ctx.ctx) }
 }
 
-/// Blocks the caller until the module calls [`unblock`] or [`finish`].
+/// Blocks the caller until the module calls [`unblock`] or [`finish`]. `None` when the server
+/// refuses (Valkey 9: a client that is not a normal connection, or one blocked already).
 pub fn block(ctx: &Context) -> Option<Blocked> {
     // SAFETY: the command's context; the callbacks are plain functions; timeout 0: the
     // module ends waits itself.

@@ -81,3 +81,61 @@ pub fn create(
         Err(format!("the server refused to create {name}"))
     }
 }
+
+/// A call's arguments with keys added by the module (the derived keys of a call the command
+/// filter left in its short form). The added strings are the module's and freed on drop.
+pub struct Expanded {
+    args: Vec<Arg>,
+    added: Vec<*mut raw::RedisModuleString>,
+}
+
+impl Expanded {
+    /// `args` with `keys` inserted at `at`.
+    pub fn new(args: &[Arg], at: usize, keys: &[Vec<u8>]) -> Expanded {
+        let added: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                // SAFETY: a module-owned string (no context), freed on drop.
+                unsafe {
+                    raw::RedisModule_CreateString.unwrap()(
+                        ptr::null_mut(),
+                        key.as_ptr().cast(),
+                        key.len(),
+                    )
+                }
+            })
+            .collect();
+        let borrow = |inner: *mut raw::RedisModuleString| {
+            Arg(ManuallyDrop::new(RedisString::from_redis_module_string(
+                ptr::null_mut(),
+                inner,
+            )))
+        };
+        let at = at.min(args.len());
+        let args = args[..at]
+            .iter()
+            .map(|arg| borrow(arg.inner))
+            .chain(added.iter().map(|&key| borrow(key)))
+            .chain(args[at..].iter().map(|arg| borrow(arg.inner)))
+            .collect();
+        Expanded { args, added }
+    }
+
+    pub fn args(&self) -> &[Arg] {
+        &self.args
+    }
+
+    /// The strings the module added.
+    pub fn added(&self) -> &[*mut raw::RedisModuleString] {
+        &self.added
+    }
+}
+
+impl Drop for Expanded {
+    fn drop(&mut self) {
+        for &key in &self.added {
+            // SAFETY: created in `new`, freed once; `args` borrows them only until here.
+            unsafe { raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), key) };
+        }
+    }
+}

@@ -1,25 +1,63 @@
 //! The command filter. It names every key of a SEM.* call to the server (see `keys.rs`): it
-//! inserts the derived key names the command uses right after the name, so Redis's ACL checks
-//! and Cluster redirection see them. While somebody waits for a permit, it also tells the
-//! waiting side of Cluster slot moves. It runs before every command the server receives, so
-//! for the others it returns after a length check and one atomic load.
+//! inserts the derived key names the command uses right after the name (after the client's
+//! arguments for a set), so Redis's ACL checks and Cluster redirection see them. It also hears
+//! of `CONFIG RESETSTAT` and, while somebody waits, of Cluster slot moves.
+//!
+//! It runs before every command of the server, so for the others it returns after reading the
+//! command name's length and first byte. Where a filter costs the server more than that, or
+//! cannot insert safely, the command inserts the keys itself and checks the caller's ACL on
+//! them (`commands.rs`, `server/acl.rs`):
+//! - Redis 8.4 and later look every command up and extract its keys twice once any filter is
+//!   registered: no filter there.
+//! - Valkey 9 copies the arguments of a command run by a script or a module (`VM_Call`) on the
+//!   first insertion with room for exactly one more, and writes past that copy on the next: on
+//!   Valkey 9 the filter inserts only for commands of a real connection.
 
 use std::os::raw::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::raw;
 
-use crate::keys::{is_derived, set_name_positions, with_derived, Command};
+use crate::keys::{key_plan, with_derived, Command};
 use crate::{stats, waiting};
 
-/// Registers the filter.
-pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+/// Whether insertions are limited to commands of real connections (Valkey 9 and later).
+static CONNECTIONS_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// Which servers get a filter, and how it inserts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every SEM.* call's keys are inserted.
+    Insert,
+    /// Only calls of real connections get their keys inserted (Valkey 9 and later).
+    InsertForConnections,
+    /// No filter (Redis 8.4 and later).
+    None,
+}
+
+/// The mode for a server, from its name and version (`major`, `minor`).
+pub fn mode_for(valkey: bool, major: u32, minor: u32) -> Mode {
+    match (valkey, major, minor) {
+        (true, 9.., _) => Mode::InsertForConnections,
+        (true, ..) => Mode::Insert,
+        (false, 9.., _) | (false, 8, 4..) => Mode::None,
+        (false, ..) => Mode::Insert,
+    }
+}
+
+/// Registers the filter the mode asks for.
+pub fn register(ctx: *mut raw::RedisModuleCtx, mode: Mode) -> Result<(), String> {
+    CONNECTIONS_ONLY.store(mode == Mode::InsertForConnections, Ordering::Relaxed);
+    if mode == Mode::None {
+        return Ok(());
+    }
     // SAFETY: called once from OnLoad with its context; the callback is a plain function.
     // NOSELF: the module's own calls (the counter's GET) need nothing from it.
     let filter = unsafe {
         raw::RedisModule_RegisterCommandFilter.unwrap()(
             ctx,
-            Some(insert_keys),
+            Some(filter),
             raw::REDISMODULE_CMDFILTER_NOSELF as c_int,
         )
     };
@@ -30,110 +68,59 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     }
 }
 
-extern "C" fn insert_keys(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+/// The filter. Nothing before the first return can panic; the rest runs under a guard.
+extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    // SAFETY: Redis passes a valid filter context for the command being filtered.
+    let Some(name) = (unsafe { arg(fctx, 0) }) else {
+        return;
+    };
+    let first = match name.first() {
+        Some(byte) => byte | 0x20,
+        None => return,
+    };
+    // SEM.* names are 7 to 15 bytes long; CONFIG is 6 and CLUSTER 7.
+    let ours = first == b's' && matches!(name.len(), 7 | 9 | 11 | 13 | 14 | 15);
+    let rare = first == b'c' && matches!(name.len(), 6 | 7);
+    if !ours && !rare {
+        return;
+    }
     // A panic must not unwind into redis-server; the filter has nothing to undo.
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: Redis passes a valid filter context for the command being filtered.
-        unsafe { filter_command(fctx) }
+        // SAFETY: as above.
+        unsafe {
+            match Command::from_name(name) {
+                Some(command) => insert_keys(fctx, command),
+                None => note_other_command(fctx, name),
+            }
+        }
     }));
 }
 
 /// The argument at `pos` as bytes; valid until the arguments change.
 unsafe fn arg<'a>(fctx: *mut raw::RedisModuleCommandFilterCtx, pos: c_int) -> Option<&'a [u8]> {
-    let string = raw::RedisModule_CommandFilterArgGet.unwrap()(fctx, pos);
+    let string = raw::RedisModule_CommandFilterArgGet?(fctx, pos);
     if string.is_null() {
         return None;
     }
     let mut len = 0;
-    let ptr = raw::RedisModule_StringPtrLen.unwrap()(string, &mut len);
+    let ptr = raw::RedisModule_StringPtrLen?(string, &mut len);
     Some(std::slice::from_raw_parts(ptr.cast::<u8>(), len))
 }
 
-unsafe fn filter_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+/// Inserts a SEM.* call's derived keys where [`key_plan`] says.
+unsafe fn insert_keys(fctx: *mut raw::RedisModuleCommandFilterCtx, command: Command) {
+    if CONNECTIONS_ONLY.load(Ordering::Relaxed) && !from_connection(fctx) {
+        return;
+    }
     let argc = raw::RedisModule_CommandFilterArgsCount.unwrap()(fctx);
-    if argc < 2 {
-        return; // no name: Redis answers with its arity error
-    }
-    let Some(command) = arg(fctx, 0).and_then(Command::from_name) else {
-        let is = |pos, word: &[u8]| arg(fctx, pos).is_some_and(|a| a.eq_ignore_ascii_case(word));
-        // Redis resets its own statistics; the module's distributions go with them.
-        if argc == 2 && is(0, b"CONFIG") && is(1, b"RESETSTAT") {
-            stats::reset_distributions();
-        }
-        if waiting::queued_anywhere() {
-            note_other_command(fctx);
-        }
+    let Some(plan) = key_plan(command, argc as usize, |i| arg(fctx, i as c_int)) else {
         return;
     };
-    if let Some(step) = command.set_step() {
-        append_set_keys(fctx, argc, step, command.derived_suffixes());
-        return;
-    }
-    let Some(name) = arg(fctx, 1) else {
-        return;
-    };
+    // Every key is built before the first insertion moves the argument vector (the names'
+    // bytes stay where they are, but the borrows end here).
     let suffixes = command.derived_suffixes();
-    // Redis 7.0 filters a command again when it runs it after a pause (`CLIENT PAUSE WRITE`
-    // postpones writes): the names are there already. (No call of the short form has them
-    // there: each would be an invalid limit, lease, identifier or option.)
-    let already = suffixes.iter().enumerate().all(|(i, suffix)| {
-        arg(fctx, 2 + i as c_int).is_some_and(|key| is_derived(key, name, suffix))
-    });
-    if already {
-        return;
-    }
-    // Every derived name is built before the first insertion moves the argument vector (the
-    // name's bytes stay where they are, but the borrow ends here).
-    let mut keys = [std::ptr::null_mut(); 4];
-    for (key, suffix) in keys.iter_mut().zip(suffixes) {
-        *key = with_derived(name, suffix, |bytes| {
-            raw::RedisModule_CreateString.unwrap()(
-                std::ptr::null_mut(),
-                bytes.as_ptr().cast::<c_char>(),
-                bytes.len(),
-            )
-        });
-    }
-    let insert = raw::RedisModule_CommandFilterArgInsert.unwrap();
-    for (i, key) in keys[..suffixes.len()].iter().enumerate() {
-        // Redis owns the string from here and frees it with the command's arguments.
-        insert(fctx, 2 + i as c_int, *key);
-    }
-}
-
-/// A call on a set of semaphores (`numsems name ...`): each name's derived keys are appended
-/// after the client's arguments, in the names' order. A call whose `numsems` or names are
-/// malformed is left as sent: the command answers the error.
-unsafe fn append_set_keys(
-    fctx: *mut raw::RedisModuleCommandFilterCtx,
-    argc: c_int,
-    step: usize,
-    suffixes: &[&[u8]],
-) {
-    let sent = argc as usize;
-    let Some(positions) = arg(fctx, 1).and_then(|n| set_name_positions(step, n, sent)) else {
-        return;
-    };
-    let total = positions.len() * suffixes.len();
-    // Redis 7.0 filters a command again when it runs it after a pause: the keys are there.
-    let last_name = positions[positions.len() - 1];
-    if sent >= last_name + 1 + total {
-        let start = sent - total;
-        let already = positions.iter().enumerate().all(|(i, &pos)| {
-            arg(fctx, pos as c_int).is_some_and(|name| {
-                suffixes.iter().enumerate().all(|(j, suffix)| {
-                    let at = start + i * suffixes.len() + j;
-                    arg(fctx, at as c_int).is_some_and(|key| is_derived(key, name, suffix))
-                })
-            })
-        });
-        if already {
-            return;
-        }
-    }
-    // Every key is built before the first insertion moves the argument vector.
-    let mut keys = Vec::with_capacity(total);
-    for &pos in &positions {
+    let mut keys = Vec::with_capacity(plan.names.len() * suffixes.len());
+    for &pos in &plan.names {
         let Some(name) = arg(fctx, pos as c_int) else {
             return;
         };
@@ -150,16 +137,63 @@ unsafe fn append_set_keys(
     let insert = raw::RedisModule_CommandFilterArgInsert.unwrap();
     for (i, key) in keys.into_iter().enumerate() {
         // Redis owns the string from here and frees it with the command's arguments.
-        insert(fctx, argc + i as c_int, key);
+        insert(fctx, (plan.at + i) as c_int, key);
     }
 }
 
-/// Another command while somebody waits: a Cluster slot change may take waited-on
-/// semaphores away. (Changes to waited keys are heard of as keyspace events, `events.rs`:
-/// the filter sees reads too, and must cost them nothing.)
-unsafe fn note_other_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    let is = |pos, word: &[u8]| arg(fctx, pos).is_some_and(|a| a.eq_ignore_ascii_case(word));
-    if is(0, b"CLUSTER") && is(1, b"SETSLOT") {
+/// Whether the command comes from a real connection, not from a script or a module's call,
+/// which run on temporary clients the server does not list.
+unsafe fn from_connection(fctx: *mut raw::RedisModuleCommandFilterCtx) -> bool {
+    let (Some(client_id), Some(info)) = (
+        raw::RedisModule_CommandFilterGetClientId,
+        raw::RedisModule_GetClientInfoById,
+    ) else {
+        return false;
+    };
+    info(std::ptr::null_mut(), client_id(fctx)) == raw::REDISMODULE_OK as c_int
+}
+
+/// `CONFIG RESETSTAT`: Redis resets its own statistics, and the module's distributions go
+/// with them. `CLUSTER SETSLOT` while somebody waits: a slot change may take waited-on
+/// semaphores away.
+unsafe fn note_other_command(fctx: *mut raw::RedisModuleCommandFilterCtx, name: &[u8]) {
+    let second = |word: &[u8]| arg(fctx, 1).is_some_and(|a| a.eq_ignore_ascii_case(word));
+    if name.eq_ignore_ascii_case(b"CONFIG") {
+        if raw::RedisModule_CommandFilterArgsCount.unwrap()(fctx) == 2 && second(b"RESETSTAT") {
+            stats::reset_distributions();
+        }
+    } else if name.eq_ignore_ascii_case(b"CLUSTER")
+        && waiting::queued_anywhere()
+        && second(b"SETSLOT")
+    {
         waiting::recheck_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_get_the_filter_they_can_afford() {
+        let table = [
+            (false, 7, 0, Mode::Insert),
+            (false, 7, 4, Mode::Insert),
+            (false, 8, 2, Mode::Insert),
+            (false, 8, 4, Mode::None),
+            (false, 8, 6, Mode::None),
+            (false, 9, 0, Mode::None),
+            (true, 7, 2, Mode::Insert),
+            (true, 8, 1, Mode::Insert),
+            (true, 9, 0, Mode::InsertForConnections),
+            (true, 9, 1, Mode::InsertForConnections),
+        ];
+        for (valkey, major, minor, want) in table {
+            assert_eq!(
+                mode_for(valkey, major, minor),
+                want,
+                "{valkey} {major}.{minor}"
+            );
+        }
     }
 }

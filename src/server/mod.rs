@@ -3,6 +3,7 @@
 //! filter (`filter`), blocked clients (`block`), the timer (`timer`), server events (`events`),
 //! and the few plain calls below.
 
+pub mod acl;
 pub mod block;
 pub mod command;
 pub mod command_info;
@@ -101,17 +102,25 @@ pub fn missing_api() -> Vec<&'static str> {
         .collect()
 }
 
-/// Keys are signalled as modified by the key layer only when they changed (see `key.rs`), not
-/// by Redis for every key opened for writing: a refused call must not fire WATCH.
-pub fn signal_only_changed_keys(ctx: &Context) {
-    // SAFETY: the OnLoad context; a documented option bit.
-    unsafe {
-        raw::RedisModule_SetModuleOptions.unwrap()(
-            ctx.ctx,
-            raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
-        )
+/// The module's options. Keys are signalled as modified by the key layer only when they changed
+/// (see `key.rs`), not by Redis for every key opened for writing: a refused call must not fire
+/// WATCH. Reads the server's kind, so it runs after [`server_version`].
+pub fn set_module_options(ctx: &Context) {
+    let mut options = raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int;
+    if is_valkey() && VALKEY_MAJOR.load(std::sync::atomic::Ordering::Relaxed) >= 9 {
+        // Valkey 9 refuses `CLUSTER MIGRATESLOTS` while a loaded module does not declare this.
+        // The semaphores are plain keys the server moves itself; a waiter whose slot left is
+        // answered when its line is next served, as after `CLUSTER SETSLOT`.
+        options |= VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION;
     }
+    // SAFETY: the OnLoad context; documented option bits.
+    unsafe { raw::RedisModule_SetModuleOptions.unwrap()(ctx.ctx, options) }
 }
+
+/// `VALKEYMODULE_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION` (valkeymodule.h, Valkey 9).
+const VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
+
+static VALKEY_MAJOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The server's clock in Unix milliseconds: the one clock every deadline is measured by. Where
 /// Redis offers it (7.2+), the time it cached for the current command, as its own commands use.
@@ -209,4 +218,48 @@ pub fn cluster_can_serve(ctx: &Context, keys: &[&RedisString; 5]) -> bool {
         raw::RedisModule_FreeCallReply.unwrap()(reply);
         ok
     }
+}
+
+static VALKEY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the server is Valkey (read at load by [`server_version`]).
+pub fn is_valkey() -> bool {
+    VALKEY.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The server's kind and version: whether it is Valkey, and its major and minor version (from
+/// `INFO server`: Valkey reports `valkey_version` beside a fixed `redis_version`).
+pub fn server_version(ctx: *mut raw::RedisModuleCtx) -> (bool, u32, u32) {
+    let section = std::ffi::CString::new("server").expect("no NUL");
+    // SAFETY: a context of the module; the data is freed before returning and the fields are
+    // read as C strings owned by it.
+    let (valkey, version) = unsafe {
+        let info = raw::RedisModule_GetServerInfo.unwrap()(ctx, section.as_ptr());
+        if info.is_null() {
+            return (false, 0, 0);
+        }
+        let field = |name: &str| {
+            let name = std::ffi::CString::new(name).expect("no NUL");
+            let value = raw::RedisModule_ServerInfoGetFieldC.unwrap()(info, name.as_ptr());
+            (!value.is_null()).then(|| {
+                std::ffi::CStr::from_ptr(value)
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        };
+        let read = match field("valkey_version") {
+            Some(version) => (true, version),
+            None => (false, field("redis_version").unwrap_or_default()),
+        };
+        raw::RedisModule_FreeServerInfo.unwrap()(ctx, info);
+        read
+    };
+    VALKEY.store(valkey, std::sync::atomic::Ordering::Relaxed);
+    let mut parts = version.split('.').map(|part| part.parse().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    VALKEY_MAJOR.store(
+        if valkey { major } else { 0 },
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    (valkey, major, minor)
 }

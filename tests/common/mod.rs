@@ -352,3 +352,26 @@ impl Pending {
         self.finish().0
     }
 }
+
+/// The server's kind and major version: (whether Valkey, major), from `INFO server`.
+pub fn server_kind(conn: &mut redis::Connection) -> (bool, u32) {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(conn)
+        .expect("INFO server");
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(|value| value.trim().to_string())
+    };
+    let (valkey, version) = match field("valkey_version") {
+        Some(version) => (true, version),
+        None => (false, field("redis_version").unwrap_or_default()),
+    };
+    let major = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    (valkey, major)
+}

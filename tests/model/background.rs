@@ -16,7 +16,8 @@
 //!   earlier one's, and not before an earlier one that timed out stopped waiting;
 //! - when another client deletes the semaphore's keys, the waiters at the head of the line that
 //!   fit are granted at once; when it overwrites the holder set with a string, every waiter is
-//!   answered WRONGTYPE at once;
+//!   answered WRONGTYPE by the line's next lease end or a waiter's timeout (the module does not
+//!   follow writes of strings, hashes and sorted sets: src/server/events.rs);
 //! - other clients' reads of the waited keys make the module serve no line
 //!   (`sem_lines_served` stays put), when nothing else is due meanwhile;
 //! - no key is empty, and the keys stay readable;
@@ -579,12 +580,26 @@ impl Run {
         what: &str,
         ok: impl Fn(&Waiter) -> bool,
     ) {
-        let until = Instant::now() + Duration::from_millis(PROMPT_MS);
+        self.expect_by(ep, which, t1, 0, what, ok);
+    }
+
+    /// The waiters still waiting must be answered within `later_ms` of now (and the slack):
+    /// each checked by `ok`.
+    fn expect_by(
+        &mut self,
+        ep: &mut Episode,
+        which: &[usize],
+        t1: i64,
+        later_ms: u64,
+        what: &str,
+        ok: impl Fn(&Waiter) -> bool,
+    ) {
+        let until = Instant::now() + Duration::from_millis(PROMPT_MS + later_ms);
         for &i in which {
             self.take_answer(ep, i, Some(until));
             let w = &ep.waiters[i];
-            // A wait that ends about now may end first.
-            let may_end = w.since_hi + w.wait_ms <= t1 + 5;
+            // A wait that ends about now (or before the answer is due) may end first.
+            let may_end = w.since_hi + w.wait_ms <= t1 + later_ms as i64 + 5;
             if w.answer.is_none() || !(ok(w) || (may_end && w.timed_out())) {
                 let detail = format!("waiter #{} did not get {what} at once", w.no);
                 self.episode_fail(ep, "another client's change was not served", &detail);
@@ -699,8 +714,27 @@ impl Run {
                     .background
                     .entry("overwrites served")
                     .or_default() += 1;
+                // The module does not follow writes of strings: the line is served at its next
+                // lease end or a waiter's timeout, whichever comes first.
+                let lease_end = ep
+                    .dump
+                    .as_ref()
+                    .and_then(|d| zset_of(d, &name))
+                    .and_then(|z| z.iter().map(|(_, score)| *score as i64).min());
+                let timeout = pending
+                    .iter()
+                    .map(|&i| &ep.waiters[i])
+                    .filter(|w| w.wait_ms > 0)
+                    .map(|w| w.since_hi + w.wait_ms)
+                    .min();
+                let due = [lease_end, timeout]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(t1);
+                let later = (due - t1).max(0) as u64;
                 // A grant answered just before the overwrite (not yet taken in) is no error.
-                self.expect_prompt(ep, &pending, t1, "WRONGTYPE", |w| {
+                self.expect_by(ep, &pending, t1, later, "WRONGTYPE", |w| {
                     w.granted()
                         || w.emptied()
                         || matches!(&w.answer, Some((Reply::Err(e), _)) if e.starts_with("WRONGTYPE"))

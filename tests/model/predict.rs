@@ -9,7 +9,8 @@ use std::collections::BTreeSet;
 use super::keyspace::{compare, logical_view, show_keys, Bytes, Dump, Keyspace, Value};
 use super::ops;
 use super::sem::{
-    arity_text, execute, execute_set, interpret, Call, Client, Interp, Op, SetCall, SetOp, World,
+    arity_text, execute, execute_set, interpret, interpret_in_script, Call, Client, Interp, Op,
+    SetCall, SetOp, World, SCRIPT_ARITY_TEXT,
 };
 use super::steps::Step;
 use super::wire::{fits, Reply};
@@ -51,6 +52,11 @@ fn sem_outcome(
             Reply::Err(arity_text(*cmd)),
             world.clone(),
             "error: arity (redis)".to_string(),
+        ),
+        Interp::ScriptArity(_) => (
+            Reply::Err(SCRIPT_ARITY_TEXT.into()),
+            world.clone(),
+            "error: arity (server, in a script)".to_string(),
         ),
         Interp::Refused(err) => (
             Reply::Err(err.text()),
@@ -368,7 +374,10 @@ type Plan = (Vec<(Reply, Reply)>, Vec<(Action, Reply)>);
 fn plan(step: &Step, replies: &[Reply]) -> Result<Plan, String> {
     let new_id = |i: usize| format!("\0new{i}").into_bytes();
     let sem = |args: &Vec<Bytes>, i: usize, client: Client| Action::Sem {
-        interp: interpret(args),
+        interp: match client {
+            Client::Script => interpret_in_script(args),
+            _ => interpret(args),
+        },
         new_id: new_id(i),
         wait_ms: None,
         client,

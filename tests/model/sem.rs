@@ -3,6 +3,7 @@
 //! the documented rules; every error is decided before the first change, as in the module.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::json;
 
@@ -229,6 +230,9 @@ impl SemErr {
     }
 }
 
+/// The server's arity error for a call from a script (Valkey 9).
+pub const SCRIPT_ARITY_TEXT: &str = "ERR Wrong number of args calling command from script";
+
 /// Redis's own arity error, which the module's uses too.
 pub fn arity_text(cmd: Cmd) -> String {
     format!(
@@ -314,6 +318,9 @@ pub enum Interp {
     /// Refused by Redis itself (too few arguments), before the module runs: inside MULTI this
     /// is a queueing error that aborts the transaction.
     RedisArity(Cmd),
+    /// Refused by the server itself in a script where the filter inserts no keys (Valkey 9:
+    /// see src/server/filter.rs), with the server's own message for scripts.
+    ScriptArity(Cmd),
     /// Refused by the module's argument checks.
     Refused(SemErr),
     Call(Call),
@@ -382,6 +389,25 @@ pub fn parse_permits(field: &[u8], value: &[u8]) -> Option<u64> {
         (2, 4_294_967_295)
     };
     digits_value(value).filter(|n| canonical && value.len() <= 20 && (min..=max).contains(n))
+}
+
+/// Whether the server's command filter leaves calls from scripts as sent (Valkey 9): the
+/// module inserts their keys itself, after the server's arity check.
+pub static SCRIPTS_UNFILTERED: AtomicBool = AtomicBool::new(false);
+
+/// What a call means when a script makes it.
+pub fn interpret_in_script(args: &[Bytes]) -> Interp {
+    if !SCRIPTS_UNFILTERED.load(Ordering::Relaxed) {
+        return interpret(args);
+    }
+    let cmd = Cmd::from_name(&args[0]).expect("a SEM.* command");
+    if args.len() < cmd.redis_min_args() {
+        return Interp::ScriptArity(cmd);
+    }
+    match interpret(args) {
+        Interp::RedisArity(cmd) => Interp::ScriptArity(cmd),
+        other => other,
+    }
 }
 
 pub fn interpret(args: &[Bytes]) -> Interp {
