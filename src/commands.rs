@@ -275,8 +275,6 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
     if bound && in_script(ctx) {
         return Err(SemError::BoundInScript);
     }
-    let keys = call.keys();
-    let name = keys.name.as_slice();
     let mut store = open_for_write(ctx, call)?;
     let made_id;
     let id = match given_id {
@@ -291,10 +289,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
         limit,
         lease_ms,
         count,
-        ticket_margin: match kind {
-            Kind::Fair => fencing::margin_for(name),
-            Kind::Plain => 0,
-        },
+        ticket_floor: fencing::floor(),
     };
     let now = now_ms();
     // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
@@ -333,7 +328,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             }
         },
         Acquired::Granted { ticket, renewed } => {
-            store.record_grant(id.as_slice(), renewed, request.ticket_margin);
+            store.record_grant(id.as_slice(), renewed);
             // After the call's own removals are forgotten (an expired permit of the same
             // identifier may be among them).
             after_write(&mut store, || call.sem(ctx));

@@ -52,7 +52,8 @@ pub static MAX_WAITERS_PER_SEMAPHORE: Setting =
     Setting::new("max-waiters-per-semaphore", 1, 1_000_000_000, 100_000);
 /// How many clients may wait in all.
 pub static MAX_WAITERS: Setting = Setting::new("max-waiters", 1, 1_000_000_000, 1_000_000);
-/// How far fair tickets jump after a restart or a failover (`fencing.rs`).
+/// Accepted and kept, but without effect since fair tickets go on from a clock floor
+/// (`fencing.rs`): configuration files that set it still load.
 pub static FENCING_MARGIN: Setting =
     Setting::new("fencing-margin", 0, 1_000_000_000_000, 1_000_000_000);
 

@@ -1,75 +1,60 @@
 //! Fencing tickets that never repeat, even after a failover or a restart that lost the last
-//! grants.
+//! grants, and even when the node taking over is several terms behind.
 //!
 //! With asynchronous replication a primary may acknowledge fair grants that never reach its
-//! replica (or its AOF) before it dies; the node that takes over holds an older counter and would
-//! hand the same tickets out again. So whenever this node's data may be behind what clients were
-//! told (it finished loading data at startup, or it became a primary), the next fair grant of each
-//! name first moves that name's counter by the margin (`sem.fencing-margin`, 10^9 by default:
-//! more fair grants than one name can receive while a primary's writes are unreplicated, at a
-//! million grants a second more than 16 minutes of them, while leaving room for 9 million such
-//! jumps below 2^53) further: past any grant a lost primary could have made. The names already moved are kept in memory until the next such event, so the cost
-//! is one ordered-set lookup per fair grant and memory for the names used since.
+//! replica (or its AOF) before it dies; the node that takes over holds an older counter, so its
+//! own data cannot tell how far the tickets went. The wall clock can: whenever this node's data
+//! may be behind what clients were told (it finished loading data, or it became a primary), it
+//! takes a floor, the Unix time in milliseconds × [`TICKETS_PER_MS`], and every fair grant hands
+//! out `max(counter + 1, floor)`. Tickets handed out since an earlier floor stay below this one
+//! as long as no name took more than [`TICKETS_PER_MS`] grants per millisecond on average since
+//! then (and the clocks agree within the headroom that leaves). One number per node, whatever the
+//! number of names; the grant writes the counter as always, so replicas and the AOF follow it.
 
-use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::config::FENCING_MARGIN;
+use crate::error::SemError;
+use crate::types::MAX_TICKET;
 
-struct State {
-    armed: bool,
-    moved: BTreeSet<Vec<u8>>,
+/// The floor's scale: a floor is the clock in microseconds. A name may take up to 1,000 fair
+/// grants per millisecond on average between two floors, and floors stay below 2^53 (exact in a
+/// double, and in JavaScript) until the year 2255.
+pub const TICKETS_PER_MS: u64 = 1000;
+
+/// This node's floor; 0 until the first loading end or promotion of this module load.
+static FLOOR: AtomicU64 = AtomicU64::new(0);
+
+/// The floor a node takes at `now_ms` (Unix milliseconds).
+pub fn floor_at(now_ms: i64) -> u64 {
+    u64::try_from(now_ms)
+        .unwrap_or(0)
+        .saturating_mul(TICKETS_PER_MS)
 }
 
-static STATE: Mutex<State> = Mutex::new(State {
-    armed: false,
-    moved: BTreeSet::new(),
-});
-
-fn state() -> std::sync::MutexGuard<'static, State> {
-    // A panic while holding the lock cannot leave the state inconsistent: keep using it.
-    STATE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+/// This node's data may be behind what clients were told: tickets go on from the floor of
+/// `now_ms` at least. A clock that stepped back never lowers the floor.
+pub fn take_floor(now_ms: i64) {
+    FLOOR.fetch_max(floor_at(now_ms), Ordering::Relaxed);
 }
 
-/// This node's data may be behind what clients were told: every name's next fair grant jumps.
-pub fn arm() {
-    let mut state = state();
-    state.armed = true;
-    state.moved.clear();
+/// The floor every fair grant's ticket must reach.
+pub fn floor() -> u64 {
+    FLOOR.load(Ordering::Relaxed)
 }
 
-/// Forgets everything (a new load of the module).
+/// Forgets the floor (a new load of the module).
 pub fn reset() {
-    let mut state = state();
-    state.armed = false;
-    state.moved.clear();
+    FLOOR.store(0, Ordering::Relaxed);
 }
 
-/// The margin the next fair grant of `name` must add to its counter: the configured margin
-/// once per name after [`arm`], otherwise 0.
-pub fn margin_for(name: &[u8]) -> u64 {
-    let state = state();
-    if state.armed && !state.moved.contains(name) {
-        FENCING_MARGIN.get() as u64
-    } else {
-        0
-    }
-}
-
-/// A fair grant of `name` moved its counter by the margin.
-pub fn moved(name: &[u8]) {
-    let mut state = state();
-    if state.armed {
-        state.moved.insert(name.to_vec());
-    }
-}
-
-/// How many names have moved since the last [`arm`] (for tests and INFO).
-#[cfg(test)]
-fn moved_count() -> usize {
-    state().moved.len()
+/// The ticket of a fair grant after `counter` (0 when there is none) with this node's `floor`:
+/// the next one up, and at least the floor; none is left above 2^53.
+pub fn next_ticket(counter: u64, floor: u64) -> Result<u64, SemError> {
+    counter
+        .checked_add(1)
+        .map(|next| next.max(floor))
+        .filter(|&ticket| ticket <= MAX_TICKET)
+        .ok_or(SemError::CounterExhausted)
 }
 
 #[cfg(test)]
@@ -77,21 +62,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_name_jumps_once_after_each_arming() {
-        assert_eq!(margin_for(b"a"), 0, "nothing jumps before the first arming");
-        arm();
-        let margin = FENCING_MARGIN.get() as u64;
-        assert_eq!(margin_for(b"a"), margin);
-        moved(b"a");
-        assert_eq!(margin_for(b"a"), 0);
-        assert_eq!(margin_for(b"b"), margin);
-        assert_eq!(moved_count(), 1);
-        arm();
+    fn the_next_ticket_is_the_counter_plus_one_and_at_least_the_floor() {
+        let floor = floor_at(1_764_000_000_000);
+        let table: &[(u64, u64, Result<u64, SemError>)] = &[
+            (0, 0, Ok(1)),
+            (7, 0, Ok(8)),
+            (7, floor, Ok(floor)),
+            (floor - 1, floor, Ok(floor)),
+            (floor, floor, Ok(floor + 1)),
+            (floor + 41, floor, Ok(floor + 42)),
+            (MAX_TICKET - 1, floor, Ok(MAX_TICKET)),
+            (MAX_TICKET, floor, Err(SemError::CounterExhausted)),
+            (MAX_TICKET, 0, Err(SemError::CounterExhausted)),
+            (u64::MAX, 0, Err(SemError::CounterExhausted)),
+            (0, MAX_TICKET, Ok(MAX_TICKET)),
+            (0, MAX_TICKET + 1, Err(SemError::CounterExhausted)),
+        ];
+        for (counter, floor, want) in table {
+            assert_eq!(
+                &next_ticket(*counter, *floor),
+                want,
+                "counter {counter}, floor {floor}"
+            );
+        }
+    }
+
+    #[test]
+    fn floors_are_the_clock_in_microseconds_and_stay_below_2_pow_53_for_centuries() {
+        assert_eq!(floor_at(1_764_000_000_123), 1_764_000_000_123_000);
+        assert_eq!(floor_at(-5), 0, "a clock before 1970 gives no floor");
+        // 1 January 2255, 00:00 UTC.
+        assert!(floor_at(8_993_721_600_000) < MAX_TICKET);
+    }
+
+    #[test]
+    fn the_floor_only_grows_within_a_load() {
+        reset();
         assert_eq!(
-            margin_for(b"a"),
-            margin,
-            "a new arming moves every name again"
+            floor(),
+            0,
+            "no floor before the first loading end or promotion"
         );
-        assert_eq!(moved_count(), 0);
+        take_floor(2_000);
+        assert_eq!(floor(), 2_000_000);
+        take_floor(1_000);
+        assert_eq!(floor(), 2_000_000, "a clock stepped back keeps the floor");
+        take_floor(3_000);
+        assert_eq!(floor(), 3_000_000);
+        reset();
+        assert_eq!(floor(), 0);
     }
 }

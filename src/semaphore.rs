@@ -20,7 +20,8 @@ use std::collections::HashSet;
 use std::slice;
 
 use crate::error::SemError;
-use crate::types::{ticket_from_score, Kind, MAX_TICKET};
+use crate::fencing::next_ticket;
+use crate::types::{ticket_from_score, Kind};
 
 /// A holder identifier's bytes, however the store keeps them.
 pub trait IdBytes {
@@ -123,9 +124,9 @@ pub struct AcquireRequest {
     /// `COUNT n`: the permits asked for. `None`: 1 for a new holder, and a renewal keeps
     /// whatever the holder holds.
     pub count: Option<u64>,
-    /// How far the counter jumps before this grant's ticket, so that no ticket repeats one a
-    /// failed primary handed out but never replicated (see `fencing.rs`); usually 0.
-    pub ticket_margin: u64,
+    /// The lowest ticket a fair grant may hand out: this node's fencing floor, so that no
+    /// ticket repeats one a lost primary handed out but never replicated (see `fencing.rs`).
+    pub ticket_floor: u64,
 }
 
 impl AcquireRequest {
@@ -313,7 +314,7 @@ pub fn acquire<S: Store>(
             Kind::Fair if room => {
                 // The counter is checked first; one ZADD NX then tells a new grant from a
                 // renewal and makes the grant.
-                let ticket = next_ticket(store.counter()?.unwrap_or(0), request.ticket_margin)?;
+                let ticket = next_ticket(store.counter()?.unwrap_or(0), request.ticket_floor)?;
                 let expired = survey.expired.iter().any(|e| e.id_bytes() == id.id_bytes());
                 if expired || store.put_holder(id, deadline, Put::IfNew) == PutOutcome::Added {
                     prune(store, &survey);
@@ -342,7 +343,7 @@ pub fn acquire<S: Store>(
     let ticket = match request.kind {
         Kind::Fair => Some(next_ticket(
             store.counter()?.unwrap_or(0),
-            request.ticket_margin,
+            request.ticket_floor,
         )?),
         Kind::Plain => None,
     };
@@ -399,7 +400,7 @@ pub fn would_grant<S: Store>(
         return Ok(false);
     }
     if request.kind == Kind::Fair {
-        next_ticket(store.counter()?.unwrap_or(0), request.ticket_margin)?;
+        next_ticket(store.counter()?.unwrap_or(0), request.ticket_floor)?;
     }
     Ok(true)
 }
@@ -606,15 +607,6 @@ pub fn snapshot<S: Store>(store: &S, now_ms: i64) -> Result<Snapshot<S::Id>, Sem
         in_use: survey.in_use(),
         holders,
     })
-}
-
-/// The ticket after `counter`, `margin` further on.
-fn next_ticket(counter: u64, margin: u64) -> Result<u64, SemError> {
-    counter
-        .checked_add(margin)
-        .and_then(|c| c.checked_add(1))
-        .filter(|&ticket| ticket <= MAX_TICKET)
-        .ok_or(SemError::CounterExhausted)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::queue::IdHasher;
 
-use crate::waiting;
+use crate::{fencing, waiting};
 
 macro_rules! counters {
     ($($name:ident: $doc:literal,)*) => {
@@ -79,10 +79,11 @@ pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// The fields of `INFO sem`: the counters, then the gauges.
+/// The fields of `INFO sem`: the counters, then the gauges, then the fencing floor.
 pub fn fields() -> Vec<(&'static str, u64)> {
     let mut fields = each_counter();
     fields.extend(waiting::gauges());
+    fields.push(("ticket_floor", fencing::floor()));
     fields
 }
 

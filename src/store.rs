@@ -12,7 +12,6 @@ use redis_module::{raw, Context, RedisString};
 
 use crate::args::{parse_counter, parse_extra, parse_stored_limit, parse_weight};
 use crate::error::SemError;
-use crate::fencing;
 use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
 use crate::server::{key_exists, selected_db};
@@ -184,9 +183,8 @@ impl<'a> RedisStore<'a> {
     }
 
     /// Counts a grant to `holder` and tells of it: a renewal is only counted; a new permit is
-    /// timed for the hold-time distribution, fires `sem.acquire`, and (for a fair grant with a
-    /// fencing margin) marks the name's tickets as moved on.
-    pub fn record_grant(&self, holder: &[u8], renewed: bool, ticket_margin: u64) {
+    /// timed for the hold-time distribution and fires `sem.acquire`.
+    pub fn record_grant(&self, holder: &[u8], renewed: bool) {
         if renewed {
             stats::count(&COUNTERS.renewed);
             return;
@@ -195,9 +193,6 @@ impl<'a> RedisStore<'a> {
         let name = self.holders.name().as_slice();
         stats::granted(selected_db(self.ctx), name, holder);
         self.notify(c"sem.acquire");
-        if ticket_margin > 0 {
-            fencing::moved(name);
-        }
     }
 
     /// Fires a `sem.*` keyspace event (module class) on `<name>`.

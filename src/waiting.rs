@@ -27,7 +27,6 @@ use crate::server::key::Access;
 use crate::server::{clock_ms, cluster_can_serve, is_primary, select_db, timer, writes_paused};
 use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
-use crate::types::Kind;
 
 /// What became of a wait, handed to Redis with the unblocked client and back to [`reply`] and
 /// [`free`].
@@ -427,10 +426,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
             limit: ask.limit,
             lease_ms: ask.lease_ms,
             count: ask.count,
-            ticket_margin: match ask.kind {
-                Kind::Fair => fencing::margin_for(&sem.name),
-                Kind::Plain => 0,
-            },
+            ticket_floor: fencing::floor(),
         };
         let result = semaphore::acquire(store, now_ms, &holder, &request);
         // Bindings of permits this step removed go first: one may be an expired permit of the
@@ -439,7 +435,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         let outcome = match result {
             Ok(Acquired::Full) | Err(SemError::KindMismatch { .. }) => break,
             Ok(Acquired::Granted { ticket, renewed }) => {
-                store.record_grant(&ask.holder, renewed, request.ticket_margin);
+                store.record_grant(&ask.holder, renewed);
                 let bind_to = ask
                     .bound
                     .then(|| with(|s| s.registry.waiter(id).map(|w| w.client)))
@@ -950,15 +946,12 @@ fn serve_set(ctx: &Context, id: WaiterId) {
     let holder = stores[0].id(&parts[0].1.holder);
     let requests: Vec<AcquireRequest> = parts
         .iter()
-        .map(|(sem, ask)| AcquireRequest {
+        .map(|(_, ask)| AcquireRequest {
             kind: ask.kind,
             limit: ask.limit,
             lease_ms: ask.lease_ms,
             count: ask.count,
-            ticket_margin: match ask.kind {
-                Kind::Fair => fencing::margin_for(&sem.name),
-                Kind::Plain => 0,
-            },
+            ticket_floor: fencing::floor(),
         })
         .collect();
     let fits: Result<bool, SemError> = stores
@@ -1016,7 +1009,7 @@ fn grant_set(
                 return;
             }
         };
-        store.record_grant(&ask.holder, renewed, request.ticket_margin);
+        store.record_grant(&ask.holder, renewed);
         // Bindings of permits this grant removed go first (as in `serve`).
         forget_gone(store, sem);
         after_grant(

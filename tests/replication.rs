@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::net::TcpListener;
 use std::time::Duration;
 
 use common::state::snapshot_of_all_keys;
@@ -336,19 +337,25 @@ fn an_aof_reload_restores_exactly_the_same_state() {
     let dir = server.stop();
     assert_effects_only(&aof_commands(&dir), started_at_ms);
 
+    let restarting_at_ms = unix_ms_now();
     let restarted = Server::restart_in(&dir, &AOF_ARGS);
     let mut conn = restarted.connection();
     assert_eq!(snapshot_of_all_keys(&mut conn), before);
     assert_eq!(sem_get_reports(&mut conn, &SEMAPHORES), reports_before);
 
-    // The reloaded counter goes on past a margin for grants the file may have missed (the
-    // fencing margin, 10^9), once per name; then one by one again.
+    // Loading took a fencing floor from the clock (in microseconds), past any grant the file
+    // may have missed: the reloaded counter goes on from there, then one by one again.
+    let floor = info_sem(&mut conn)["sem_ticket_floor"];
+    assert!(
+        floor >= restarting_at_ms as u64 * 1000 && floor <= unix_ms_now() as u64 * 1000,
+        "floor {floor} is the clock of the load"
+    );
     let (holder, ticket) =
         acquire_fair_with_ticket(&mut conn, "queue", "3", LONG_LEASE, None).expect("a free permit");
-    assert_eq!(ticket, 4 + 1_000_000_000);
+    assert_eq!(ticket, floor);
     let _: i64 = run(&mut conn, &["SEM.RELEASE", "queue", &holder]);
     let after = acquire_fair_with_ticket(&mut conn, "queue", "3", LONG_LEASE, None);
-    assert_eq!(after.map(|(_, ticket)| ticket), Some(5 + 1_000_000_000));
+    assert_eq!(after.map(|(_, ticket)| ticket), Some(floor + 1));
 }
 
 #[test]
@@ -408,4 +415,54 @@ fn a_write_that_finds_its_keys_expired_replicates_in_order() {
         sem_get_reports(&mut on_replica, &names),
         sem_get_reports(&mut on_primary, &names)
     );
+}
+
+#[test]
+fn a_replica_promoted_two_terms_behind_never_repeats_a_ticket() {
+    // P hands out tickets 1 to 5, which both replicas receive. R2 then stops following (it
+    // keeps its data, as a paused or cut-off replica would); R1 is promoted and hands out five
+    // tickets that R2 never sees; P and R1 die; R2 is promoted last. Its own counter is two
+    // terms behind, so only the clock floor keeps it past R1's tickets.
+    let primary = Server::start_with(&PRIMARY_ARGS);
+    let r1 = start_replica_of(&primary);
+    let r2 = start_replica_of(&primary);
+    let mut on_primary = primary.connection();
+    let first: Vec<u64> = (0..5)
+        .map(|_| acquire_fair_with_ticket(&mut on_primary, "job", "100", LONG_LEASE, None))
+        .map(|granted| granted.expect("a free permit").1)
+        .collect();
+    assert_eq!(first, [1, 2, 3, 4, 5]);
+    let acked: i64 = run(&mut on_primary, &["WAIT", "2", "5000"]);
+    assert_eq!(acked, 2, "both replicas have tickets 1 to 5");
+
+    let mut on_r2 = r2.connection();
+    let nobody = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let nobody_port = nobody.local_addr().expect("its address").port().to_string();
+    drop(nobody);
+    let _: () = run(&mut on_r2, &["REPLICAOF", "127.0.0.1", &nobody_port]);
+
+    let mut on_r1 = r1.connection();
+    let _: () = run(&mut on_r1, &["REPLICAOF", "NO", "ONE"]);
+    let second: Vec<u64> = (0..5)
+        .map(|_| acquire_fair_with_ticket(&mut on_r1, "job", "100", LONG_LEASE, None))
+        .map(|granted| granted.expect("a free permit").1)
+        .collect();
+    let r1_floor = info_sem(&mut on_r1)["sem_ticket_floor"];
+    assert_eq!(second[0], r1_floor, "R1 goes on from its floor");
+    assert!(second.windows(2).all(|pair| pair[1] == pair[0] + 1));
+    drop((on_primary, on_r1));
+    drop((primary, r1));
+
+    // Two promotions in one millisecond would take the same floor: real failovers take seconds.
+    std::thread::sleep(Duration::from_millis(10));
+    let _: () = run(&mut on_r2, &["REPLICAOF", "NO", "ONE"]);
+    let counter: u64 = run(&mut on_r2, &["GET", "job:counter"]);
+    assert_eq!(counter, 5, "R2 never saw R1's tickets");
+    let (_, third) = acquire_fair_with_ticket(&mut on_r2, "job", "100", LONG_LEASE, None)
+        .expect("a free permit");
+    assert!(
+        third > *second.last().unwrap(),
+        "R2 handed out {third} after R1's {second:?}"
+    );
+    assert_eq!(third, info_sem(&mut on_r2)["sem_ticket_floor"]);
 }

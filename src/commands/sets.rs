@@ -230,16 +230,12 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
     };
     let requests: Vec<AcquireRequest> = asks
         .iter()
-        .enumerate()
-        .map(|(i, &(limit, count))| AcquireRequest {
+        .map(|&(limit, count)| AcquireRequest {
             kind,
             limit,
             lease_ms,
             count: Some(count),
-            ticket_margin: match kind {
-                Kind::Fair => fencing::margin_for(call.args[call.names[i]].as_slice()),
-                Kind::Plain => 0,
-            },
+            ticket_floor: fencing::floor(),
         })
         .collect();
     let now = now_ms();
@@ -296,7 +292,7 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
             // Nothing changed between the survey and here.
             Acquired::Full => return Err(SemError::Internal),
         };
-        store.record_grant(id.as_slice(), renewed, requests[i].ticket_margin);
+        store.record_grant(id.as_slice(), renewed);
         after_write(store, sem);
         waiting::after_grant(sem, id.as_slice(), renewed, bind_to);
         tickets.push(ticket);

@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::types::deadline_ms;
+use crate::types::{deadline_ms, MAX_TICKET};
 
 /// The key layout as plain maps: what `<name>`, `<name>:owner` and `<name>:counter` hold, with
 /// scores as doubles, as Redis keeps them, so tests can write what other clients might.
@@ -201,7 +201,7 @@ fn plain(limit: u64, lease_ms: i64) -> AcquireRequest {
         limit,
         lease_ms,
         count: None,
-        ticket_margin: 0,
+        ticket_floor: 0,
     }
 }
 
@@ -343,34 +343,47 @@ fn fair_grants_take_increasing_tickets_and_refusals_take_none() {
 }
 
 #[test]
-fn a_ticket_margin_moves_the_counter_before_the_grant() {
+fn a_ticket_floor_lifts_the_next_ticket_once_and_tickets_go_on_from_there() {
     let mut store = MemoryStore {
         counter: Some(7),
         ..MemoryStore::default()
     };
     let request = AcquireRequest {
-        ticket_margin: 1000,
+        ticket_floor: 1000,
         ..fair(5, 100)
-    };
-    run_on(&mut store, &[(0, "a", request, Ok(granted(Some(1008))))]);
-    assert_eq!(store.counter, Some(1008));
-    assert_eq!(
-        store.effects,
-        ["ZADD h 1700000000100 a", "SET c 1008", "ZADD o 1008 a"]
-    );
-    // A refusal or a renewal takes no ticket and moves no counter.
-    let request = AcquireRequest {
-        ticket_margin: 1000,
-        ..fair(1, 100)
     };
     run_on(
         &mut store,
         &[
-            (1, "b", request, Ok(Acquired::Full)),
-            (2, "a", request, Ok(renewed(Some(1008)))),
+            (0, "a", request, Ok(granted(Some(1000)))),
+            // The counter is past the floor now: the next ticket is the next one up.
+            (1, "b", request, Ok(granted(Some(1001)))),
         ],
     );
-    assert_eq!(store.counter, Some(1008));
+    assert_eq!(store.counter, Some(1001));
+    assert_eq!(
+        &store.effects[..3],
+        ["ZADD h 1700000000100 a", "SET c 1000", "ZADD o 1000 a"]
+    );
+    // A refusal or a renewal takes no ticket and moves no counter, whatever the floor.
+    let request = AcquireRequest {
+        ticket_floor: 5000,
+        ..fair(2, 100)
+    };
+    run_on(
+        &mut store,
+        &[
+            (2, "c", request, Ok(Acquired::Full)),
+            (3, "a", request, Ok(renewed(Some(1000)))),
+        ],
+    );
+    assert_eq!(store.counter, Some(1001));
+    // A counter already past the floor is not lowered by it.
+    let request = AcquireRequest {
+        ticket_floor: 500,
+        ..fair(5, 100)
+    };
+    run_on(&mut store, &[(4, "d", request, Ok(granted(Some(1002))))]);
 }
 
 #[test]

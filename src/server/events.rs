@@ -1,5 +1,6 @@
 //! Server events the module follows. When this node's data may be behind what clients were told
-//! (loading ended, or it became a primary), fair tickets jump (`fencing.rs`). The waiting side
+//! (loading ended, or it became a primary), it takes a fencing floor from the clock: fair tickets
+//! go on from there at least (`fencing.rs`). The waiting side
 //! hears of connections closing (BOUND permits), flushes and swapped databases, and this node
 //! becoming a replica: server events, which cost other commands nothing.
 //!
@@ -18,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis_module::raw;
 
 use crate::error::SemError;
-use crate::server::guard;
+use crate::server::{clock_ms, guard};
 use crate::{fencing, waiting};
 
 /// Subscribes to the events.
@@ -82,7 +83,7 @@ extern "C" fn on_loading(
 ) {
     if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
         guard((), || {
-            fencing::arm();
+            fencing::take_floor(clock_ms());
             waiting::recheck_all();
         });
     }
@@ -96,7 +97,7 @@ extern "C" fn on_role_changed(
 ) {
     guard((), || {
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
-            fencing::arm();
+            fencing::take_floor(clock_ms());
         } else if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
             waiting::became_replica();
         }

@@ -1271,13 +1271,6 @@ the holders' lives: {}",
         if ep.flushed {
             self.world.bindings.clear();
         }
-        if self.world.fencing.armed && ep.fair_granted {
-            self.world.fencing.moved.insert(ep.name.clone());
-        }
-        let fair_set = ep.waiters.iter().any(|w| w.set && w.fair && w.granted());
-        if let (true, true, Some(other)) = (self.world.fencing.armed, fair_set, &ep.other) {
-            self.world.fencing.moved.insert(other.clone());
-        }
         for name in NAMES {
             let other = ep.other.as_deref() == Some(name.as_bytes());
             if ep.flushed || name.as_bytes() == ep.name.as_slice() || other || kind == "storm" {

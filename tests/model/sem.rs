@@ -2,7 +2,7 @@
 //! the rules (semaphore.rs) and key expiry (store.rs), over the model's keyspace. Written from
 //! the documented rules; every error is decided before the first change, as in the module.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::json;
@@ -14,9 +14,6 @@ pub const MAX_LIMIT: u64 = u32::MAX as u64;
 /// `sem.max-lease` at its default: one year.
 pub const MAX_LEASE_MS: u64 = 365 * 24 * 3600 * 1000;
 pub const MAX_TICKET: u64 = 1 << 53;
-/// How far a name's counter jumps at its first fair grant after the server loaded data
-/// (`sem.fencing-margin` at its default).
-pub const MARGIN: u64 = 1_000_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -679,21 +676,13 @@ fn parse_call(cmd: Cmd, args: &[Bytes]) -> Result<Call, SemErr> {
     Ok(Call { name, op })
 }
 
-/// The names whose counters jump at their next fair grant (fencing after a load).
+/// The server's fencing floor (`INFO sem`, `sem_ticket_floor`): no fair ticket is below it.
+/// It changes only when the server loads data or becomes a primary, which no step does.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Fencing {
-    pub armed: bool,
-    pub moved: BTreeSet<Bytes>,
-}
-
-impl Fencing {
-    fn margin(&self, name: &[u8]) -> u64 {
-        if self.armed && !self.moved.contains(name) {
-            MARGIN
-        } else {
-            0
-        }
-    }
+    pub floor: u64,
+    /// Fair grants whose ticket the floor lifted (for the run's statistics).
+    pub lifted: u64,
 }
 
 /// The connection a BOUND permit is bound to: the model's main client (directly or in
@@ -1132,13 +1121,24 @@ fn set_counter(keys: &mut Keyspace, key: Bytes, ticket: u64) {
     );
 }
 
-fn next_ticket(counter: Option<u64>, margin: u64) -> Result<u64, SemErr> {
-    counter
+/// The next one up from the counter, and at least the floor.
+fn next_ticket(counter: Option<u64>, floor: u64) -> Result<u64, SemErr> {
+    let next = counter
         .unwrap_or(0)
-        .checked_add(margin)
-        .and_then(|c| c.checked_add(1))
-        .filter(|&t| t <= MAX_TICKET)
-        .ok_or(SemErr::CounterExhausted)
+        .checked_add(1)
+        .ok_or(SemErr::CounterExhausted)?;
+    let ticket = next.max(floor);
+    if ticket > MAX_TICKET {
+        return Err(SemErr::CounterExhausted);
+    }
+    Ok(ticket)
+}
+
+/// Counts a fair grant whose ticket is the floor itself (the floor lifted the counter).
+fn lifted(fencing: &mut Fencing, ticket: u64) {
+    if ticket == fencing.floor {
+        fencing.lifted += 1;
+    }
 }
 
 /// What a call did, for the run's statistics.
@@ -1300,7 +1300,7 @@ fn rules(
             let room = survey.in_use().saturating_add(permits) <= limit;
             let deadline = now + lease_ms;
             let live_holder = sets.holders.score(id).is_some_and(|s| is_live(s, now));
-            let margin = world.fencing.margin(name);
+            let floor = world.fencing.floor;
             // A live holder renews: its permits must match a COUNT, and a fair one keeps a
             // valid ticket. Nothing changes before these checks.
             let renew = |sets: &mut Sets| -> Result<Option<u64>, SemErr> {
@@ -1335,7 +1335,7 @@ fn rules(
                 });
             }
             if count.is_none() && *kind == Kind::Fair && room {
-                let ticket = next_ticket(read_counter(keys, &counter)?, margin)?;
+                let ticket = next_ticket(read_counter(keys, &counter)?, floor)?;
                 let expired = survey.expired.iter().any(|e| e == id);
                 if !expired && sets.holders.contains(id) {
                     let ticket = renew(&mut sets)?;
@@ -1347,9 +1347,7 @@ fn rules(
                 sets.put_owner(id, ticket);
                 removed.extend(sets.finish(keys));
                 set_counter(keys, counter, ticket);
-                if margin > 0 {
-                    world.fencing.moved.insert(name.clone());
-                }
+                lifted(&mut world.fencing, ticket);
                 return Ok((reply(Some(ticket)), Effect::Granted, bind));
             }
             if live_holder {
@@ -1363,7 +1361,7 @@ fn rules(
                 return Ok((Reply::Nil, Effect::Full, None));
             }
             let ticket = match kind {
-                Kind::Fair => Some(next_ticket(read_counter(keys, &counter)?, margin)?),
+                Kind::Fair => Some(next_ticket(read_counter(keys, &counter)?, floor)?),
                 Kind::Plain => None,
             };
             sets.prune(&survey);
@@ -1377,9 +1375,7 @@ fn rules(
             removed.extend(sets.finish(keys));
             if let Some(ticket) = ticket {
                 set_counter(keys, counter, ticket);
-                if margin > 0 {
-                    world.fencing.moved.insert(name.clone());
-                }
+                lifted(&mut world.fencing, ticket);
             }
             Ok((reply(ticket), Effect::Granted, bind))
         }
