@@ -1353,3 +1353,64 @@ fn waiters_are_answered_when_their_slot_leaves_the_node() {
     let holders = zset(&mut on_dst, "{w}");
     assert_eq!(holders.len(), 1, "the holder moved with its keys");
 }
+
+/// Valkey 9's atomic slot migration (`CLUSTER MIGRATESLOTS`) is refused while a loaded module
+/// does not declare that it handles it. redsem declares it: the migration runs, the semaphore's
+/// keys arrive whole on the target, and its tickets go on growing there. (Other servers have no
+/// such command: the test checks the server and says so.)
+#[test]
+fn valkey_atomic_slot_migration_moves_a_semaphore_whole() {
+    let _one = one_cluster_at_a_time();
+    let cluster = Cluster::start(3, 0, &[]);
+    let (valkey, major) = server_kind(&mut cluster.connection(cluster.alive()[0]));
+    if !(valkey && major >= 9) {
+        eprintln!("no atomic slot migration on this server: nothing to check");
+        return;
+    }
+    let mut conn = cluster.cluster_connection();
+    let name = "{asm}";
+    let slot = cluster.slot_of(name);
+    let from = cluster.owner_of_slot(slot);
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|&n| n != from)
+        .expect("another primary");
+    let mut last = 0;
+    for id in ["a", "b"] {
+        let (_, ticket): (String, u64) = cluster_run(
+            &mut conn,
+            &["SEM.ACQUIREFAIR", name, "5", "600", "ID", id, "WITHTICKET"],
+        );
+        assert!(ticket > last);
+        last = ticket;
+    }
+    let range = slot.to_string();
+    let mut source = cluster.connection(from);
+    let started: redis::RedisResult<redis::Value> = command(&[
+        "CLUSTER",
+        "MIGRATESLOTS",
+        "SLOTSRANGE",
+        &range,
+        &range,
+        "NODE",
+        cluster.id(to),
+    ])
+    .query(&mut source);
+    assert!(started.is_ok(), "MIGRATESLOTS refused: {started:?}");
+    wait_until("the slot moved", Duration::from_secs(30), || {
+        cluster.owner_of_slot(slot) == to
+    });
+    let mut target = cluster.connection(to);
+    let holders: Vec<String> = run(&mut target, &["ZRANGE", name, "0", "-1"]);
+    assert_eq!(holders, ["a", "b"]);
+    let counter: u64 = run(&mut target, &["GET", "{asm}:counter"]);
+    assert_eq!(counter, last);
+    let (_, ticket): (String, u64) = cluster_run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", name, "5", "600", "ID", "c", "WITHTICKET"],
+    );
+    assert!(ticket > last, "ticket {ticket} after {last}");
+    let json = get_json(&mut conn, name);
+    assert_eq!(json["holders"].as_array().map(Vec::len), Some(3), "{json}");
+}
