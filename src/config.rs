@@ -1,7 +1,7 @@
 //! The module's settings: `CONFIG SET/GET sem.<name>`, `loadmodule ... <name> <value>`, and
 //! `sem.<name>` lines in redis.conf. Read on the hot path as relaxed atomics.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use crate::types::MAX_LEASE_MS;
 
@@ -64,11 +64,22 @@ pub static SETTINGS: [&Setting; 4] = [
     &FENCING_MARGIN,
 ];
 
+/// `command-filter 0|1`, a module argument only (the filter is registered at load): whether the
+/// module registers its command filter where the server can afford one (`server/filter.rs`).
+/// Without it, other commands pay nothing; the commands insert their derived keys and check the
+/// caller's ACL on them themselves, and Cluster migrations see only the name.
+static COMMAND_FILTER: AtomicBool = AtomicBool::new(true);
+
+pub fn command_filter() -> bool {
+    COMMAND_FILTER.load(Ordering::Relaxed)
+}
+
 /// Puts every setting back to its default (a new load must not inherit an earlier load's).
 pub fn reset() {
     for setting in SETTINGS {
         setting.value.store(setting.default, Ordering::Relaxed);
     }
+    COMMAND_FILTER.store(true, Ordering::Relaxed);
 }
 
 /// The longest lease allowed now, in milliseconds.
@@ -84,6 +95,15 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
     for pair in args.chunks(2) {
         let name = String::from_utf8_lossy(pair[0]);
         let name = name.strip_prefix("sem.").unwrap_or(&name);
+        if name.eq_ignore_ascii_case("command-filter") {
+            let on = match pair[1] {
+                b"1" | b"yes" => true,
+                b"0" | b"no" => false,
+                _ => return Err("command-filter must be 1 (yes) or 0 (no)".into()),
+            };
+            COMMAND_FILTER.store(on, Ordering::Relaxed);
+            continue;
+        }
         let setting = SETTINGS
             .iter()
             .find(|s| s.name.eq_ignore_ascii_case(name))
@@ -118,6 +138,11 @@ mod tests {
         assert!(apply_module_args(&[b"nonsense", b"1"]).is_err());
         assert!(apply_module_args(&[b"max-waiters", b"many"]).is_err());
         assert!(apply_module_args(&[b"max-waiters", b"0"]).is_err());
+        assert!(apply_module_args(&[b"command-filter", b"maybe"]).is_err());
+        apply_module_args(&[b"command-filter", b"no"]).unwrap();
+        assert!(!command_filter());
+        apply_module_args(&[b"command-filter", b"1"]).unwrap();
+        assert!(command_filter());
         apply_module_args(&[b"sem.max-waiters", b"77"]).unwrap();
         assert_eq!(MAX_WAITERS.get(), 77);
         MAX_WAITERS.set(1_000_000).unwrap();

@@ -57,7 +57,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         .and_then(|()| server::info::register(ctx.ctx))
         .and_then(|()| {
             let (valkey, major, minor) = server::server_version(ctx.ctx);
-            server::filter::register(ctx.ctx, server::filter::mode_for(valkey, major, minor))
+            let mode = match config::command_filter() {
+                true => server::filter::mode_for(valkey, major, minor),
+                false => server::filter::Mode::None,
+            };
+            server::filter::register(ctx.ctx, mode)
         })
         .and_then(|()| server::events::subscribe(ctx.ctx));
     if let Err(reason) = registered {

@@ -133,10 +133,12 @@ fn the_acl_covers_the_derived_keys_in_scripts_functions_and_transactions() {
         &["EVAL", GET, "1", "k"],
     ];
     for call in calls {
-        // Redis 7.0 words a script's refusal as its own ERR.
+        // Redis 7.0 and 8.2 word a script's refusal as an ERR of their own.
         let err = error_of(&mut narrow, call);
         assert!(
-            err.starts_with("NOPERM") || err.contains("can't access at least one of the keys"),
+            err.starts_with("NOPERM")
+                || err.contains("can't access at least one of the keys")
+                || err.contains("No permissions to access a key"),
             "{call:?}: {err}"
         );
     }
@@ -161,5 +163,71 @@ fn the_acl_covers_the_derived_keys_in_scripts_functions_and_transactions() {
         count, 2,
         "the direct acquire and the script's and function's"
     );
+    alive(&mut admin);
+}
+
+/// `loadmodule ... command-filter 0`: no filter, so other commands pay nothing for the module.
+/// A connection's calls in the short form still work, and the module itself refuses a user
+/// whose keys do not cover the derived keys (`NOPERM`, recorded in `ACL LOG`). A script's short
+/// call works where the module can read the script caller's user safely (Valkey 9) and is
+/// answered with an error naming the keys to add elsewhere; the long form works everywhere.
+#[test]
+fn without_the_filter_the_module_checks_the_derived_keys_itself() {
+    let server = Server::start_configured("", &["command-filter", "0"], &[]);
+    let mut admin = server.connection();
+    let (valkey, major) = server_kind(&mut admin);
+    let id: String = run(&mut admin, &["SEM.ACQUIRE", "k", "2", "60", "ID", "a"]);
+    assert_eq!(id, "a");
+    // Where the filter inserts, CLIENT LIST shows the long form; here the call runs as sent.
+    let json = sem_json(&mut admin, "k");
+    assert_eq!(json["holders"].as_array().map(Vec::len), Some(1), "{json}");
+
+    let _: String = run(
+        &mut admin,
+        &["ACL", "SETUSER", "narrow", "on", "nopass", "~k", "+@all"],
+    );
+    let mut narrow = server.connection();
+    let _: String = run(&mut narrow, &["AUTH", "narrow", "x"]);
+    let err = error_of(&mut narrow, &["SEM.ACQUIRE", "k", "2", "60", "ID", "b"]);
+    assert!(err.starts_with("NOPERM"), "{err}");
+    let log: Vec<redis::Value> = run(&mut admin, &["ACL", "LOG", "1"]);
+    assert!(
+        format!("{log:?}").contains("k:owner"),
+        "ACL LOG names the refused key: {log:?}"
+    );
+    assert_eq!(
+        zset(&mut admin, "k").len(),
+        1,
+        "the refused call changed nothing"
+    );
+
+    let short: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+        .arg(ACQUIRE)
+        .arg(1)
+        .arg("k")
+        .arg("s")
+        .query(&mut admin);
+    if valkey && major >= 9 {
+        assert!(short.is_ok(), "{short:?}");
+    } else {
+        let err = error_text(&short.expect_err("a script's short call is refused"));
+        assert!(err.contains("name the keys"), "{err}");
+    }
+    let long = "return redis.call('SEM.ACQUIRE', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], \
+                '3', '60', 'ID', 'l')";
+    let id: String = run(
+        &mut admin,
+        &[
+            "EVAL",
+            long,
+            "5",
+            "k",
+            "k:owner",
+            "k:counter",
+            "k:permits",
+            "k:limit",
+        ],
+    );
+    assert_eq!(id, "l");
     alive(&mut admin);
 }

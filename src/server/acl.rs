@@ -80,9 +80,9 @@ impl CallerUser {
             let id = raw::RedisModule_GetClientId.unwrap()(ctx.ctx);
             let mut name = raw::RedisModule_GetClientUserNameById.unwrap()(ctx.ctx, id);
             if name.is_null() && errno() == libc_enoent() {
-                // Redis's RedisModule_GetCurrentUserName reads a user that a module's
-                // superuser client lacks; Valkey's answers NULL for it.
-                if !super::is_valkey() {
+                // RedisModule_GetCurrentUserName reads a user that a module's superuser
+                // client lacks, on Redis and Valkey 8; Valkey 9's answers NULL for it.
+                if !super::current_user_name_is_safe() {
                     return Err(SemError::NeedsKeys);
                 }
                 name = raw::RedisModule_GetCurrentUserName.unwrap()(ctx.ctx);

@@ -227,6 +227,12 @@ pub fn is_valkey() -> bool {
     VALKEY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Whether `RedisModule_GetCurrentUserName` checks for a client without a user (Valkey 9
+/// does; Redis and Valkey 8 dereference it).
+pub fn current_user_name_is_safe() -> bool {
+    is_valkey() && VALKEY_MAJOR.load(std::sync::atomic::Ordering::Relaxed) >= 9
+}
+
 /// The server's kind and version: whether it is Valkey, and its major and minor version (from
 /// `INFO server`: Valkey reports `valkey_version` beside a fixed `redis_version`).
 pub fn server_version(ctx: *mut raw::RedisModuleCtx) -> (bool, u32, u32) {
