@@ -8,6 +8,7 @@ use redis::aio::MultiplexedConnection;
 use crate::cli::Settings;
 use crate::contenders::Contender;
 use crate::handoff::{self, HandoffContender, HandoffMeasurement, HandoffSummary};
+use crate::host::{self, HostResults};
 use crate::scale::{self, ScaleResults};
 use crate::scenarios::{Measurement, Scenario, UNCONTENDED_LIMIT};
 use crate::stats::{self, Spread, Summary};
@@ -185,6 +186,91 @@ pub fn markdown(
     }
     if let Some(results) = scale {
         scale_section(&mut out, settings, results);
+    }
+    out
+}
+
+/// The host set's section of the report: instructions per request of other
+/// commands, with the module in each state over without it, beside the
+/// targets.
+pub fn host_section(r: &HostResults) -> String {
+    let mut out = String::new();
+    let plan = &r.plan;
+    let requests = plan.requests * host::TEST_COUNT;
+    let _ = writeln!(
+        out,
+        "\nHost: what the module costs the server's other commands, in instructions (callgrind \
+         counts them exactly, whatever else the machine runs). Each server runs under \
+         `valgrind --tool=callgrind --dump-instr=no` with `--save '' --appendonly no`, once \
+         without the module and once with `--loadmodule {}`; `redis-benchmark -t {} -n {} -c {}` \
+         sends {} requests on keys of no semaphore, between `callgrind_control -z` and `-d`; \
+         instructions per request are the server's instructions in that span (every thread, \
+         the event loop's and `serverCron`'s included) over the requests. Without the module \
+         one client waits in `BLPOP` on an empty list during the load; with it, the same \
+         `BLPOP` client in the first two states, then the clients waiting on semaphores (each \
+         full, with a holder of a long lease) instead. The states follow each other on one \
+         server with the module; the one without it is the baseline of every state. {} \
+         server(s) in {:.0} s.\n\n\
+         | Server | Module state | instructions/request, no module | with module | ratio | target | |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        plan.module.display(),
+        host::TESTS,
+        group_thousands(plan.requests),
+        host::CLIENTS,
+        group_thousands(requests),
+        r.servers.len(),
+        r.elapsed.as_secs_f64(),
+    );
+    for server in &r.servers {
+        let without = server.without.per_request();
+        for (i, (state, count)) in server.with.iter().enumerate() {
+            let ratio = count.per_request() / without;
+            let target = Target::AtMost(state.target());
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {ratio:.3} | {target} | {} |",
+                if i == 0 { server.version.as_str() } else { "" },
+                state.label(),
+                group_thousands(without.round() as u64),
+                group_thousands(count.per_request().round() as u64),
+                if target.met_by(ratio) {
+                    "met"
+                } else {
+                    "**missed**"
+                },
+            );
+        }
+    }
+    out
+}
+
+/// One row per server and module state, every figure unrounded.
+pub fn host_tsv(r: &HostResults) -> String {
+    let mut out = String::from(
+        "server\tpath\tstate\trequests\tinstructions_no_module\tinstructions_module\t\
+         per_request_no_module\tper_request_module\tratio\ttarget\tmet\t\
+         load_s_no_module\tload_s_module\n",
+    );
+    for server in &r.servers {
+        let without = &server.without;
+        for (state, count) in &server.with {
+            let ratio = count.per_request() / without.per_request();
+            let _ = writeln!(
+                out,
+                "{}\t{}\t{state}\t{}\t{}\t{}\t{:.1}\t{:.1}\t{ratio:.4}\t{}\t{}\t{:.2}\t{:.2}",
+                server.version,
+                server.path.display(),
+                count.requests,
+                without.instructions,
+                count.instructions,
+                without.per_request(),
+                count.per_request(),
+                state.target(),
+                ratio <= state.target(),
+                without.load.as_secs_f64(),
+                count.load.as_secs_f64(),
+            );
+        }
     }
     out
 }

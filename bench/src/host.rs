@@ -1,0 +1,557 @@
+//! The host set: what loading redsem costs the server's OTHER commands,
+//! counted in instructions with callgrind, which on a shared, noisy machine
+//! repeats where wall-clock time does not.
+//!
+//! For each server binary: one run under `valgrind --tool=callgrind`
+//! without the module, one with `--loadmodule`, both `--save ''
+//! --appendonly no`. In each, `redis-benchmark` sends the same load of
+//! commands on keys that belong to no semaphore, between
+//! `callgrind_control -z` (zero the counts) and `-d` (dump them); the dump's
+//! total over the requests sent is the server's instructions per request.
+//! The server without the module has one client blocked in `BLPOP` during
+//! its load; the server with the module goes through the module states one
+//! after the other (each needs the previous: the module subscribes to
+//! keyspace events at the first wait after it loads, for good).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+
+use crate::contenders::Keys;
+use crate::resp::RawConn;
+use crate::scale;
+use crate::BoxError;
+
+/// The commands of the load, as `redis-benchmark -t` takes them.
+pub const TESTS: &str = "get,set,incr,lpush,hset,zadd";
+pub const TEST_COUNT: u64 = 6;
+/// Connections of `redis-benchmark -c`.
+pub const CLIENTS: u32 = 10;
+/// Requests per command of the load (`-n`), full run and smoke run.
+pub const FULL_REQUESTS: u64 = 20_000;
+pub const SMOKE_REQUESTS: u64 = 2_000;
+/// Clients waiting in the last state.
+pub const MANY_WAITERS: usize = 1_000;
+/// Lease of the holders that keep the waited semaphores full, and `WAIT` of
+/// their waiters: both outlast the slowest server under valgrind.
+const LEASE: &str = "3600";
+const WAIT: &str = "3600";
+/// The bounded wait of the "after one wait" state, in seconds.
+const SHORT_WAIT: &str = "0.05";
+/// The list the `BLPOP` client waits on.
+const LIST: &str = "redsem-bench:host:list";
+const PROBE: &str = "redsem-bench:host:probe";
+/// A server under valgrind starts in seconds; a slow machine gets more.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+const DUMP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The module's state during one load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostState {
+    /// Loaded, nobody ever waited; one `BLPOP` client waits, as without it.
+    Loaded,
+    /// One wait ran out of time (the module subscribed to keyspace events),
+    /// its semaphore released and deleted; nobody waits on a semaphore; one
+    /// `BLPOP` client waits, as without the module.
+    AfterWait,
+    /// One client waits on a semaphore (instead of the `BLPOP` client).
+    OneWaiting,
+    /// [`MANY_WAITERS`] clients wait, each on a semaphore of its own.
+    ManyWaiting,
+}
+
+impl HostState {
+    pub const FULL: [HostState; 4] = [
+        HostState::Loaded,
+        HostState::AfterWait,
+        HostState::OneWaiting,
+        HostState::ManyWaiting,
+    ];
+    pub const SMOKE: [HostState; 2] = [HostState::Loaded, HostState::OneWaiting];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            HostState::Loaded => "loaded, never waited",
+            HostState::AfterWait => "after one wait that timed out, nobody waiting",
+            HostState::OneWaiting => "while 1 client waits on another semaphore",
+            HostState::ManyWaiting => "while 1,000 clients wait on 1,000 other semaphores",
+        }
+    }
+
+    pub fn slug(self) -> &'static str {
+        match self {
+            HostState::Loaded => "loaded",
+            HostState::AfterWait => "after-wait",
+            HostState::OneWaiting => "one-waiting",
+            HostState::ManyWaiting => "many-waiting",
+        }
+    }
+
+    /// The highest ratio, with / without the module, this state may reach.
+    pub fn target(self) -> f64 {
+        match self {
+            HostState::Loaded | HostState::AfterWait => 1.015,
+            HostState::OneWaiting | HostState::ManyWaiting => 1.02,
+        }
+    }
+
+    /// Clients waiting on semaphores during the load.
+    fn waiters(self) -> usize {
+        match self {
+            HostState::Loaded | HostState::AfterWait => 0,
+            HostState::OneWaiting => 1,
+            HostState::ManyWaiting => MANY_WAITERS,
+        }
+    }
+}
+
+impl fmt::Display for HostState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.slug())
+    }
+}
+
+/// What the host set runs.
+#[derive(Clone, Debug)]
+pub struct HostPlan {
+    pub servers: Vec<PathBuf>,
+    pub module: PathBuf,
+    /// Requests per command of the load.
+    pub requests: u64,
+    pub states: Vec<HostState>,
+    /// The CPU the servers are pinned to (`taskset`), if any.
+    pub cpu: Option<usize>,
+}
+
+/// One load: the server's instructions from zeroing to dump.
+#[derive(Clone, Copy, Debug)]
+pub struct Count {
+    pub instructions: u64,
+    pub requests: u64,
+    pub load: Duration,
+}
+
+impl Count {
+    pub fn per_request(&self) -> f64 {
+        self.instructions as f64 / self.requests.max(1) as f64
+    }
+}
+
+/// One server binary's figures.
+#[derive(Debug)]
+pub struct ServerCounts {
+    pub path: PathBuf,
+    /// "Redis 7.0.15", "Valkey 9.1.2".
+    pub version: String,
+    pub without: Count,
+    pub with: Vec<(HostState, Count)>,
+}
+
+#[derive(Debug)]
+pub struct HostResults {
+    pub plan: HostPlan,
+    pub servers: Vec<ServerCounts>,
+    pub elapsed: Duration,
+}
+
+pub async fn run(plan: HostPlan) -> Result<HostResults, BoxError> {
+    let started = Instant::now();
+    let work = std::env::temp_dir().join(format!("redsem-bench-host-{}", std::process::id()));
+    let mut servers = Vec::with_capacity(plan.servers.len());
+    for (index, path) in plan.servers.iter().enumerate() {
+        let result = measure_server(&plan, path, &work.join(index.to_string())).await;
+        let counts = result.map_err(|e| format!("host set, {}: {e}", path.display()))?;
+        servers.push(counts);
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(HostResults {
+        plan,
+        servers,
+        elapsed: started.elapsed(),
+    })
+}
+
+async fn measure_server(
+    plan: &HostPlan,
+    path: &Path,
+    work: &Path,
+) -> Result<ServerCounts, BoxError> {
+    let tag = path.display();
+    let mut plain = Callgrind::start(path, None, &work.join("plain"), plan.cpu)?;
+    let mut control = plain.connect().await?;
+    let version = server_version(&mut control).await?;
+    let blpop = block_on_list(&mut control, plain.port).await?;
+    let without = plain.count(plan.requests).await?;
+    eprintln!(
+        "[host] {version} ({tag}), no module: {:.0} instructions/request",
+        without.per_request()
+    );
+    drop(blpop);
+    drop(plain);
+
+    let mut server = Callgrind::start(path, Some(&plan.module), &work.join("module"), plan.cpu)?;
+    let mut control = server.connect().await?;
+    let mut blpop = Some(block_on_list(&mut control, server.port).await?);
+    let mut waiters = Vec::new();
+    let mut with = Vec::with_capacity(plan.states.len());
+    for &state in &plan.states {
+        match state {
+            HostState::Loaded => {}
+            HostState::AfterWait => one_wait_that_times_out(&mut control).await?,
+            HostState::OneWaiting | HostState::ManyWaiting => {
+                // The semaphore waiters are the blocked clients from now on.
+                if let Some(conn) = blpop.take() {
+                    drop(conn);
+                    wait_until_blocked_is(&mut control, 0).await?;
+                }
+                add_waiters(&mut control, server.port, &mut waiters, state.waiters()).await?;
+            }
+        }
+        let count = server.count(plan.requests).await?;
+        eprintln!(
+            "[host] {version}, {}: {:.0} instructions/request, {:.3} × no module",
+            state.label(),
+            count.per_request(),
+            count.per_request() / without.per_request()
+        );
+        with.push((state, count));
+    }
+    drop(waiters);
+    drop(blpop);
+    Ok(ServerCounts {
+        path: path.to_path_buf(),
+        version,
+        without,
+        with,
+    })
+}
+
+/// A server binary running under callgrind on a free loopback port; killed
+/// (with valgrind) when dropped.
+struct Callgrind {
+    child: Child,
+    port: u16,
+    out_file: PathBuf,
+    dumps: u32,
+    dir: PathBuf,
+}
+
+impl Callgrind {
+    fn start(
+        server: &Path,
+        module: Option<&Path>,
+        dir: &Path,
+        cpu: Option<usize>,
+    ) -> Result<Self, BoxError> {
+        std::fs::create_dir_all(dir)?;
+        let port = free_port()?;
+        let out_file = dir.join("callgrind.out");
+        // taskset execs valgrind, which runs the server in the same process:
+        // the child's pid is the server's, as callgrind_control wants it.
+        let mut command = match cpu {
+            Some(cpu) => {
+                let mut c = Command::new("taskset");
+                c.arg("-c").arg(cpu.to_string()).arg("valgrind");
+                c
+            }
+            None => Command::new("valgrind"),
+        };
+        command
+            .arg("--tool=callgrind")
+            .arg("--dump-instr=no")
+            .arg(format!("--callgrind-out-file={}", out_file.display()))
+            .arg(format!("--log-file={}", dir.join("valgrind.log").display()))
+            .arg(server)
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(dir.join("server.log"));
+        if let Some(module) = module {
+            command.arg("--loadmodule").arg(module);
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run valgrind (is it installed?): {e}"))?;
+        Ok(Callgrind {
+            child,
+            port,
+            out_file,
+            dumps: 0,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Waits until the server answers, and returns a connection to it.
+    async fn connect(&mut self) -> Result<MultiplexedConnection, BoxError> {
+        let started = Instant::now();
+        let client = redis::Client::open(("127.0.0.1", self.port))?;
+        loop {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                if redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok()
+                {
+                    return Ok(conn);
+                }
+            }
+            if let Some(status) = self.child.try_wait()? {
+                return Err(format!(
+                    "the server exited ({status}) before it answered; see the tail of its log:\n{}",
+                    self.log_tail()
+                )
+                .into());
+            }
+            if started.elapsed() > START_TIMEOUT {
+                return Err(format!("the server did not answer within {START_TIMEOUT:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let mut tail = String::new();
+        for name in ["server.log", "valgrind.log"] {
+            let text = std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            for line in &lines[lines.len().saturating_sub(10)..] {
+                tail.push_str(line);
+                tail.push('\n');
+            }
+        }
+        tail
+    }
+
+    /// Runs the load between `callgrind_control -z` and `-d`, and reads the
+    /// instructions of that span from the dump.
+    async fn count(&mut self, requests: u64) -> Result<Count, BoxError> {
+        self.control("-z")?;
+        let mut benchmark = Command::new("redis-benchmark");
+        benchmark
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-t", TESTS, "-n", &requests.to_string()])
+            .args(["-c", &CLIENTS.to_string(), "-q"])
+            .stdin(Stdio::null());
+        let started = Instant::now();
+        let output = tokio::task::spawn_blocking(move || benchmark.output())
+            .await?
+            .map_err(|e| format!("cannot run redis-benchmark (is redis-tools installed?): {e}"))?;
+        let load = started.elapsed();
+        let text = String::from_utf8_lossy(&output.stdout);
+        let finished = text.matches("requests per second").count() as u64;
+        if !output.status.success() || finished != TEST_COUNT {
+            return Err(format!(
+                "redis-benchmark failed ({}, {finished} of {TEST_COUNT} tests finished): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+            .into());
+        }
+        self.control("-d")?;
+        self.dumps += 1;
+        let dump = PathBuf::from(format!("{}.{}", self.out_file.display(), self.dumps));
+        Ok(Count {
+            instructions: read_totals(&dump).await?,
+            requests: requests * TEST_COUNT,
+            load,
+        })
+    }
+
+    fn control(&self, flag: &str) -> Result<(), BoxError> {
+        let output = Command::new("callgrind_control")
+            .arg(flag)
+            .arg(self.child.id().to_string())
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run callgrind_control: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "callgrind_control {flag} failed: {}{}",
+                String::from_utf8_lossy(&output.stdout).trim(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Callgrind {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for callgrind to finish writing a dump and returns its total.
+async fn read_totals(dump: &Path) -> Result<u64, BoxError> {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(dump).unwrap_or_default();
+        if let Some(total) = text.lines().find_map(|l| l.strip_prefix("totals:")) {
+            return Ok(total.trim().parse()?);
+        }
+        if started.elapsed() > DUMP_TIMEOUT {
+            return Err(format!("no totals in {} after {DUMP_TIMEOUT:?}", dump.display()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A port nobody listens on now; the server binds it a moment later.
+fn free_port() -> Result<u16, BoxError> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// "Redis 7.0.15" or "Valkey 9.1.2", from `INFO server`.
+async fn server_version(control: &mut MultiplexedConnection) -> Result<String, BoxError> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(control)
+        .await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    };
+    Ok(match (field("valkey_version"), field("redis_version")) {
+        (Some(v), _) => format!("Valkey {v}"),
+        (None, Some(v)) => format!("Redis {v}"),
+        (None, None) => "unknown server".into(),
+    })
+}
+
+/// A connection blocked in `BLPOP` on an empty list until dropped.
+async fn block_on_list(
+    control: &mut MultiplexedConnection,
+    port: u16,
+) -> Result<RawConn, BoxError> {
+    redis::cmd("DEL")
+        .arg(LIST)
+        .query_async::<()>(control)
+        .await?;
+    let mut conn = RawConn::open(port).await?;
+    conn.send(&["BLPOP", LIST, "0"]).await?;
+    wait_until_blocked_is(control, 1).await?;
+    Ok(conn)
+}
+
+/// A wait that runs out of time on a full semaphore; then the holder
+/// releases and the keys go, so nothing of it stays but the module's
+/// subscription to keyspace events.
+async fn one_wait_that_times_out(control: &mut MultiplexedConnection) -> Result<(), BoxError> {
+    let keys = Keys::new(PROBE.into());
+    keys.delete(control).await?;
+    let holder: Option<String> = redis::cmd("SEM.ACQUIRE")
+        .arg(PROBE)
+        .arg(1)
+        .arg(60)
+        .query_async(control)
+        .await?;
+    let holder = holder.ok_or("SEM.ACQUIRE refused the probe's first holder")?;
+    let waited: Option<String> = redis::cmd("SEM.ACQUIRE")
+        .arg(PROBE)
+        .arg(1)
+        .arg(60)
+        .arg("WAIT")
+        .arg(SHORT_WAIT)
+        .query_async(control)
+        .await?;
+    if waited.is_some() {
+        return Err("a wait on a full semaphore got a permit".into());
+    }
+    let released: i64 = redis::cmd("SEM.RELEASE")
+        .arg(PROBE)
+        .arg(&holder)
+        .query_async(control)
+        .await?;
+    if released != 1 {
+        return Err("SEM.RELEASE of the probe's holder replied 0".into());
+    }
+    keys.delete(control).await?;
+    let timed_out = sem_info(control, "sem_waits_timed_out").await?;
+    let waiting = sem_info(control, "sem_waiters").await?;
+    if timed_out != 1 || waiting != 0 {
+        return Err(format!(
+            "after the probe's wait INFO sem reports {timed_out} timed out, {waiting} waiting"
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Brings the clients waiting on semaphores to `n`, each on a full
+/// semaphore of its own.
+async fn add_waiters(
+    control: &mut MultiplexedConnection,
+    port: u16,
+    waiters: &mut Vec<RawConn>,
+    n: usize,
+) -> Result<(), BoxError> {
+    let names: Vec<String> = (waiters.len()..n)
+        .map(|i| format!("redsem-bench:host:wait:{i}"))
+        .collect();
+    let mut pipe = redis::pipe();
+    for name in &names {
+        let keys = Keys::new(name.clone());
+        pipe.cmd("DEL")
+            .arg(&keys.holders)
+            .arg(&keys.owner)
+            .arg(&keys.counter)
+            .arg(&keys.permits)
+            .ignore();
+        pipe.cmd("SEM.ACQUIRE").arg(name).arg(1).arg(LEASE);
+    }
+    let holders: Vec<Option<String>> = pipe.query_async(control).await?;
+    if holders.iter().any(Option::is_none) {
+        return Err("SEM.ACQUIRE refused a holder while filling".into());
+    }
+    let mut conns = scale::open_many(port, names.len()).await?;
+    for (conn, name) in conns.iter_mut().zip(&names) {
+        conn.send(&["SEM.ACQUIRE", name, "1", LEASE, "WAIT", WAIT])
+            .await?;
+    }
+    waiters.append(&mut conns);
+    wait_until_blocked_is(control, n as u64).await?;
+    let waiting = sem_info(control, "sem_waiters").await?;
+    if waiting != n as u64 {
+        return Err(format!("INFO sem reports {waiting} waiters, not {n}").into());
+    }
+    Ok(())
+}
+
+/// Polls until the server counts exactly `n` blocked clients.
+async fn wait_until_blocked_is(
+    control: &mut MultiplexedConnection,
+    n: u64,
+) -> Result<(), BoxError> {
+    let started = Instant::now();
+    loop {
+        let blocked = scale::blocked_clients(control).await?;
+        if blocked == n {
+            return Ok(());
+        }
+        if started.elapsed() > START_TIMEOUT {
+            return Err(format!("{blocked} clients blocked, not {n}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One integer field of `INFO sem`.
+async fn sem_info(control: &mut MultiplexedConnection, field: &str) -> Result<u64, BoxError> {
+    let info: String = redis::cmd("INFO").arg("sem").query_async(control).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("INFO sem reports no {field}").into())
+}
