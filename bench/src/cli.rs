@@ -92,6 +92,13 @@ pub struct Args {
     #[arg(long, default_value_t = host::FULL_REQUESTS, value_parser = value_parser!(u64).range(100..=10_000_000))]
     host_requests: u64,
 
+    /// Module states the host set measures, comma-separated, in this order:
+    /// loaded, after-wait, one-waiting, many-waiting [default: all; with
+    /// --smoke: loaded, one-waiting]. With a module other than redsem (a
+    /// floor), only loaded.
+    #[arg(long, value_delimiter = ',')]
+    host_states: Option<Vec<HostState>>,
+
     /// CPU to pin the host set's servers to (with taskset).
     #[arg(long)]
     host_cpu: Option<usize>,
@@ -248,10 +255,15 @@ impl Settings {
                 } else {
                     args.host_requests
                 },
-                states: if args.smoke {
-                    HostState::SMOKE.to_vec()
-                } else {
-                    HostState::FULL.to_vec()
+                states: match args.host_states {
+                    Some(mut states) => {
+                        // Each state builds on the ones before it.
+                        states.sort_by_key(|&s| s as usize);
+                        states.dedup();
+                        states
+                    }
+                    None if args.smoke => HostState::SMOKE.to_vec(),
+                    None => HostState::FULL.to_vec(),
                 },
                 cpu: args.host_cpu,
             })

@@ -16,6 +16,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -114,6 +115,22 @@ impl fmt::Display for HostState {
     }
 }
 
+impl FromStr for HostState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        HostState::FULL
+            .into_iter()
+            .find(|state| state.slug() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown host state {s:?}; expected loaded, after-wait, one-waiting or \
+                     many-waiting"
+                )
+            })
+    }
+}
+
 /// What the host set runs.
 #[derive(Clone, Debug)]
 pub struct HostPlan {
@@ -130,6 +147,12 @@ pub struct HostPlan {
 #[derive(Clone, Copy, Debug)]
 pub struct Count {
     pub instructions: u64,
+    /// Of those, the ones inside `serverCron` (with what it calls), when the
+    /// binary names its functions: the server's housekeeping, ten times a
+    /// second, whose share grows with the load's wall time rather than with
+    /// its requests (about a million instructions a second, plus a visit to
+    /// each connected client once a second).
+    pub cron_instructions: Option<u64>,
     pub requests: u64,
     pub load: Duration,
 }
@@ -137,6 +160,13 @@ pub struct Count {
 impl Count {
     pub fn per_request(&self) -> f64 {
         self.instructions as f64 / self.requests.max(1) as f64
+    }
+
+    /// Instructions per request outside `serverCron`: the figure that
+    /// repeats whatever else slows the machine down during the load.
+    pub fn per_request_without_cron(&self) -> Option<f64> {
+        self.cron_instructions
+            .map(|cron| (self.instructions - cron) as f64 / self.requests.max(1) as f64)
     }
 }
 
@@ -212,10 +242,13 @@ async fn measure_server(
         }
         let count = server.count(plan.requests).await?;
         eprintln!(
-            "[host] {version}, {}: {:.0} instructions/request, {:.3} × no module",
+            "[host] {version}, {}: {:.0} instructions/request, {:.3} × no module ({:.3} \
+             without serverCron)",
             state.label(),
             count.per_request(),
-            count.per_request() / without.per_request()
+            count.per_request() / without.per_request(),
+            count.per_request_without_cron().unwrap_or(f64::NAN)
+                / without.per_request_without_cron().unwrap_or(f64::NAN),
         );
         with.push((state, count));
     }
@@ -360,6 +393,7 @@ impl Callgrind {
         let dump = PathBuf::from(format!("{}.{}", self.out_file.display(), self.dumps));
         Ok(Count {
             instructions: read_totals(&dump).await?,
+            cron_instructions: cron_instructions(&dump)?,
             requests: requests * TEST_COUNT,
             load,
         })
@@ -404,6 +438,34 @@ async fn read_totals(dump: &Path) -> Result<u64, BoxError> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The instructions inside `serverCron` and what it calls, from the dump's
+/// inclusive costs (`callgrind_annotate`, which ships with valgrind); `None`
+/// when the binary does not name the function.
+fn cron_instructions(dump: &Path) -> Result<Option<u64>, BoxError> {
+    let output = Command::new("callgrind_annotate")
+        .args(["--inclusive=yes", "--threshold=100"])
+        .arg(dump)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run callgrind_annotate: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "callgrind_annotate failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into());
+    }
+    // "13,022,695 ( 1.97%)  ???:serverCron [/usr/bin/redis-server]"
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(text.lines().find_map(|line| {
+        let (cost, rest) = line.trim_start().split_once(' ')?;
+        rest.split_whitespace()
+            .any(|word| word.rsplit(':').next() == Some("serverCron"))
+            .then(|| cost.replace(',', "").parse().ok())
+            .flatten()
+    }))
 }
 
 /// A port nobody listens on now; the server binds it a moment later.
