@@ -9,9 +9,21 @@
 //! `callgrind_control -z` (zero the counts) and `-d` (dump them); the dump's
 //! total over the requests sent is the server's instructions per request.
 //! The server without the module has one client blocked in `BLPOP` during
-//! its load; the server with the module goes through the module states one
+//! its loads; the server with the module goes through the module states one
 //! after the other (each needs the previous: the module subscribes to
 //! keyspace events at the first wait after it loads, for good).
+//!
+//! While clients wait, their semaphores' data is in the database: each
+//! waited semaphore's holder set, a sorted set with a TTL at the lease's
+//! end. A database with volatile keys makes the server dearer for every
+//! command (each key lookup also looks in the expires dict once it is not
+//! empty), a cost of holding the user's data, not of the module. So each
+//! state is compared with a count of the server without the module holding
+//! the same data: the empty database for the states nobody waits in, and for
+//! a state with N waiters N holder sets of the same names, written the
+//! client-side recipe's way (`ZADD <name> <deadline_ms> <member>`,
+//! `PEXPIREAT <name> <deadline_ms>`, the deadline a lease from now), the
+//! `BLPOP` client still blocked.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -39,6 +51,7 @@ pub const MANY_WAITERS: usize = 1_000;
 /// Lease of the holders that keep the waited semaphores full, and `WAIT` of
 /// their waiters: both outlast the slowest server under valgrind.
 const LEASE: &str = "3600";
+pub const LEASE_MS: u64 = 3_600_000;
 const WAIT: &str = "3600";
 /// The bounded wait of the "after one wait" state, in seconds.
 const SHORT_WAIT: &str = "0.05";
@@ -97,6 +110,13 @@ impl HostState {
             HostState::Loaded | HostState::AfterWait => 1.015,
             HostState::OneWaiting | HostState::ManyWaiting => 1.02,
         }
+    }
+
+    /// Holder sets (one per waited semaphore) in the database of this
+    /// state's baseline, the server without the module: as many as the
+    /// state has waiters.
+    pub fn holder_sets(self) -> usize {
+        self.waiters()
     }
 
     /// Clients waiting on semaphores during the load.
@@ -177,8 +197,22 @@ pub struct ServerCounts {
     pub path: PathBuf,
     /// "Redis 7.0.15", "Valkey 9.1.2".
     pub version: String,
-    pub without: Count,
+    /// The counts without the module, by the holder sets in its database
+    /// (0: the empty database), fewest first.
+    pub baselines: Vec<(usize, Count)>,
     pub with: Vec<(HostState, Count)>,
+}
+
+impl ServerCounts {
+    /// The count without the module that `state` is compared with: the
+    /// server holding the same semaphores' data.
+    pub fn baseline(&self, state: HostState) -> &Count {
+        self.baselines
+            .iter()
+            .find(|(sets, _)| *sets == state.holder_sets())
+            .map(|(_, count)| count)
+            .expect("a baseline for every state measured")
+    }
 }
 
 #[derive(Debug)]
@@ -215,11 +249,24 @@ async fn measure_server(
     let mut control = plain.connect().await?;
     let version = server_version(&mut control).await?;
     let blpop = block_on_list(&mut control, plain.port).await?;
-    let without = plain.count(plan.requests).await?;
-    eprintln!(
-        "[host] {version} ({tag}), no module: {:.0} instructions/request",
-        without.per_request()
-    );
+    // The empty database first, then as many holder sets as each state
+    // with waiters has, adding to those already there.
+    let mut holder_sets: Vec<usize> = plan.states.iter().map(|s| s.holder_sets()).collect();
+    holder_sets.push(0);
+    holder_sets.sort_unstable();
+    holder_sets.dedup();
+    let mut baselines: Vec<(usize, Count)> = Vec::with_capacity(holder_sets.len());
+    for sets in holder_sets {
+        let have = baselines.last().map_or(0, |(have, _)| *have);
+        write_holder_sets(&mut control, have, sets).await?;
+        let count = plain.count(plan.requests).await?;
+        eprintln!(
+            "[host] {version} ({tag}), no module, {sets} holder set(s): {:.0} \
+             instructions/request",
+            count.per_request()
+        );
+        baselines.push((sets, count));
+    }
     drop(blpop);
     drop(plain);
 
@@ -242,12 +289,18 @@ async fn measure_server(
             }
         }
         let count = server.count(plan.requests).await?;
+        let without = &baselines
+            .iter()
+            .find(|(sets, _)| *sets == state.holder_sets())
+            .expect("a baseline for every state")
+            .1;
         eprintln!(
-            "[host] {version}, {}: {:.0} instructions/request, {:.3} × no module ({:.3} \
-             without serverCron)",
+            "[host] {version}, {}: {:.0} instructions/request, {:.3} × no module with {} \
+             holder set(s) ({:.3} without serverCron)",
             state.label(),
             count.per_request(),
             count.per_request() / without.per_request(),
+            state.holder_sets(),
             count.per_request_without_cron().unwrap_or(f64::NAN)
                 / without.per_request_without_cron().unwrap_or(f64::NAN),
         );
@@ -258,7 +311,7 @@ async fn measure_server(
     Ok(ServerCounts {
         path: path.to_path_buf(),
         version,
-        without,
+        baselines,
         with,
     })
 }
@@ -552,6 +605,52 @@ async fn one_wait_that_times_out(control: &mut MultiplexedConnection) -> Result<
     Ok(())
 }
 
+/// The name of the `i`th waited semaphore, with the module and in the
+/// baseline without it.
+fn wait_name(i: usize) -> String {
+    format!("redsem-bench:host:wait:{i}")
+}
+
+/// Brings the holder sets in the database of the server without the module
+/// from `have` to `n`, for the semaphores of the first `n` waiters' names
+/// (the loads' own keys, which never expire, stay beside them), each written
+/// as the client-side recipe writes a holder: a sorted set of one member
+/// scored with its deadline, a lease from now, and the key expiring then.
+async fn write_holder_sets(
+    control: &mut MultiplexedConnection,
+    have: usize,
+    n: usize,
+) -> Result<(), BoxError> {
+    if n <= have {
+        return Ok(());
+    }
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(control).await?;
+    let deadline = (secs * 1_000 + micros / 1_000 + LEASE_MS).to_string();
+    let mut pipe = redis::pipe();
+    for i in have..n {
+        let name = wait_name(i);
+        pipe.cmd("ZADD")
+            .arg(&name)
+            .arg(&deadline)
+            .arg(format!("holder-{i}"))
+            .ignore();
+        pipe.cmd("PEXPIREAT").arg(&name).arg(&deadline).ignore();
+    }
+    pipe.query_async::<()>(control).await?;
+    let info: String = redis::cmd("INFO")
+        .arg("keyspace")
+        .query_async(control)
+        .await?;
+    let expected = format!("expires={n},");
+    if !info
+        .lines()
+        .any(|l| l.starts_with("db0:") && l.contains(&expected))
+    {
+        return Err(format!("after writing {n} holder sets INFO keyspace reports {info:?}").into());
+    }
+    Ok(())
+}
+
 /// Brings the clients waiting on semaphores to `n`, each on a full
 /// semaphore of its own.
 async fn add_waiters(
@@ -560,9 +659,7 @@ async fn add_waiters(
     waiters: &mut Vec<RawConn>,
     n: usize,
 ) -> Result<(), BoxError> {
-    let names: Vec<String> = (waiters.len()..n)
-        .map(|i| format!("redsem-bench:host:wait:{i}"))
-        .collect();
+    let names: Vec<String> = (waiters.len()..n).map(wait_name).collect();
     let mut pipe = redis::pipe();
     for name in &names {
         let keys = Keys::new(name.clone());
