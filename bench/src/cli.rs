@@ -9,6 +9,7 @@ use clap::{value_parser, Parser};
 
 use crate::contenders::Contender;
 use crate::handoff::HandoffContender;
+use crate::host::{self, HostPlan, HostState};
 use crate::scale::ScaleSizes;
 use crate::scenarios::UNCONTENDED_LIMIT;
 
@@ -34,9 +35,11 @@ pub struct Args {
     /// Scenario sets to run, comma-separated: pairs (every contender in
     /// every scenario), handoff (limit 1, clients passing one permit), scale
     /// (thousands of waiting clients, a storm of lease ends; needs a server
-    /// with --maxclients 20000).
-    #[arg(long, value_delimiter = ',', default_values_t = Set::ALL)]
-    sets: Vec<Set>,
+    /// with --maxclients 20000), host (what the module costs other commands,
+    /// in instructions under callgrind; needs --host-server and --module)
+    /// [default: all; host only when --host-server is given].
+    #[arg(long, value_delimiter = ',')]
+    sets: Option<Vec<Set>>,
 
     /// Seconds of load per measurement.
     #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
@@ -75,6 +78,31 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = HandoffContender::ALL)]
     handoff_contenders: Vec<HandoffContender>,
 
+    /// A redis-server (or valkey-server) binary for the host set, which
+    /// starts it itself under callgrind, with and without the module;
+    /// repeat the flag for several.
+    #[arg(long)]
+    host_server: Vec<PathBuf>,
+
+    /// The module the host set loads (libredsem.so).
+    #[arg(long)]
+    module: Option<PathBuf>,
+
+    /// Requests per command of the host set's load (redis-benchmark -n).
+    #[arg(long, default_value_t = host::FULL_REQUESTS, value_parser = value_parser!(u64).range(100..=10_000_000))]
+    host_requests: u64,
+
+    /// Module states the host set measures, comma-separated, in this order:
+    /// loaded, after-wait, one-waiting, many-waiting [default: all; with
+    /// --smoke: loaded, one-waiting]. With a module other than redsem (a
+    /// floor), only loaded.
+    #[arg(long, value_delimiter = ',')]
+    host_states: Option<Vec<HostState>>,
+
+    /// CPU to pin the host set's servers to (with taskset).
+    #[arg(long)]
+    host_cpu: Option<usize>,
+
     /// Directory for results.md, results.tsv, handoff.tsv and the chart.
     #[arg(long, default_value = "target/bench")]
     out_dir: PathBuf,
@@ -107,16 +135,19 @@ pub enum Set {
     Handoff,
     /// Thousands of waiters and leases ending at once.
     Scale,
+    /// What the module costs the server's other commands, in instructions.
+    Host,
 }
 
 impl Set {
-    pub const ALL: [Set; 3] = [Set::Pairs, Set::Handoff, Set::Scale];
+    pub const ALL: [Set; 4] = [Set::Pairs, Set::Handoff, Set::Scale, Set::Host];
 
     fn slug(self) -> &'static str {
         match self {
             Set::Pairs => "pairs",
             Set::Handoff => "handoff",
             Set::Scale => "scale",
+            Set::Host => "host",
         }
     }
 }
@@ -134,7 +165,7 @@ impl FromStr for Set {
         Set::ALL
             .into_iter()
             .find(|set| set.slug() == s)
-            .ok_or_else(|| format!("unknown set {s:?}; expected pairs, handoff or scale"))
+            .ok_or_else(|| format!("unknown set {s:?}; expected pairs, handoff, scale or host"))
     }
 }
 
@@ -154,6 +185,8 @@ pub struct Settings {
     pub handoff_contenders: Vec<HandoffContender>,
     /// `None` when the scale set is not run.
     pub scale: Option<ScaleSizes>,
+    /// `None` when the host set is not run.
+    pub host: Option<HostPlan>,
     pub out_dir: PathBuf,
     pub font: PathBuf,
     pub invoked_as: String,
@@ -197,10 +230,48 @@ impl Settings {
                 .collect(),
         };
         let mut handoff_contenders = args.handoff_contenders;
-        if !args.sets.contains(&Set::Pairs) {
+        // The host set needs servers to start; by default it runs when
+        // scripts/bench names them, and asked for by name it insists.
+        let host_asked = args.sets.as_ref().is_some_and(|s| s.contains(&Set::Host));
+        let sets = args.sets.unwrap_or_else(|| Set::ALL.to_vec());
+        let host = if !sets.contains(&Set::Host) || (args.host_server.is_empty() && !host_asked) {
+            None
+        } else {
+            let module = match (&args.module, args.host_server.is_empty()) {
+                (Some(module), false) => module.clone(),
+                _ => {
+                    return Err(
+                        "--sets host: needs --host-server (one or more server binaries) \
+                                and --module (libredsem.so); scripts/bench passes both"
+                            .into(),
+                    )
+                }
+            };
+            Some(HostPlan {
+                servers: args.host_server.clone(),
+                module,
+                requests: if args.smoke {
+                    host::SMOKE_REQUESTS
+                } else {
+                    args.host_requests
+                },
+                states: match args.host_states {
+                    Some(mut states) => {
+                        // Each state builds on the ones before it.
+                        states.sort_by_key(|&s| s as usize);
+                        states.dedup();
+                        states
+                    }
+                    None if args.smoke => HostState::SMOKE.to_vec(),
+                    None => HostState::FULL.to_vec(),
+                },
+                cpu: args.host_cpu,
+            })
+        };
+        if !sets.contains(&Set::Pairs) {
             contenders.clear();
         }
-        if !args.sets.contains(&Set::Handoff) {
+        if !sets.contains(&Set::Handoff) {
             handoff_contenders.clear();
         }
         // Always in the canonical order, so tables and charts line up
@@ -209,12 +280,16 @@ impl Settings {
         contenders.dedup();
         handoff_contenders.sort_by_key(|&c| c as usize);
         handoff_contenders.dedup();
-        let scale = args.sets.contains(&Set::Scale).then_some(if args.smoke {
+        let scale = sets.contains(&Set::Scale).then_some(if args.smoke {
             ScaleSizes::SMOKE
         } else {
             ScaleSizes::FULL
         });
-        if contenders.is_empty() && handoff_contenders.is_empty() && scale.is_none() {
+        if contenders.is_empty()
+            && handoff_contenders.is_empty()
+            && scale.is_none()
+            && host.is_none()
+        {
             return Err("nothing to run: no contender in any set".into());
         }
         Ok(Settings {
@@ -228,6 +303,7 @@ impl Settings {
             handoff_clients: args.handoff_clients as usize,
             handoff_contenders,
             scale,
+            host,
             out_dir,
             font: args.font,
             invoked_as,

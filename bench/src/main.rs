@@ -2,12 +2,15 @@
 //! client-side recipes and a one-round-trip floor side by side against one
 //! redis-server on 127.0.0.1 (and the floor again against a second server
 //! without the module), times how fast one permit passes between waiting
-//! clients, and writes a Markdown report, raw TSV rows and a PNG chart.
+//! clients, counts in instructions (callgrind) what loading the module costs
+//! other commands on servers it starts itself, and writes a Markdown report,
+//! raw TSV rows and a PNG chart.
 
 mod chart;
 mod cli;
 mod contenders;
 mod handoff;
+mod host;
 mod report;
 mod resp;
 mod scale;
@@ -152,9 +155,15 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         None => None,
     };
 
+    // The host set starts servers of its own, under callgrind.
+    let host_results = match settings.host.clone() {
+        Some(plan) => Some(host::run(plan).await?),
+        None => None,
+    };
+
     let summaries = stats::summarize(&measurements, &plan, &settings.contenders);
     let handoff_summaries = handoff::summarize(&handoff_measurements, &settings.handoff_contenders);
-    let markdown = report::markdown(
+    let mut markdown = report::markdown(
         &env,
         plain_env.as_ref(),
         &settings,
@@ -163,6 +172,9 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         &handoff_summaries,
         scale_results.as_ref(),
     );
+    if let Some(results) = &host_results {
+        markdown.push_str(&report::host_section(results));
+    }
     let md_path = settings.out_dir.join("results.md");
     std::fs::write(&md_path, &markdown)?;
     let mut written = vec![md_path];
@@ -186,6 +198,11 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     if let Some(results) = &scale_results {
         let tsv_path = settings.out_dir.join("scale.tsv");
         std::fs::write(&tsv_path, report::scale_tsv(results))?;
+        written.push(tsv_path);
+    }
+    if let Some(results) = &host_results {
+        let tsv_path = settings.out_dir.join("host.tsv");
+        std::fs::write(&tsv_path, report::host_tsv(results))?;
         written.push(tsv_path);
     }
     print!("{markdown}");

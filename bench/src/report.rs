@@ -8,6 +8,7 @@ use redis::aio::MultiplexedConnection;
 use crate::cli::Settings;
 use crate::contenders::Contender;
 use crate::handoff::{self, HandoffContender, HandoffMeasurement, HandoffSummary};
+use crate::host::{self, HostResults};
 use crate::scale::{self, ScaleResults};
 use crate::scenarios::{Measurement, Scenario, UNCONTENDED_LIMIT};
 use crate::stats::{self, Spread, Summary};
@@ -185,6 +186,147 @@ pub fn markdown(
     }
     if let Some(results) = scale {
         scale_section(&mut out, settings, results);
+    }
+    out
+}
+
+/// The host set's section of the report: instructions per request of other
+/// commands, with the module in each state over without it, beside the
+/// targets.
+pub fn host_section(r: &HostResults) -> String {
+    let mut out = String::new();
+    let plan = &r.plan;
+    let _ = writeln!(
+        out,
+        "\nHost: what the module costs the server's other commands, in instructions (callgrind \
+         counts them exactly, whatever else the machine runs). Each server runs under \
+         `valgrind --tool=callgrind --dump-instr=no` with `--save '' --appendonly no`, once \
+         without the module and once with `--loadmodule {}`; `redis-benchmark -t {} -n {} -c {}` \
+         sends {} requests on keys of no semaphore, between `callgrind_control -z` and `-d`; \
+         instructions per request are the server's instructions in that span (every thread) \
+         over the requests. Without the module one client waits in `BLPOP` on an empty list \
+         during the load; with it, the same `BLPOP` client in the first two states, then the \
+         clients waiting on semaphores (each full, with a holder of a long lease) instead. The \
+         states follow each other on one server with the module. Each is compared with the \
+         server without the module holding the same data (the baseline column): while clients \
+         wait, each waited semaphore's holder set is in the database, a sorted set whose key \
+         expires at the lease's end, and a database with volatile keys makes every command \
+         dearer (each key lookup also looks in the expires dict), the server's cost of holding \
+         the data rather than the module's. So the states nobody waits in are compared with the \
+         empty database, the state with 1 waiter with the same server after it wrote 1 holder \
+         set, the one with {} waiters after {} (same names as the waited semaphores, each \
+         `ZADD <name> <deadline_ms> <member>` and `PEXPIREAT <name> <deadline_ms>`, the \
+         deadline a lease of {} s from then, as the client-side recipe writes them; the `BLPOP` \
+         client still blocked). The ratio held against the target leaves out `serverCron` \
+         (with what it calls: the server's housekeeping, ten times a second; for every second \
+         the load lasts under valgrind it adds under 1 instruction per request on Valkey, about \
+         10 on Redis 7.0 and 70 on Redis 8.2, more with many clients connected), which grows \
+         with the load's wall time, not with its requests: counting it, as the last columns do, a busy machine moves the ratio by \
+         several percent between runs; without it, server processes still differ by about \
+         half a percent (each draws its own hash seed at start, which decides which names share \
+         a hash bucket). {} server(s) in {:.0} s.\n\n\
+         | Server | Module state | baseline (no module) | instructions/request outside \
+         serverCron, baseline | with module | ratio | target | | all instructions/request, \
+         baseline | with module | ratio | load s, baseline / module |\n\
+         | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        plan.module.display(),
+        host::TESTS,
+        group_thousands(plan.requests),
+        host::CLIENTS,
+        group_thousands(plan.requests * host::TEST_COUNT),
+        group_thousands(host::MANY_WAITERS as u64),
+        group_thousands(host::MANY_WAITERS as u64),
+        host::LEASE_MS / 1_000,
+        r.servers.len(),
+        r.elapsed.as_secs_f64(),
+    );
+    let per_request = |c: &host::Count| group_thousands(c.per_request().round() as u64);
+    for server in &r.servers {
+        for (i, (state, count)) in server.with.iter().enumerate() {
+            let without = server.baseline(*state);
+            let total = count.per_request() / without.per_request();
+            // The binary may not name serverCron: then every instruction.
+            let (lean_without, lean_with, ratio) = match (
+                without.per_request_without_cron(),
+                count.per_request_without_cron(),
+            ) {
+                (Some(a), Some(b)) => (a, b, b / a),
+                _ => (without.per_request(), count.per_request(), total),
+            };
+            let target = Target::AtMost(state.target());
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {ratio:.3} | {target} | {} | {} | {} | {total:.3} | \
+                 {:.0} / {:.0} |",
+                if i == 0 { server.version.as_str() } else { "" },
+                state.label(),
+                baseline_label(state.holder_sets()),
+                group_thousands(lean_without.round() as u64),
+                group_thousands(lean_with.round() as u64),
+                if target.met_by(ratio) {
+                    "met"
+                } else {
+                    "**missed**"
+                },
+                per_request(without),
+                per_request(count),
+                without.load.as_secs_f64(),
+                count.load.as_secs_f64(),
+            );
+        }
+    }
+    out
+}
+
+/// "empty", "1 holder set", "1,000 holder sets": what the database of a
+/// state's baseline holds.
+pub fn baseline_label(holder_sets: usize) -> String {
+    match holder_sets {
+        0 => "empty".into(),
+        1 => "1 holder set".into(),
+        n => format!("{} holder sets", group_thousands(n as u64)),
+    }
+}
+
+fn host_ratio_without_cron(without: &host::Count, with: &host::Count) -> Option<f64> {
+    Some(with.per_request_without_cron()? / without.per_request_without_cron()?)
+}
+
+/// One row per server and module state, every figure unrounded.
+pub fn host_tsv(r: &HostResults) -> String {
+    let mut out = String::from(
+        "server\tpath\tstate\tbaseline\trequests\tinstructions_no_module\tinstructions_module\t\
+         per_request_no_module\tper_request_module\tratio\ttarget\tmet\t\
+         cron_instructions_no_module\tcron_instructions_module\tratio_without_cron\t\
+         load_s_no_module\tload_s_module\n",
+    );
+    let optional = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
+    for server in &r.servers {
+        for (state, count) in &server.with {
+            let without = server.baseline(*state);
+            let ratio = count.per_request() / without.per_request();
+            let _ = writeln!(
+                out,
+                "{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{:.1}\t{:.1}\t{ratio:.4}\t{}\t{}\t{}\t{}\t{}\t{:.2}\t{:.2}",
+                server.version,
+                server.path.display(),
+                baseline_label(state.holder_sets()),
+                count.requests,
+                without.instructions,
+                count.instructions,
+                without.per_request(),
+                count.per_request(),
+                state.target(),
+                // Judged as the report does: without serverCron when named.
+                host_ratio_without_cron(without, count).unwrap_or(ratio) <= state.target(),
+                optional(without.cron_instructions),
+                optional(count.cron_instructions),
+                host_ratio_without_cron(without, count)
+                    .map_or(String::new(), |r| format!("{r:.4}")),
+                without.load.as_secs_f64(),
+                count.load.as_secs_f64(),
+            );
+        }
     }
     out
 }

@@ -728,7 +728,7 @@ async fn delete_semaphores(
 
 /// Opens `n` bare connections, one after the other (the server accepts
 /// them as fast as they come; no burst overflows its backlog).
-async fn open_many(port: u16, n: usize) -> Result<Vec<RawConn>, BoxError> {
+pub async fn open_many(port: u16, n: usize) -> Result<Vec<RawConn>, BoxError> {
     let mut conns = Vec::with_capacity(n);
     for _ in 0..n {
         conns.push(RawConn::open(port).await?);
@@ -798,7 +798,7 @@ async fn unblock(
         .map_err(|_| "unblocked waiters got no reply in time")?
 }
 
-async fn blocked_clients(control: &mut MultiplexedConnection) -> Result<u64, BoxError> {
+pub async fn blocked_clients(control: &mut MultiplexedConnection) -> Result<u64, BoxError> {
     let info: String = redis::cmd("INFO")
         .arg("clients")
         .query_async(control)
