@@ -360,6 +360,10 @@ impl Callgrind {
             .arg(dir.join("server.log"));
         if let Some(module) = module {
             command.arg("--loadmodule").arg(module);
+            // HOST_MODULE_ARGS: arguments after the module's path, such as `command-filter 0`.
+            if let Ok(args) = std::env::var("HOST_MODULE_ARGS") {
+                command.args(args.split_whitespace());
+            }
         }
         let child = command
             .stdin(Stdio::null())
