@@ -371,7 +371,8 @@ impl<'a> Call<'a> {
         if ctx.get_flags().contains(ContextFlags::CLUSTER) && !has_hash_tag(name) {
             return Err(SemError::NeedsHashTag);
         }
-        let rest = derived_end(args, command).ok_or(SemError::Internal)?;
+        // The keys are there: the client or the filter sent them, or `with_keys` inserted them.
+        let rest = 2 + command.derived_suffixes().len();
         Ok(Call {
             command,
             args,
@@ -419,7 +420,7 @@ fn with_keys(ctx: &Context, args: &[Arg], command: Command) -> Result<Option<Exp
         return Ok(None);
     };
     let keys: Vec<Vec<u8>> = plan
-        .names
+        .names()
         .iter()
         .flat_map(|&pos| {
             let name = args[pos].as_slice();
@@ -429,7 +430,7 @@ fn with_keys(ctx: &Context, args: &[Arg], command: Command) -> Result<Option<Exp
                 .map(move |suffix| with_derived(name, suffix, <[u8]>::to_vec))
         })
         .collect();
-    let expanded = Expanded::new(args, plan.at, &keys);
+    let expanded = Expanded::new(args, plan.at(), &keys);
     let (_, derived_flags) = key_flags(command);
     if !acl::may_use(ctx, expanded.added(), derived_flags)? {
         return Err(SemError::NoPermission);

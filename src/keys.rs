@@ -121,9 +121,27 @@ pub fn set_name_positions(step: usize, numsems: &[u8], sent: usize) -> Option<Ve
 /// [`DERIVED`]), in the names' order, go in at `at`. The filter and, where the filter cannot
 /// insert them, the command itself follow the same plan, so a call runs the same either way.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyPlan {
-    pub at: usize,
-    pub names: Vec<usize>,
+pub enum KeyPlan {
+    /// A call on one semaphore: its keys go right after the name.
+    Single,
+    /// A call on a set: every name's keys go after the client's arguments (`at`).
+    Set { at: usize, names: Vec<usize> },
+}
+
+impl KeyPlan {
+    pub fn at(&self) -> usize {
+        match self {
+            KeyPlan::Single => 2,
+            KeyPlan::Set { at, .. } => *at,
+        }
+    }
+
+    pub fn names(&self) -> &[usize] {
+        match self {
+            KeyPlan::Single => &[1],
+            KeyPlan::Set { names, .. } => names,
+        }
+    }
 }
 
 /// The plan for a call of `command` with `argc` arguments (command name included), `arg(i)`
@@ -152,10 +170,7 @@ pub fn key_plan<'a>(
         if argc < 2 || carried(&[1], 2) {
             return None;
         }
-        return Some(KeyPlan {
-            at: 2,
-            names: vec![1],
-        });
+        return Some(KeyPlan::Single);
     };
     let names = set_name_positions(step, arg(1)?, argc)?;
     let total = names.len() * suffixes.len();
@@ -163,7 +178,7 @@ pub fn key_plan<'a>(
     if argc >= last + 1 + total && carried(&names, argc - total) {
         return None;
     }
-    Some(KeyPlan { at: argc, names })
+    Some(KeyPlan::Set { at: argc, names })
 }
 
 /// Calls `use_key` with `<name><suffix>`, assembled on the stack for names of usual length so
@@ -261,10 +276,7 @@ mod tests {
         let plan = |command, args: &[&str]| {
             key_plan(command, args.len(), |i| args.get(i).map(|a| a.as_bytes()))
         };
-        let single = Some(KeyPlan {
-            at: 2,
-            names: vec![1],
-        });
+        let single = Some(KeyPlan::Single);
         assert_eq!(
             plan(Command::Acquire, &["SEM.ACQUIRE", "j", "3", "30"]),
             single
@@ -285,7 +297,7 @@ mod tests {
         let set = ["SEM.RELEASEALL", "2", "a", "b", "id"];
         assert_eq!(
             plan(Command::ReleaseAll, &set),
-            Some(KeyPlan {
+            Some(KeyPlan::Set {
                 at: 5,
                 names: vec![2, 3]
             })

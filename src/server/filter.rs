@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::raw;
 
-use crate::keys::{key_plan, with_derived, Command};
+use crate::keys::{key_plan, with_derived, Command, KeyPlan};
 use crate::{stats, waiting};
 
 /// Whether insertions are limited to commands of real connections (Valkey 9 and later).
@@ -117,27 +117,37 @@ unsafe fn insert_keys(fctx: *mut raw::RedisModuleCommandFilterCtx, command: Comm
         return;
     };
     // Every key is built before the first insertion moves the argument vector (the names'
-    // bytes stay where they are, but the borrows end here).
+    // bytes stay where they are, but the borrows end here). One semaphore's four fit on the
+    // stack; a set's go to the heap.
     let suffixes = command.derived_suffixes();
-    let mut keys = Vec::with_capacity(plan.names.len() * suffixes.len());
-    for &pos in &plan.names {
+    let names = plan.names();
+    let mut single = [std::ptr::null_mut(); 4];
+    let mut set = Vec::new();
+    let keys: &mut [*mut raw::RedisModuleString] = match plan {
+        KeyPlan::Single if suffixes.len() == single.len() => &mut single,
+        _ => {
+            set.resize(names.len() * suffixes.len(), std::ptr::null_mut());
+            &mut set
+        }
+    };
+    for (i, &pos) in names.iter().enumerate() {
         let Some(name) = arg(fctx, pos as c_int) else {
             return;
         };
-        for suffix in suffixes {
-            keys.push(with_derived(name, suffix, |bytes| {
+        for (j, suffix) in suffixes.iter().enumerate() {
+            keys[i * suffixes.len() + j] = with_derived(name, suffix, |bytes| {
                 raw::RedisModule_CreateString.unwrap()(
                     std::ptr::null_mut(),
                     bytes.as_ptr().cast::<c_char>(),
                     bytes.len(),
                 )
-            }));
+            });
         }
     }
     let insert = raw::RedisModule_CommandFilterArgInsert.unwrap();
-    for (i, key) in keys.into_iter().enumerate() {
+    for (i, &key) in keys.iter().enumerate() {
         // Redis owns the string from here and frees it with the command's arguments.
-        insert(fctx, (plan.at + i) as c_int, key);
+        insert(fctx, (plan.at() + i) as c_int, key);
     }
 }
 
