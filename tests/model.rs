@@ -878,6 +878,10 @@ fn random_steps_match_the_model_and_keep_every_invariant() {
     let primary = Server::start_with(&PRIMARY_ARGS);
     let (valkey, major) = server_kind(&mut primary.connection());
     sem::SCRIPTS_UNFILTERED.store(valkey && major >= 9, std::sync::atomic::Ordering::Relaxed);
+    sem::DELETIONS_FOLLOWED.store(
+        !(valkey && major == 8),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let replica = start_replica_of(&primary);
     let mut run = Run::new(&primary, profile.seed);
     run.background_rate = profile.background;

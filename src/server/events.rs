@@ -59,20 +59,27 @@ pub fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
     }
     // SAFETY: a command's context (the module pointer is what Redis takes from it); the
     // callback is a plain function.
+    let mut classes = raw::REDISMODULE_NOTIFY_EXPIRED | raw::REDISMODULE_NOTIFY_EVICTED;
+    if follows_generic_events() {
+        classes |= raw::REDISMODULE_NOTIFY_GENERIC;
+    }
     let status = unsafe {
-        raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(
-            ctx,
-            raw::REDISMODULE_NOTIFY_GENERIC
-                | raw::REDISMODULE_NOTIFY_EXPIRED
-                | raw::REDISMODULE_NOTIFY_EVICTED,
-            Some(on_key_event),
-        )
+        raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(ctx, classes, Some(on_key_event))
     };
     if status != raw::REDISMODULE_OK as c_int {
         return Err(SemError::Internal);
     }
     FOLLOWING_KEYS.store(true, Ordering::Relaxed);
     Ok(())
+}
+
+/// Whether the module follows the generic class (deletions, renames, moves). Valkey 8 delivers
+/// a keyspace event through the executing client and leaves that client in the event's
+/// database: with a subscriber, `MOVE key 5` or `COPY a b DB 5` would switch the caller's
+/// connection to database 5. There the module follows expiries and evictions only, and a
+/// deletion, rename or move is seen at the line's next lease end or a waiter's timeout.
+pub fn follows_generic_events() -> bool {
+    !(super::is_valkey() && super::valkey_major() == 8)
 }
 
 extern "C" fn on_loading(

@@ -227,6 +227,11 @@ pub fn is_valkey() -> bool {
     VALKEY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Valkey's major version, 0 on Redis.
+pub fn valkey_major() -> u32 {
+    VALKEY_MAJOR.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether `RedisModule_GetCurrentUserName` checks for a client without a user (Valkey 9
 /// does; Redis and Valkey 8 dereference it).
 pub fn current_user_name_is_safe() -> bool {

@@ -392,6 +392,11 @@ pub fn parse_permits(field: &[u8], value: &[u8]) -> Option<u64> {
 /// module inserts their keys itself, after the server's arity check.
 pub static SCRIPTS_UNFILTERED: AtomicBool = AtomicBool::new(false);
 
+/// Whether the module follows deletions at once (all servers but Valkey 8: see
+/// src/server/events.rs); where it does not, a waiter learns of one at the line's next lease
+/// end or a timeout.
+pub static DELETIONS_FOLLOWED: AtomicBool = AtomicBool::new(true);
+
 /// What a call means when a script makes it.
 pub fn interpret_in_script(args: &[Bytes]) -> Interp {
     if !SCRIPTS_UNFILTERED.load(Ordering::Relaxed) {
