@@ -670,7 +670,7 @@ impl Run {
             ep.flushed = true;
         }
         // When the module does not follow deletions (Valkey 8), a wipe is seen when the line is
-        // next served: at its next lease end or a waiter's timeout, whichever comes first.
+        // next served: at its next lease end after the write or a waiter's timeout, whichever comes first.
         let wipe_later = if DELETIONS_FOLLOWED.load(Ordering::Relaxed) {
             0
         } else {
@@ -678,7 +678,12 @@ impl Run {
                 .dump
                 .as_ref()
                 .and_then(|d| zset_of(d, &name))
-                .and_then(|z| z.iter().map(|(_, score)| *score as i64).min());
+                .and_then(|z| {
+                    z.iter()
+                        .map(|(_, score)| *score as i64)
+                        .filter(|&at| at > t1)
+                        .min()
+                });
             let timeout = pending
                 .iter()
                 .chain(&empties)
@@ -728,12 +733,17 @@ impl Run {
                     .entry("overwrites served")
                     .or_default() += 1;
                 // The module does not follow writes of strings: the line is served at its next
-                // lease end or a waiter's timeout, whichever comes first.
+                // lease end after the write or a waiter's timeout, whichever comes first.
                 let lease_end = ep
                     .dump
                     .as_ref()
                     .and_then(|d| zset_of(d, &name))
-                    .and_then(|z| z.iter().map(|(_, score)| *score as i64).min());
+                    .and_then(|z| {
+                        z.iter()
+                            .map(|(_, score)| *score as i64)
+                            .filter(|&at| at > t1)
+                            .min()
+                    });
                 let timeout = pending
                     .iter()
                     .map(|&i| &ep.waiters[i])
