@@ -79,7 +79,7 @@ impl CallerUser {
         unsafe {
             let id = raw::RedisModule_GetClientId.unwrap()(ctx.ctx);
             let mut name = raw::RedisModule_GetClientUserNameById.unwrap()(ctx.ctx, id);
-            if name.is_null() && errno() == libc_enoent() {
+            if name.is_null() && errno() == ENOENT {
                 // RedisModule_GetCurrentUserName reads a user that a module's superuser
                 // client lacks, on Redis and Valkey 8; Valkey 9's answers NULL for it.
                 if !super::current_user_name_is_safe() {
@@ -101,10 +101,8 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// ENOENT on Linux and the BSDs.
-const fn libc_enoent() -> i32 {
-    2
-}
+/// ENOENT on Linux and the BSDs: the id names no connection (a script's or a module's client).
+const ENOENT: i32 = 2;
 
 impl Drop for CallerUser {
     fn drop(&mut self) {

@@ -160,6 +160,34 @@ fn lease_text(ms: i64) -> Bytes {
     format!("{}.{:03}", ms / 1000, ms % 1000).into_bytes()
 }
 
+/// How long after `t1` the line of `name` is next served on its own: at its next lease end
+/// after `t1` (from the holder set last read) or the timeout of one of `waiting`, whichever
+/// comes first. A write the module does not follow is seen then.
+fn next_serve_in(ep: &Episode, name: &[u8], waiting: &[usize], t1: i64) -> u64 {
+    let lease_end = ep
+        .dump
+        .as_ref()
+        .and_then(|d| zset_of(d, name))
+        .and_then(|z| {
+            z.iter()
+                .map(|(_, score)| *score as i64)
+                .filter(|&at| at > t1)
+                .min()
+        });
+    let timeout = waiting
+        .iter()
+        .map(|&i| &ep.waiters[i])
+        .filter(|w| w.wait_ms > 0)
+        .map(|w| w.since_hi + w.wait_ms)
+        .min();
+    let due = [lease_end, timeout]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(t1);
+    (due - t1).max(0) as u64
+}
+
 fn zset_of<'a>(dump: &'a Dump, key: &[u8]) -> Option<&'a super::keyspace::ZSet> {
     match dump.keys.get(key).map(|e| &e.value) {
         Some(Value::ZSet(z)) => Some(z),
@@ -674,29 +702,8 @@ impl Run {
         let wipe_later = if DELETIONS_FOLLOWED.load(Ordering::Relaxed) {
             0
         } else {
-            let lease_end = ep
-                .dump
-                .as_ref()
-                .and_then(|d| zset_of(d, &name))
-                .and_then(|z| {
-                    z.iter()
-                        .map(|(_, score)| *score as i64)
-                        .filter(|&at| at > t1)
-                        .min()
-                });
-            let timeout = pending
-                .iter()
-                .chain(&empties)
-                .map(|&i| &ep.waiters[i])
-                .filter(|w| w.wait_ms > 0)
-                .map(|w| w.since_hi + w.wait_ms)
-                .min();
-            let due = [lease_end, timeout]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(t1);
-            (due - t1).max(0) as u64
+            let waiting: Vec<usize> = pending.iter().chain(&empties).copied().collect();
+            next_serve_in(ep, &name, &waiting, t1)
         };
         match kind {
             // The waiters at the head of the line that fit an empty semaphore are granted at
@@ -732,30 +739,9 @@ impl Run {
                     .background
                     .entry("overwrites served")
                     .or_default() += 1;
-                // The module does not follow writes of strings: the line is served at its next
-                // lease end after the write or a waiter's timeout, whichever comes first.
-                let lease_end = ep
-                    .dump
-                    .as_ref()
-                    .and_then(|d| zset_of(d, &name))
-                    .and_then(|z| {
-                        z.iter()
-                            .map(|(_, score)| *score as i64)
-                            .filter(|&at| at > t1)
-                            .min()
-                    });
-                let timeout = pending
-                    .iter()
-                    .map(|&i| &ep.waiters[i])
-                    .filter(|w| w.wait_ms > 0)
-                    .map(|w| w.since_hi + w.wait_ms)
-                    .min();
-                let due = [lease_end, timeout]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .unwrap_or(t1);
-                let later = (due - t1).max(0) as u64;
+                // The module does not follow writes of strings: the line is served when it is
+                // next served anyway.
+                let later = next_serve_in(ep, &name, &pending, t1);
                 // A grant answered just before the overwrite (not yet taken in) is no error.
                 self.expect_by(ep, &pending, t1, later, "WRONGTYPE", |w| {
                     w.granted()
