@@ -412,13 +412,18 @@ impl<'a> Call<'a> {
     }
 }
 
-/// A call that arrives without its derived keys (where the filter leaves them out: see
+/// A call that arrives without its derived keys (no filter inserted them: see
 /// `server/filter.rs`) gets them here, after the caller's ACL user is checked on them as Redis
-/// checks the keys it is told of. In Cluster the name's hash tag puts them in its slot.
+/// checks the keys it is told of. Not in Redis Cluster: while a slot moves key by key, only a
+/// server told of every key answers `ASK`/`TRYAGAIN` instead of letting the call act on the
+/// part of a semaphore that has arrived, so there the call must name them (the long form).
 fn with_keys(ctx: &Context, args: &[Arg], command: Command) -> Result<Option<Expanded>, SemError> {
     let Some(plan) = key_plan(command, args.len(), |i| args.get(i).map(|a| a.as_slice())) else {
         return Ok(None);
     };
+    if ctx.get_flags().contains(ContextFlags::CLUSTER) {
+        return Err(SemError::NeedsKeys);
+    }
     let keys: Vec<Vec<u8>> = plan
         .names()
         .iter()

@@ -65,9 +65,9 @@ pub static SETTINGS: [&Setting; 4] = [
 ];
 
 /// `command-filter 0|1`, a module argument only (the filter is registered at load): whether the
-/// module registers its command filter where the server can afford one (`server/filter.rs`).
-/// Without it, other commands pay nothing; the commands insert their derived keys and check the
-/// caller's ACL on them themselves, and Cluster migrations see only the name.
+/// module registers its command filter in Redis Cluster where the server can afford one
+/// (`server/filter.rs`). A standalone server never gets one. Without it, Cluster calls must
+/// name their derived keys (the long form).
 static COMMAND_FILTER: AtomicBool = AtomicBool::new(true);
 
 pub fn command_filter() -> bool {

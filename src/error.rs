@@ -54,8 +54,8 @@ pub enum SemError {
     CannotWait,
     /// The caller's ACL user may not use one of the derived keys the module checked itself.
     NoPermission,
-    /// A call in its short form from a script or a module on a server without the command
-    /// filter, where the caller's user cannot be read: it must name the derived keys.
+    /// A call in its short form in Redis Cluster where no command filter named its derived
+    /// keys to the server: it must name them (the long form).
     NeedsKeys,
     /// `<name>:counter` exists but is not an integer from 0 to 2^53.
     CounterNotInteger,
@@ -161,8 +161,10 @@ impl fmt::Display for SemError {
                 "NOPERM this user has no permissions to access one of the keys used as arguments",
             ),
             SemError::NeedsKeys => f.write_str(
-                "ERR from a script or a module on this server, name the keys after the name: \
-                 <name> <name>:owner <name>:counter <name>:permits <name>:limit",
+                "ERR in Redis Cluster this server takes the long form, which names every key: \
+                 <name> <name>:owner <name>:counter <name>:permits <name>:limit, then the \
+                 arguments (SEM.ACQUIREALL, SEM.RELEASEALL, SEM.REFRESHALL: each name's four \
+                 keys after the arguments)",
             ),
             SemError::WrongType => {
                 f.write_str("WRONGTYPE Operation against a key holding the wrong kind of value")

@@ -26,7 +26,7 @@ use keys::Command;
 use redis_module::{redis_module, Context, RedisString, Status};
 
 /// Refuses a server that lacks what redsem needs, then creates the commands and declares their
-/// keys, the settings, the command filter and the server events.
+/// keys, the settings, the command filter (Redis Cluster only) and the server events.
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
     let missing = server::missing_api();
     if !missing.is_empty() {
@@ -57,7 +57,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         .and_then(|()| server::info::register(ctx.ctx))
         .and_then(|()| {
             let (valkey, major, minor) = server::server_version(ctx.ctx);
-            let mode = match config::command_filter() {
+            let mode = match config::command_filter() && server::is_cluster(ctx.ctx) {
                 true => server::filter::mode_for(valkey, major, minor),
                 false => server::filter::Mode::None,
             };

@@ -33,6 +33,7 @@ macro_rules! counters {
         /// `MODULE LOAD`, its statics with it; counts start again at each load.
         pub fn reset() {
             $(COUNTERS.$name.store(0, Ordering::Relaxed);)*
+            COMMANDS_PROCESSED.store(0, Ordering::Relaxed);
         }
     };
 }
@@ -192,6 +193,20 @@ pub fn distributions() -> Vec<(&'static str, String)> {
 pub fn reset_distributions() {
     WAIT_TIME.reset();
     HOLD_TIME.reset();
+}
+
+/// The server's `total_commands_processed` when INFO last showed the distributions.
+static COMMANDS_PROCESSED: AtomicU64 = AtomicU64::new(0);
+
+/// INFO is about to show the distributions, and the server has processed `processed` commands:
+/// fewer than when INFO last looked means `CONFIG RESETSTAT` ran since, and the distributions
+/// start over with the server's statistics. (The one signal of that command a module gets
+/// without a command filter; samples taken between the reset and this INFO go too, and a reset
+/// followed by more commands than the server had processed before it goes unseen.)
+pub fn note_commands_processed(processed: u64) {
+    if processed < COMMANDS_PROCESSED.swap(processed, Ordering::Relaxed) {
+        reset_distributions();
+    }
 }
 
 /// Grants whose release is still to come, for [`HOLD_TIME`]: by a hash of the database, the

@@ -51,6 +51,29 @@ fn query_retrying<T: redis::FromRedisValue>(
     }
 }
 
+// The plain-connection helpers of `common`, sending SEM.* calls in the form the cluster's
+// servers take (`common::cluster::sem_form`): these shadow the glob import.
+
+fn run<T: redis::FromRedisValue>(conn: &mut redis::Connection, args: &[&str]) -> T {
+    command(args)
+        .query(conn)
+        .unwrap_or_else(|err| panic!("{args:?} failed: {}", error_text(&err)))
+}
+
+fn try_run<T: redis::FromRedisValue>(
+    conn: &mut redis::Connection,
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    command(args).query(conn)
+}
+
+fn error_of(conn: &mut redis::Connection, args: &[&str]) -> String {
+    match try_run::<redis::Value>(conn, args) {
+        Ok(value) => panic!("{args:?} succeeded with {value:?}"),
+        Err(err) => error_text(&err),
+    }
+}
+
 /// Runs one command through the cluster client, which must succeed at once.
 fn cluster_run<T: redis::FromRedisValue>(conn: &mut ClusterConnection, args: &[&str]) -> T {
     command(args)
@@ -366,14 +389,86 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
     assert_eq!(after, before, "a refused call created keys");
 }
 
+/// A short call the server was not told the keys of is refused in Cluster with a message
+/// naming the long form, from a connection, a script and a transaction, and changes nothing;
+/// the long form is served. In the default configuration that is Redis 8.4 and later for every
+/// call, and Valkey 9 for a script's (its filter inserts only for connections); with
+/// `command-filter 0`, every server.
+#[test]
+fn short_calls_the_server_cannot_see_whole_are_refused_in_cluster() {
+    for module_args in [&[][..], &["command-filter", "0"]] {
+        let _one = one_cluster_at_a_time();
+        let cluster = Cluster::start_configured(3, 0, module_args, &[]);
+        let owner = cluster.owner_of_key("{k}");
+        let mut conn = cluster.connection(owner);
+        let (valkey, major, minor) = server_version(&mut conn);
+        let connections_refused = cluster_refuses_short_form(valkey, major, minor, module_args);
+        let scripts_refused = connections_refused || (valkey && major >= 9);
+        let short = "return redis.call('SEM.ACQUIRE', KEYS[1], '2', '60', 'ID', 'e')";
+        let long = "return redis.call('SEM.ACQUIRE', KEYS[1], KEYS[2], KEYS[3], KEYS[4], \
+                    KEYS[5], '5', '60', 'ID', 'l')";
+        let calls: [(&[&str], bool); 3] = [
+            (
+                &["SEM.ACQUIRE", "{k}", "2", "60", "ID", "c"],
+                connections_refused,
+            ),
+            (&["SEM.GET", "{k}"], connections_refused),
+            (&["EVAL", short, "1", "{k}"], scripts_refused),
+        ];
+        for (args, refused) in calls {
+            // `common`'s helpers send the call as written.
+            match common::try_run::<redis::Value>(&mut conn, args) {
+                Err(err) if refused => {
+                    let text = error_text(&err);
+                    assert!(text.contains("takes the long form"), "{args:?}: {text}");
+                }
+                Ok(_) if !refused => {}
+                other => panic!("{module_args:?} {args:?}: {other:?}"),
+            }
+        }
+        if connections_refused {
+            let transaction: redis::RedisResult<Vec<redis::Value>> = redis::pipe()
+                .atomic()
+                .cmd("SEM.ACQUIRE")
+                .arg("{k}")
+                .arg("2")
+                .arg("60")
+                .query(&mut conn);
+            let text = error_text(&transaction.expect_err("refused in MULTI/EXEC"));
+            assert!(text.contains("takes the long form"), "{text}");
+            assert_eq!(cluster.keys_on(owner), Vec::<String>::new());
+        }
+        let keys = long_form(&["SEM.GET", "{k}"]);
+        let mut eval = vec!["EVAL", long, "5"];
+        eval.extend(keys[1..].iter().map(String::as_str));
+        let id: String = common::run(&mut conn, &eval);
+        assert_eq!(id, "l");
+        let held: i64 = common::run(&mut conn, &["ZCARD", "{k}"]);
+        assert_eq!(
+            held,
+            1 + i64::from(!connections_refused) + i64::from(!scripts_refused)
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Slot migration by hand
 // ---------------------------------------------------------------------------------------------
 
 #[test]
 fn a_migrating_slot_never_grants_a_ticket_twice() {
+    a_migrating_slot_never_grants_twice(&[]);
+}
+
+/// Without a filter the calls name every key (the long form), and the server sees them all.
+#[test]
+fn a_migrating_slot_never_grants_twice_to_the_long_form() {
+    a_migrating_slot_never_grants_twice(&["command-filter", "0"]);
+}
+
+fn a_migrating_slot_never_grants_twice(module_args: &[&str]) {
     let _one = one_cluster_at_a_time();
-    let cluster = Cluster::start(3, 0, &[]);
+    let cluster = Cluster::start_configured(3, 0, module_args, &[]);
     let slot = cluster.slot_of("{v}");
     let src = cluster.owner_of_slot(slot);
     let dst = *cluster.primaries().iter().find(|&&p| p != src).unwrap();
@@ -506,6 +601,15 @@ struct Load {
     max_live: AtomicUsize,
 }
 
+/// [`query_retrying`] within the reshard clients' patience.
+fn sem_query<T: redis::FromRedisValue>(
+    conn: &mut ClusterConnection,
+    load: &Load,
+    args: &[&str],
+) -> Result<T, String> {
+    query_retrying(conn, args, Duration::from_secs(20), &load.retries)
+}
+
 /// One reshard client: acquire a random name (a fresh identifier each time), check the
 /// count, release. Stops at the first failure, and stops the others.
 /// A quarter of the rounds take a set of two names of one slot instead.
@@ -518,7 +622,6 @@ fn reshard_client(cluster: &Cluster, load: &Load, client: usize) -> Result<Grant
 }
 
 fn reshard_client_loop(cluster: &Cluster, load: &Load, client: usize) -> Result<Grants, String> {
-    let within = Duration::from_secs(20);
     let mut conn = cluster.cluster_connection();
     let mut grants = Vec::new();
     let mut random = 0x9e37_79b9_7f4a_7c15_u64 ^ (client as u64 + 1);
@@ -553,8 +656,9 @@ fn reshard_client_loop(cluster: &Cluster, load: &Load, client: usize) -> Result<
             continue;
         }
         let name = load.names[index].as_str();
-        let granted: Option<(String, u64)> = query_retrying(
+        let granted: Option<(String, u64)> = sem_query(
             &mut conn,
+            load,
             &[
                 "SEM.ACQUIREFAIR",
                 name,
@@ -564,8 +668,6 @@ fn reshard_client_loop(cluster: &Cluster, load: &Load, client: usize) -> Result<
                 &id,
                 "WITHTICKET",
             ],
-            within,
-            &load.retries,
         )?;
         let Some((holder, ticket)) = granted else {
             load.refusals.fetch_add(1, Ordering::Relaxed);
@@ -578,15 +680,10 @@ fn reshard_client_loop(cluster: &Cluster, load: &Load, client: usize) -> Result<
         load.grants.fetch_add(1, Ordering::Relaxed);
         let inside = load.inside[index].fetch_add(1, Ordering::SeqCst) + 1;
         load.max_inside.fetch_max(inside, Ordering::SeqCst);
-        let live: usize = query_retrying(&mut conn, &["SEM.GET", name], within, &load.retries)?;
+        let live: usize = sem_query(&mut conn, load, &["SEM.GET", name])?;
         load.max_live.fetch_max(live, Ordering::SeqCst);
         load.inside[index].fetch_sub(1, Ordering::SeqCst);
-        let released: i64 = query_retrying(
-            &mut conn,
-            &["SEM.RELEASE", name, &id],
-            within,
-            &load.retries,
-        )?;
+        let released: i64 = sem_query(&mut conn, load, &["SEM.RELEASE", name, &id])?;
         if released != 1 {
             return Err(format!(
                 "{name}: SEM.RELEASE {id} (ticket {ticket}) replied {released}"
@@ -604,11 +701,11 @@ fn set_round(
     pair: [usize; 2],
     id: &str,
 ) -> Result<Grants, String> {
-    let within = Duration::from_secs(20);
     let limit = RESHARD_LIMIT.to_string();
     let [a, b] = pair.map(|index| load.names[index].as_str());
-    let granted: Option<(String, Vec<u64>)> = query_retrying(
+    let granted: Option<(String, Vec<u64>)> = sem_query(
         conn,
+        load,
         &[
             "SEM.ACQUIREALL",
             "2",
@@ -624,8 +721,6 @@ fn set_round(
             "FAIR",
             "WITHTICKET",
         ],
-        within,
-        &load.retries,
     )?;
     let Some((holder, tickets)) = granted else {
         load.refusals.fetch_add(1, Ordering::Relaxed);
@@ -640,18 +735,13 @@ fn set_round(
     for (index, name) in pair.into_iter().zip([a, b]) {
         let inside = load.inside[index].fetch_add(1, Ordering::SeqCst) + 1;
         load.max_inside.fetch_max(inside, Ordering::SeqCst);
-        let live: usize = query_retrying(conn, &["SEM.GET", name], within, &load.retries)?;
+        let live: usize = sem_query(conn, load, &["SEM.GET", name])?;
         load.max_live.fetch_max(live, Ordering::SeqCst);
     }
     for index in pair {
         load.inside[index].fetch_sub(1, Ordering::SeqCst);
     }
-    let released: i64 = query_retrying(
-        conn,
-        &["SEM.RELEASEALL", "2", a, b, id],
-        within,
-        &load.retries,
-    )?;
+    let released: i64 = sem_query(conn, load, &["SEM.RELEASEALL", "2", a, b, id])?;
     if released != 2 {
         return Err(format!("{a}, {b}: SEM.RELEASEALL {id} replied {released}"));
     }
@@ -726,10 +816,23 @@ fn reshard(cluster: &Cluster, from: usize, to: usize, extra: &[&str]) {
     }
 }
 
+/// Short-form calls, as `redis-cli -c` sends them, in the default configuration: served where
+/// a command filter declares their keys, refused with the message naming the long form where
+/// none does (Redis 8.4 and later), and then sent in the long form.
 #[test]
 fn reshard_of_busy_fair_semaphores_completes_without_repeating_a_ticket() {
+    reshard_of_busy_fair_semaphores(&[]);
+}
+
+/// The same without the filter on any server: short calls refused, the long form served.
+#[test]
+fn reshard_without_the_filter_in_the_long_form_never_repeats_a_ticket() {
+    reshard_of_busy_fair_semaphores(&["command-filter", "0"]);
+}
+
+fn reshard_of_busy_fair_semaphores(module_args: &[&str]) {
     let _one = one_cluster_at_a_time();
-    let cluster = Cluster::start(3, 0, &[]);
+    let cluster = Cluster::start_configured(3, 0, module_args, &[]);
     // The source serves the lowest slots, so `reshard` takes RESHARD_SLOTS from it.
     let source = cluster.owner_of_slot(0);
     let slots: Vec<u16> = (0..=RESHARD_SLOTS.len() as u16).collect();
@@ -761,6 +864,12 @@ fn reshard_of_busy_fair_semaphores_completes_without_repeating_a_ticket() {
         let ok: String = run(&mut on_source, &args);
         assert_eq!(ok, "OK");
     }
+    // The form the clients send follows the server (see `Cluster::start_configured`).
+    let (valkey, major, minor) = server_version(&mut on_source);
+    assert_eq!(
+        sends_long_form(),
+        cluster_refuses_short_form(valkey, major, minor, module_args)
+    );
     let load = Load {
         inside: (0..names.len()).map(|_| AtomicUsize::new(0)).collect(),
         names,
@@ -1302,8 +1411,10 @@ fn waiters_are_answered_when_their_slot_leaves_the_node() {
     });
 
     // The slot starts to leave. Redis serves a call on a moving slot only where every key it
-    // names exists, and `{w}:permits` does not: the waiter is answered at once with TRYAGAIN,
-    // as a new call would be, and its client retries until the slot has moved.
+    // names exists, and `{w}:permits` does not: where the command filter hears of `CLUSTER
+    // SETSLOT`, the waiter is answered at once with TRYAGAIN, as a new call would be, and its
+    // client retries until the slot has moved. Without a filter (Redis 8.4 and later) the
+    // waiter waits on until its keys leave (below).
     let _: String = run(
         &mut on_dst,
         &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &src_id],
@@ -1312,10 +1423,20 @@ fn waiters_are_answered_when_their_slot_leaves_the_node() {
         &mut on_src,
         &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &dst_id],
     );
-    let (reply, waited) = waiting.join().unwrap();
-    let err = reply.expect_err("no permit is granted on a slot that is leaving");
-    assert!(err.starts_with("TRYAGAIN "), "{err}");
-    assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    let filtered = !sends_long_form();
+    let mut waiting = Some(waiting);
+    if filtered {
+        let (reply, waited) = waiting.take().unwrap().join().unwrap();
+        let err = reply.expect_err("no permit is granted on a slot that is leaving");
+        assert!(err.starts_with("TRYAGAIN "), "{err}");
+        assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    } else {
+        sleep(Duration::from_millis(200));
+        assert!(
+            !waiting.as_ref().unwrap().is_finished(),
+            "answered at SETSLOT"
+        );
+    }
     let err = error_of(
         &mut on_src,
         &["SEM.ACQUIREFAIR", "{w}", "1", "30", "WAIT", "10"],
@@ -1338,6 +1459,16 @@ fn waiters_are_answered_when_their_slot_leaves_the_node() {
         ],
     );
     assert_eq!(moved, "OK");
+    if let Some(waiting) = waiting {
+        // Its keys left (deleted here by MIGRATE): the waiter is answered at once, sent on.
+        let (reply, waited) = waiting.join().unwrap();
+        let err = reply.expect_err("no permit is granted on a slot that has left");
+        assert!(
+            err.starts_with("ASK ") || err.starts_with("TRYAGAIN "),
+            "{err}"
+        );
+        assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    }
     assert!(
         cluster.keys_on(src).is_empty(),
         "nothing was created on the source"

@@ -877,7 +877,9 @@ fn random_steps_match_the_model_and_keep_every_invariant() {
     let started = Instant::now();
     let primary = Server::start_with(&PRIMARY_ARGS);
     let (valkey, major) = server_kind(&mut primary.connection());
-    sem::SCRIPTS_UNFILTERED.store(valkey && major >= 9, std::sync::atomic::Ordering::Relaxed);
+    // A standalone server: no command filter on any server.
+    sem::UNFILTERED.store(true, std::sync::atomic::Ordering::Relaxed);
+    sem::SCRIPT_ARITY_NAMES_REDIS.store(!valkey, std::sync::atomic::Ordering::Relaxed);
     sem::DELETIONS_FOLLOWED.store(
         !(valkey && major == 8),
         std::sync::atomic::Ordering::Relaxed,

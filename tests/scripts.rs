@@ -1,7 +1,6 @@
 //! SEM.* from EVAL, EVALSHA, FCALL and MULTI/EXEC on every server `scripts/test` runs: the calls
 //! work as sent directly, every derived key stays checked against the caller's ACL (by the
-//! server, or by the module where the server's filter cannot insert the keys: Valkey 9's
-//! scripts), and the server stays up.
+//! module, which inserts them on a standalone server), and the server stays up.
 
 mod common;
 
@@ -166,68 +165,82 @@ fn the_acl_covers_the_derived_keys_in_scripts_functions_and_transactions() {
     alive(&mut admin);
 }
 
-/// `loadmodule ... command-filter 0`: no filter, so other commands pay nothing for the module.
-/// A connection's calls in the short form still work, and the module itself refuses a user
-/// whose keys do not cover the derived keys (`NOPERM`, recorded in `ACL LOG`). A script's short
-/// call works where the module can read the script caller's user safely (Valkey 9) and is
-/// answered with an error naming the keys to add elsewhere; the long form works everywhere.
+/// A standalone server gets no command filter, so other commands pay nothing for the module:
+/// calls run as sent (`SLOWLOG` shows the short form), the module inserts the derived keys
+/// itself and refuses a user whose keys do not cover them (`NOPERM`, recorded in `ACL LOG`),
+/// the same in the default configuration and with `command-filter 0`. A script's short call
+/// works on every server (checked against the script caller's user); so does the long form.
 #[test]
-fn without_the_filter_the_module_checks_the_derived_keys_itself() {
-    let server = Server::start_configured("", &["command-filter", "0"], &[]);
-    let mut admin = server.connection();
-    let (valkey, major) = server_kind(&mut admin);
-    let id: String = run(&mut admin, &["SEM.ACQUIRE", "k", "2", "60", "ID", "a"]);
-    assert_eq!(id, "a");
-    // Where the filter inserts, CLIENT LIST shows the long form; here the call runs as sent.
-    let json = sem_json(&mut admin, "k");
-    assert_eq!(json["holders"].as_array().map(Vec::len), Some(1), "{json}");
+fn standalone_servers_check_the_derived_keys_without_a_filter() {
+    for module_args in [&[][..], &["command-filter", "0"]] {
+        let server = Server::start_configured("", module_args, &[]);
+        let mut admin = server.connection();
+        let _: String = run(
+            &mut admin,
+            &["CONFIG", "SET", "slowlog-log-slower-than", "0"],
+        );
+        let id: String = run(&mut admin, &["SEM.ACQUIRE", "k", "2", "60", "ID", "a"]);
+        assert_eq!(id, "a");
+        let log: Vec<redis::Value> = run(&mut admin, &["SLOWLOG", "GET", "1"]);
+        let logged = format!("{log:?}");
+        assert!(
+            logged.contains("sem.acquire") || logged.contains("SEM.ACQUIRE"),
+            "{logged}"
+        );
+        assert!(
+            !logged.contains("k:owner"),
+            "the call ran as sent: {logged}"
+        );
+        let _: String = run(
+            &mut admin,
+            &["CONFIG", "SET", "slowlog-log-slower-than", "10000"],
+        );
+        let json = sem_json(&mut admin, "k");
+        assert_eq!(json["holders"].as_array().map(Vec::len), Some(1), "{json}");
 
-    let _: String = run(
-        &mut admin,
-        &["ACL", "SETUSER", "narrow", "on", "nopass", "~k", "+@all"],
-    );
-    let mut narrow = server.connection();
-    let _: String = run(&mut narrow, &["AUTH", "narrow", "x"]);
-    let err = error_of(&mut narrow, &["SEM.ACQUIRE", "k", "2", "60", "ID", "b"]);
-    assert!(err.starts_with("NOPERM"), "{err}");
-    let log: Vec<redis::Value> = run(&mut admin, &["ACL", "LOG", "1"]);
-    assert!(
-        format!("{log:?}").contains("k:owner"),
-        "ACL LOG names the refused key: {log:?}"
-    );
-    assert_eq!(
-        zset(&mut admin, "k").len(),
-        1,
-        "the refused call changed nothing"
-    );
+        let _: String = run(
+            &mut admin,
+            &["ACL", "SETUSER", "narrow", "on", "nopass", "~k", "+@all"],
+        );
+        let mut narrow = server.connection();
+        let _: String = run(&mut narrow, &["AUTH", "narrow", "x"]);
+        let err = error_of(&mut narrow, &["SEM.ACQUIRE", "k", "2", "60", "ID", "b"]);
+        assert!(err.starts_with("NOPERM"), "{err}");
+        let err = error_of(&mut narrow, &["EVAL", ACQUIRE, "1", "k", "b"]);
+        assert!(
+            err.contains("NOPERM") || err.contains("no permissions"),
+            "{err}"
+        );
+        let log: Vec<redis::Value> = run(&mut admin, &["ACL", "LOG", "1"]);
+        assert!(
+            format!("{log:?}").contains("k:owner"),
+            "ACL LOG names the refused key: {log:?}"
+        );
+        assert_eq!(
+            zset(&mut admin, "k").len(),
+            1,
+            "the refused calls changed nothing"
+        );
 
-    let short: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
-        .arg(ACQUIRE)
-        .arg(1)
-        .arg("k")
-        .arg("s")
-        .query(&mut admin);
-    if valkey && major >= 9 {
-        assert!(short.is_ok(), "{short:?}");
-    } else {
-        let err = error_text(&short.expect_err("a script's short call is refused"));
-        assert!(err.contains("name the keys"), "{err}");
+        let id: String = run(&mut admin, &["EVAL", ACQUIRE, "1", "k", "s"]);
+        assert_eq!(id, "s");
+        let long = "return redis.call('SEM.ACQUIRE', KEYS[1], KEYS[2], KEYS[3], KEYS[4], \
+                    KEYS[5], '3', '60', 'ID', 'l')";
+        let id: String = run(
+            &mut admin,
+            &[
+                "EVAL",
+                long,
+                "5",
+                "k",
+                "k:owner",
+                "k:counter",
+                "k:permits",
+                "k:limit",
+            ],
+        );
+        assert_eq!(id, "l");
+        assert_eq!(zset(&mut admin, "k").len(), 3);
+        alive(&mut admin);
     }
-    let long = "return redis.call('SEM.ACQUIRE', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], \
-                '3', '60', 'ID', 'l')";
-    let id: String = run(
-        &mut admin,
-        &[
-            "EVAL",
-            long,
-            "5",
-            "k",
-            "k:owner",
-            "k:counter",
-            "k:permits",
-            "k:limit",
-        ],
-    );
-    assert_eq!(id, "l");
-    alive(&mut admin);
 }

@@ -72,18 +72,20 @@ struct CallerUser(*mut raw::RedisModuleUser);
 
 impl CallerUser {
     /// The user of the caller's connection; for a script or a module's call, which run on
-    /// temporary clients the server does not list, the user the context's client carries (the
-    /// script's caller's). `None`: a caller without a user, which runs as the superuser.
+    /// temporary clients the server does not list, the user the context's client carries (a
+    /// script's caller's: the server sets it; a module's call with the `C` flag: the module's
+    /// caller's). `None`: a client without a user (the primary's link, a module's call
+    /// without `C`), which the server runs as the superuser and checks no key of.
     fn of(ctx: &Context) -> Result<Option<CallerUser>, SemError> {
         // SAFETY: the command's own context; the name is freed below, the user on drop.
         unsafe {
             let id = raw::RedisModule_GetClientId.unwrap()(ctx.ctx);
             let mut name = raw::RedisModule_GetClientUserNameById.unwrap()(ctx.ctx, id);
             if name.is_null() && errno() == ENOENT {
-                // RedisModule_GetCurrentUserName reads a user that a module's superuser
-                // client lacks, on Redis and Valkey 8; Valkey 9's answers NULL for it.
-                if !super::current_user_name_is_safe() {
-                    return Err(SemError::NeedsKeys);
+                // RedisModule_GetCurrentUserName dereferences a missing user on Redis 7 and
+                // Valkey 8: ask first whether there is one.
+                if !super::current_user_name_is_safe() && !context_has_user(ctx) {
+                    return Ok(None);
                 }
                 name = raw::RedisModule_GetCurrentUserName.unwrap()(ctx.ctx);
             }
@@ -92,8 +94,29 @@ impl CallerUser {
             }
             let user = raw::RedisModule_GetModuleUserFromUserName.unwrap()(name);
             raw::RedisModule_FreeString.unwrap()(ctx.ctx, name);
-            Ok((!user.is_null()).then_some(CallerUser(user)))
+            if user.is_null() {
+                // The user was deleted while the call runs (a script's caller's): nothing may
+                // be assumed of its keys.
+                return Err(SemError::NoPermission);
+            }
+            Ok(Some(CallerUser(user)))
         }
+    }
+}
+
+/// Whether the context's client has an ACL user, asked without reading it: `RedisModule_Call`
+/// with `C` (run as the context's user) answers `ENOTSUP` before anything else when there is
+/// none, and otherwise looks the command up, which a name with a space never finds: nothing
+/// runs, nothing is logged. Redis 7.0 to 7.4 and Valkey 7.2 to 8.x check in this order.
+fn context_has_user(ctx: &Context) -> bool {
+    // SAFETY: the command's own context; the format names no argument; a reply is freed.
+    unsafe {
+        let reply = raw::RedisModule_Call.unwrap()(ctx.ctx, c"sem probe".as_ptr(), c"C".as_ptr());
+        let no_user = reply.is_null() && errno() == ENOTSUP;
+        if !reply.is_null() {
+            raw::RedisModule_FreeCallReply.unwrap()(reply);
+        }
+        !no_user
     }
 }
 
@@ -103,6 +126,12 @@ fn errno() -> i32 {
 
 /// ENOENT on Linux and the BSDs: the id names no connection (a script's or a module's client).
 const ENOENT: i32 = 2;
+
+/// ENOTSUP on Linux (EOPNOTSUPP): `RedisModule_Call` with `C` found no user to run as.
+#[cfg(target_os = "linux")]
+const ENOTSUP: i32 = 95;
+#[cfg(not(target_os = "linux"))]
+const ENOTSUP: i32 = 45;
 
 impl Drop for CallerUser {
     fn drop(&mut self) {

@@ -1,14 +1,18 @@
-//! The command filter. It names every key of a SEM.* call to the server (see `keys.rs`): it
-//! inserts the derived key names the command uses right after the name (after the client's
-//! arguments for a set), so Redis's ACL checks and Cluster redirection see them. It also hears
-//! of `CONFIG RESETSTAT` and, while somebody waits, of Cluster slot moves.
+//! The command filter, registered in Redis Cluster only. It names every key of a SEM.* call to
+//! the server (see `keys.rs`): it inserts the derived key names the command uses right after
+//! the name (after the client's arguments for a set), so that while a slot moves key by key
+//! (`MIGRATE`, as `redis-cli --cluster reshard` does it) the server answers `ASK`/`TRYAGAIN`
+//! for a semaphore that is partly gone instead of letting the call act on what is left. No
+//! module API tells a module that its slot is migrating. It also hears, while somebody waits,
+//! of `CLUSTER SETSLOT`.
 //!
-//! It runs before every command of the server, so for the others it returns after reading the
-//! command name's length and first byte. Where a filter costs the server more than that, or
-//! cannot insert safely, the command inserts the keys itself and checks the caller's ACL on
-//! them (`commands.rs`, `server/acl.rs`):
+//! A standalone server gets no filter: every other command would pay for it (about 1 % of a
+//! `GET` for a filter that returns at once, 2 % for one that reads the command name, measured
+//! with minimal C modules), and there the command inserts the keys itself and checks the
+//! caller's ACL on them (`commands.rs`, `server/acl.rs`). In Cluster, where a filter cannot be
+//! afforded or cannot insert safely, short calls are refused (`SemError::NeedsKeys`):
 //! - Redis 8.4 and later look every command up and extract its keys twice once any filter is
-//!   registered: no filter there.
+//!   registered (redis#14440): no filter there.
 //! - Valkey 9 copies the arguments of a command run by a script or a module (`VM_Call`) on the
 //!   first insertion with room for exactly one more, and writes past that copy on the next: on
 //!   Valkey 9 the filter inserts only for commands of a real connection.
@@ -20,12 +24,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis_module::raw;
 
 use crate::keys::{key_plan, with_derived, Command, KeyPlan};
-use crate::{stats, waiting};
+use crate::waiting;
 
 /// Whether insertions are limited to commands of real connections (Valkey 9 and later).
 static CONNECTIONS_ONLY: AtomicBool = AtomicBool::new(false);
 
-/// Which servers get a filter, and how it inserts.
+/// Which Cluster servers get a filter, and how it inserts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Every SEM.* call's keys are inserted.
@@ -78,9 +82,9 @@ extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
         Some(byte) => byte | 0x20,
         None => return,
     };
-    // SEM.* names are 7 to 15 bytes long; CONFIG is 6 and CLUSTER 7.
+    // SEM.* names are 7 to 15 bytes long; CLUSTER is 7.
     let ours = first == b's' && matches!(name.len(), 7 | 9 | 11 | 13 | 14 | 15);
-    let rare = first == b'c' && matches!(name.len(), 6 | 7);
+    let rare = first == b'c' && name.len() == 7;
     if !ours && !rare {
         return;
     }
@@ -163,18 +167,11 @@ unsafe fn from_connection(fctx: *mut raw::RedisModuleCommandFilterCtx) -> bool {
     info(std::ptr::null_mut(), client_id(fctx)) == raw::REDISMODULE_OK as c_int
 }
 
-/// `CONFIG RESETSTAT`: Redis resets its own statistics, and the module's distributions go
-/// with them. `CLUSTER SETSLOT` while somebody waits: a slot change may take waited-on
-/// semaphores away.
+/// `CLUSTER SETSLOT` while somebody waits: a slot change may take waited-on semaphores away.
 unsafe fn note_other_command(fctx: *mut raw::RedisModuleCommandFilterCtx, name: &[u8]) {
-    let second = |word: &[u8]| arg(fctx, 1).is_some_and(|a| a.eq_ignore_ascii_case(word));
-    if name.eq_ignore_ascii_case(b"CONFIG") {
-        if raw::RedisModule_CommandFilterArgsCount.unwrap()(fctx) == 2 && second(b"RESETSTAT") {
-            stats::reset_distributions();
-        }
-    } else if name.eq_ignore_ascii_case(b"CLUSTER")
+    if name.eq_ignore_ascii_case(b"CLUSTER")
         && waiting::queued_anywhere()
-        && second(b"SETSLOT")
+        && arg(fctx, 1).is_some_and(|a| a.eq_ignore_ascii_case(b"SETSLOT"))
     {
         waiting::recheck_all();
     }

@@ -19,7 +19,14 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     }
 }
 
-extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
+    if for_crash_report == 0 {
+        guard((), || {
+            if let Some(processed) = commands_processed() {
+                stats::note_commands_processed(processed);
+            }
+        });
+    }
     // SAFETY: the INFO context Redis passes; the section name and field names are C strings
     // that live through each call. The section is the module's own ("sem").
     let fields = guard(Vec::new(), stats::fields);
@@ -39,5 +46,26 @@ extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
                 value.as_ptr().cast_mut(),
             );
         }
+    }
+}
+
+/// The server's `total_commands_processed`, which only `CONFIG RESETSTAT` lowers: how the
+/// module hears of that command without a command filter (see `stats::note_commands_processed`).
+fn commands_processed() -> Option<u64> {
+    // SAFETY: no context (the data is then freed by hand, below); the section "stats" holds no
+    // module's fields, so no INFO callback runs inside this one.
+    unsafe {
+        let info = raw::RedisModule_GetServerInfo?(std::ptr::null_mut(), c"stats".as_ptr());
+        if info.is_null() {
+            return None;
+        }
+        let mut err: c_int = 0;
+        let value = raw::RedisModule_ServerInfoGetFieldUnsigned?(
+            info,
+            c"total_commands_processed".as_ptr(),
+            &mut err,
+        );
+        raw::RedisModule_FreeServerInfo.unwrap()(std::ptr::null_mut(), info);
+        (err == 0).then_some(value)
     }
 }

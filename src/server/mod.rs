@@ -232,10 +232,24 @@ pub fn valkey_major() -> u32 {
     VALKEY_MAJOR.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether `RedisModule_GetCurrentUserName` checks for a client without a user (Valkey 9
-/// does; Redis and Valkey 8 dereference it).
+/// Whether `RedisModule_GetCurrentUserName` checks for a client without a user: Redis 8.0 and
+/// later (redis#13619) and Valkey 9 answer NULL; Redis 7 and Valkey 8 dereference it.
 pub fn current_user_name_is_safe() -> bool {
-    is_valkey() && VALKEY_MAJOR.load(std::sync::atomic::Ordering::Relaxed) >= 9
+    let major = MAJOR.load(std::sync::atomic::Ordering::Relaxed);
+    if is_valkey() {
+        major >= 9
+    } else {
+        major >= 8
+    }
+}
+
+static MAJOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Whether the server runs in Redis Cluster mode (known from load on: it cannot change).
+pub fn is_cluster(ctx: *mut raw::RedisModuleCtx) -> bool {
+    // SAFETY: a valid context (OnLoad's included: the flag is the server's setting).
+    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx) as u32 };
+    flags & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0
 }
 
 /// The server's kind and version: whether it is Valkey, and its major and minor version (from
@@ -272,5 +286,6 @@ pub fn server_version(ctx: *mut raw::RedisModuleCtx) -> (bool, u32, u32) {
         if valkey { major } else { 0 },
         std::sync::atomic::Ordering::Relaxed,
     );
+    MAJOR.store(major, std::sync::atomic::Ordering::Relaxed);
     (valkey, major, minor)
 }

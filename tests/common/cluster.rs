@@ -4,12 +4,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 
-use super::{run, try_run, Server};
+use super::{
+    cluster_refuses_short_form, error_text, long_form, run, server_version, try_run, Server,
+};
 
 /// The number of hash slots of Redis Cluster.
 pub const SLOTS: u16 = 16384;
@@ -127,13 +130,45 @@ pub fn names_in_slot(prefix: &str, slot: u16, count: usize) -> Vec<String> {
         .collect()
 }
 
-/// A command built from `args`, for any kind of connection.
+/// A command built from `args`, for any kind of connection; a SEM.* call in the form the
+/// running cluster takes ([`sem_form`]).
 pub fn command(args: &[&str]) -> redis::Cmd {
-    let mut cmd = redis::cmd(args[0]);
+    let args = sem_form(args);
+    let mut cmd = redis::cmd(&args[0]);
     for arg in &args[1..] {
-        cmd.arg(*arg);
+        cmd.arg(arg);
     }
     cmd
+}
+
+/// Whether the running cluster's servers refuse SEM.* calls in the short form (no command
+/// filter declares their keys), so that the tests send the long form, as the packages do.
+static LONG_FORM: AtomicBool = AtomicBool::new(false);
+
+pub fn sends_long_form() -> bool {
+    LONG_FORM.load(Ordering::SeqCst)
+}
+
+/// `args` as sent to the running cluster: a SEM.* call in the short form becomes the long form
+/// where the servers refuse the short one.
+pub fn sem_form(args: &[&str]) -> Vec<String> {
+    let ours = args[0].len() > 4 && args[0][..4].eq_ignore_ascii_case("sem.");
+    if ours && sends_long_form() && !is_long_form(args) {
+        long_form(args)
+    } else {
+        args.iter().map(|arg| arg.to_string()).collect()
+    }
+}
+
+/// Whether a SEM.* call names its derived keys already.
+fn is_long_form(args: &[&str]) -> bool {
+    let last_name = match args[0].to_ascii_uppercase().as_str() {
+        "SEM.ACQUIREALL" | "SEM.RELEASEALL" | "SEM.REFRESHALL" => {
+            return args.len() >= 6 && args[args.len() - 1].ends_with(":limit");
+        }
+        _ => args.get(1),
+    };
+    last_name.is_some_and(|name| args.get(2) == Some(&format!("{name}:owner").as_str()))
 }
 
 /// Whether `err` is one a cluster client should retry after a pause: the slot is moving or
@@ -172,6 +207,16 @@ impl Cluster {
     /// create`, once every node agrees on the layout and every replica is in sync. `extra` goes
     /// to every `redis-server`, after the cluster options (so it may override them).
     pub fn start(primaries: usize, replicas: usize, extra: &[&str]) -> Cluster {
+        Cluster::start_configured(primaries, replicas, &[], extra)
+    }
+
+    /// As [`Cluster::start`], with `module_args` after the module's path on every node.
+    pub fn start_configured(
+        primaries: usize,
+        replicas: usize,
+        module_args: &[&str],
+        extra: &[&str],
+    ) -> Cluster {
         let mut args = vec![
             "--cluster-enabled",
             "yes",
@@ -192,7 +237,7 @@ impl Cluster {
         // serves them all.
         let nodes: Vec<Node> = (0..primaries * (1 + replicas))
             .map(|_| {
-                let server = Server::start_with(&args);
+                let server = Server::start_configured("", module_args, &args);
                 let port = server.port;
                 let id = run(&mut server.connection(), &["CLUSTER", "MYID"]);
                 Node {
@@ -218,6 +263,7 @@ impl Cluster {
         let (created, output) = redis_cli_run(&create);
         assert!(created, "redis-cli --cluster create failed:\n{output}");
         cluster.wait_until_healthy();
+        cluster.learn_the_form(module_args);
         let layout = cluster.layout();
         assert_eq!(
             layout.iter().filter(|node| node.is_primary()).count(),
@@ -225,6 +271,36 @@ impl Cluster {
             "{layout:#?}"
         );
         cluster
+    }
+
+    /// Asks a primary whether it serves a SEM.* call in the short form, which it must refuse,
+    /// naming the long form, exactly where no command filter declares the keys; the tests then
+    /// send the form it takes.
+    fn learn_the_form(&self, module_args: &[&str]) {
+        let node = self.owner_of_key("{probe}");
+        let mut conn = self.connection(node);
+        let (valkey, major, minor) = server_version(&mut conn);
+        let short: redis::RedisResult<i64> = redis::cmd("SEM.GET").arg("{probe}").query(&mut conn);
+        let refused = match short {
+            Ok(count) => {
+                assert_eq!(count, 0);
+                false
+            }
+            Err(err) => {
+                let text = error_text(&err);
+                assert!(text.contains("takes the long form"), "{text}");
+                true
+            }
+        };
+        assert_eq!(
+            refused,
+            cluster_refuses_short_form(valkey, major, minor, module_args),
+            "short-form calls on {} {major}.{minor}",
+            if valkey { "Valkey" } else { "Redis" }
+        );
+        // The refusal counted as a failed call: tests count those.
+        let _: String = run(&mut conn, &["CONFIG", "RESETSTAT"]);
+        LONG_FORM.store(refused, Ordering::SeqCst);
     }
 
     pub fn len(&self) -> usize {

@@ -355,6 +355,12 @@ impl Pending {
 
 /// The server's kind and major version: (whether Valkey, major), from `INFO server`.
 pub fn server_kind(conn: &mut redis::Connection) -> (bool, u32) {
+    let (valkey, major, _) = server_version(conn);
+    (valkey, major)
+}
+
+/// The server's kind and version: (whether Valkey, major, minor), from `INFO server`.
+pub fn server_version(conn: &mut redis::Connection) -> (bool, u32, u32) {
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query(conn)
@@ -368,10 +374,47 @@ pub fn server_kind(conn: &mut redis::Connection) -> (bool, u32) {
         Some(version) => (true, version),
         None => (false, field("redis_version").unwrap_or_default()),
     };
-    let major = version
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(0);
-    (valkey, major)
+    let mut parts = version.split('.').map(|part| part.parse().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (valkey, major, minor)
+}
+
+/// Whether a server in Redis Cluster mode, with the module loaded with `module_args`, refuses
+/// SEM.* calls of a connection in the short form (no command filter declares their keys):
+/// Redis 8.4 and later, or `command-filter 0`.
+pub fn cluster_refuses_short_form(
+    valkey: bool,
+    major: u32,
+    minor: u32,
+    module_args: &[&str],
+) -> bool {
+    let no_filter = module_args
+        .windows(2)
+        .any(|pair| pair[0] == "command-filter" && matches!(pair[1], "0" | "no"));
+    no_filter || (!valkey && (major, minor) >= (8, 4))
+}
+
+/// The long form of a SEM.* call: every derived key named, after the name for a call on one
+/// semaphore, after the arguments (each name's four, in the names' order) for a set.
+pub fn long_form(args: &[&str]) -> Vec<String> {
+    const SUFFIXES: [&str; 4] = [":owner", ":counter", ":permits", ":limit"];
+    let derived = |name: &str| SUFFIXES.map(|suffix| format!("{name}{suffix}"));
+    let owned: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    let step = match args[0].to_ascii_uppercase().as_str() {
+        "SEM.ACQUIREALL" => 3,
+        "SEM.RELEASEALL" | "SEM.REFRESHALL" => 1,
+        _ => {
+            let mut long = owned[..2].to_vec();
+            long.extend(derived(args[1]));
+            long.extend_from_slice(&owned[2..]);
+            return long;
+        }
+    };
+    let count: usize = args[1].parse().expect("numsems");
+    let mut long = owned;
+    for i in 0..count {
+        long.extend(derived(args[2 + i * step]));
+    }
+    long
 }

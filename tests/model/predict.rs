@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use super::keyspace::{compare, logical_view, show_keys, Bytes, Dump, Keyspace, Value};
 use super::ops;
 use super::sem::{
-    arity_text, execute, execute_set, interpret, interpret_in_script, Call, Client, Interp, Op,
-    SetCall, SetOp, World, SCRIPT_ARITY_TEXT,
+    arity_text, execute, execute_set, interpret, interpret_in_script, script_arity_text, Call,
+    Client, Interp, Op, SetCall, SetOp, World,
 };
 use super::steps::Step;
 use super::wire::{fits, Reply};
@@ -54,7 +54,7 @@ fn sem_outcome(
             "error: arity (redis)".to_string(),
         ),
         Interp::ScriptArity(_) => (
-            Reply::Err(SCRIPT_ARITY_TEXT.into()),
+            Reply::Err(script_arity_text().into()),
             world.clone(),
             "error: arity (server, in a script)".to_string(),
         ),

@@ -227,8 +227,18 @@ impl SemErr {
     }
 }
 
-/// The server's arity error for a call from a script (Valkey 9).
-pub const SCRIPT_ARITY_TEXT: &str = "ERR Wrong number of args calling command from script";
+/// Whether the server names itself in its arity error for a call from a script (Redis does,
+/// Valkey does not).
+pub static SCRIPT_ARITY_NAMES_REDIS: AtomicBool = AtomicBool::new(true);
+
+/// The server's arity error for a call from a script.
+pub fn script_arity_text() -> &'static str {
+    if SCRIPT_ARITY_NAMES_REDIS.load(Ordering::Relaxed) {
+        "ERR Wrong number of args calling Redis command from script"
+    } else {
+        "ERR Wrong number of args calling command from script"
+    }
+}
 
 /// Redis's own arity error, which the module's uses too.
 pub fn arity_text(cmd: Cmd) -> String {
@@ -388,9 +398,10 @@ pub fn parse_permits(field: &[u8], value: &[u8]) -> Option<u64> {
     digits_value(value).filter(|n| canonical && value.len() <= 20 && (min..=max).contains(n))
 }
 
-/// Whether the server's command filter leaves calls from scripts as sent (Valkey 9): the
-/// module inserts their keys itself, after the server's arity check.
-pub static SCRIPTS_UNFILTERED: AtomicBool = AtomicBool::new(false);
+/// Whether calls run as sent, with no command filter inserting their keys (a standalone
+/// server: see src/server/filter.rs): the module inserts them itself, after the server's
+/// arity check of the short form.
+pub static UNFILTERED: AtomicBool = AtomicBool::new(true);
 
 /// Whether the module follows deletions at once (all servers but Valkey 8: see
 /// src/server/events.rs); where it does not, a waiter learns of one at the line's next lease
@@ -399,7 +410,7 @@ pub static DELETIONS_FOLLOWED: AtomicBool = AtomicBool::new(true);
 
 /// What a call means when a script makes it.
 pub fn interpret_in_script(args: &[Bytes]) -> Interp {
-    if !SCRIPTS_UNFILTERED.load(Ordering::Relaxed) {
+    if !UNFILTERED.load(Ordering::Relaxed) {
         return interpret(args);
     }
     let cmd = Cmd::from_name(&args[0]).expect("a SEM.* command");
@@ -417,7 +428,7 @@ pub fn interpret(args: &[Bytes]) -> Interp {
     if let Some(step) = cmd.set_step() {
         return interpret_set(cmd, step, args);
     }
-    let seen_by_redis = if args.len() >= 2 {
+    let seen_by_redis = if args.len() >= 2 && !UNFILTERED.load(Ordering::Relaxed) {
         args.len() + DERIVED.len()
     } else {
         args.len()
@@ -446,7 +457,11 @@ fn parse_numsems(arg: &[u8]) -> Option<usize> {
 fn interpret_set(cmd: Cmd, step: usize, args: &[Bytes]) -> Interp {
     let n = args.get(1).and_then(|a| parse_numsems(a));
     let appended = n.filter(|n| 2 + (n - 1) * step < args.len());
-    let seen_by_redis = args.len() + appended.map_or(0, |n| n * DERIVED.len());
+    let inserted = match UNFILTERED.load(Ordering::Relaxed) {
+        true => 0,
+        false => appended.map_or(0, |n| n * DERIVED.len()),
+    };
+    let seen_by_redis = args.len() + inserted;
     if seen_by_redis < cmd.redis_min_args() {
         return Interp::RedisArity(cmd);
     }
