@@ -1,7 +1,7 @@
 //! The commands' own description, from `commands.json` (Redis's schema for its command docs):
 //! the one source of their syntax, flags, key specs and documentation. Registration
-//! (`server::command_info`) builds `COMMAND INFO` and `COMMAND DOCS` from it, and a test keeps
-//! the README's command reference in step with it.
+//! (`server::command_info`) builds `COMMAND INFO` and `COMMAND DOCS` from it, and
+//! `tests/docs.rs` keeps the command reference (docs/commands.md) in step with it.
 
 use std::sync::OnceLock;
 
@@ -183,7 +183,7 @@ impl ArgDoc {
 }
 
 impl CommandDoc {
-    /// The syntax line, as the README's headings and redis-cli's hints show it:
+    /// The syntax line, as docs/commands.md's headings and redis-cli's hints show it:
     /// `SEM.GET name [JSON]`.
     #[cfg(test)]
     pub fn syntax(&self) -> String {
@@ -276,30 +276,6 @@ mod tests {
         assert_eq!(
             command("sem.acquire").module_flags(),
             "write deny-oom getkeys-api"
-        );
-    }
-
-    /// The README's command reference cannot drift from commands.json: each command's section
-    /// heading is its syntax line.
-    #[test]
-    fn the_readme_shows_every_syntax_line() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-            .expect("README.md");
-        let headings: Vec<&str> = readme
-            .lines()
-            .filter_map(|line| line.strip_prefix("### SEM."))
-            .collect();
-        for doc in all() {
-            let syntax = doc.syntax();
-            assert!(
-                headings.iter().any(|h| format!("SEM.{h}") == syntax),
-                "README.md has no heading `### {syntax}`"
-            );
-        }
-        assert_eq!(
-            headings.len(),
-            all().len(),
-            "a README heading names no command"
         );
     }
 }

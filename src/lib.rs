@@ -1,5 +1,5 @@
 //! redsem: distributed counting semaphores as native Redis commands. This file registers; the
-//! rest is described in the README's Development section.
+//! rest is described in docs/development.md.
 
 mod args;
 mod commands;

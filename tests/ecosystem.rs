@@ -208,12 +208,13 @@ fn the_packages_and_changelog_carry_the_crates_version() {
     );
 }
 
-/// The README's redis.conf snippet, as written there (its `loadmodule` line aside: the harness
-/// loads the module), starts a server with those settings.
+/// The redis.conf snippet of docs/operations.md, as written there (its `loadmodule` line aside:
+/// the harness loads the module), starts a server with those settings.
 #[test]
 fn the_readmes_redis_conf_snippet_works() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+            .unwrap();
     let snippet: Vec<&str> = readme
         .lines()
         .skip_while(|line| *line != "# redis.conf")
@@ -221,7 +222,10 @@ fn the_readmes_redis_conf_snippet_works() {
         .take_while(|line| !line.starts_with("```"))
         .filter(|line| !line.starts_with("loadmodule "))
         .collect();
-    assert!(snippet.len() > 5, "the README has no redis.conf snippet");
+    assert!(
+        snippet.len() > 5,
+        "docs/operations.md has no redis.conf snippet"
+    );
     let server = Server::start_configured(&snippet.join("\n"), &[], &["--save", ""]);
     let mut c = server.connection();
     for (name, want) in [

@@ -223,7 +223,7 @@ fn acl_categories_or_the_documented_command_rules_restrict_the_writers() {
     let (no_writes, read_only): (&[&str], &[&str]) = if categories {
         (&["~*", "+@all", "-@write"], &["~*", "+@read"])
     } else {
-        // Redis 7.0 has no ACL categories for module commands: the README's rules instead.
+        // Redis 7.0 has no ACL categories for module commands: docs/cluster-and-acl.md's rules instead.
         (
             &[
                 "~*",

@@ -1364,7 +1364,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
         assert_eq!(reply, 1, "{args:?}");
     };
 
-    // Plain: the README's GPU example, a refresh, a renewal with its COUNT, partial releases.
+    // Plain: docs/commands.md's GPU example, a refresh, a renewal with its COUNT, partial releases.
     let gpus = ["SEM.ACQUIRE", "gpus", "16"];
     let g = |rest: &[&'static str]| -> Vec<&'static str> { [&gpus[..], rest].concat() };
     assert_eq!(

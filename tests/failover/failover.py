@@ -9,7 +9,7 @@ primary and half the clients, without and with min-replicas-to-write.
 
 Checked from the history: no ticket of a name repeats; grants of the surviving timeline never go
 backwards; every node holds the same data at the end; no server crashed. Reported, not checked
-(asynchronous replication allows them, see the README): grants made by a stale primary, and
+(asynchronous replication allows them, see docs/semantics.md): grants made by a stale primary, and
 moments when more holders than the limit believed they held a permit.
 
 Usage: failover.py --module PATH [--server redis-server] [--only PHASE ...]
