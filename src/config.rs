@@ -13,6 +13,8 @@ pub struct Setting {
     pub max: i64,
     pub default: i64,
     pub value: AtomicI64,
+    /// Whether the value is bytes, which `CONFIG SET` also takes as `64mb` or `1gb`.
+    pub bytes: bool,
 }
 
 impl Setting {
@@ -23,6 +25,14 @@ impl Setting {
             max,
             default,
             value: AtomicI64::new(default),
+            bytes: false,
+        }
+    }
+
+    const fn bytes(name: &'static str, min: i64, max: i64, default: i64) -> Self {
+        Setting {
+            bytes: true,
+            ..Setting::new(name, min, max, default)
         }
     }
 
@@ -50,17 +60,30 @@ pub static MAX_LEASE: Setting =
 /// How many clients may wait for one semaphore.
 pub static MAX_WAITERS_PER_SEMAPHORE: Setting =
     Setting::new("max-waiters-per-semaphore", 1, 1_000_000_000, 100_000);
-/// How many clients may wait in all.
-pub static MAX_WAITERS: Setting = Setting::new("max-waiters", 1, 1_000_000_000, 1_000_000);
+/// How many clients may wait in all: each costs the server about 36 KB besides its
+/// connection (`memory.rs`), so 25,000 take about 0.9 GB.
+pub static MAX_WAITERS: Setting = Setting::new("max-waiters", 1, 1_000_000_000, 25_000);
+/// The share of `maxmemory`, in percent, that waiting clients may take together (`memory.rs`).
+pub static WAITERS_MAXMEMORY_PERCENT: Setting =
+    Setting::new("waiters-maxmemory-percent", 1, 100, 5);
+/// The bytes waiting clients may take together on a server without `maxmemory`.
+pub static MAX_WAITERS_MEMORY: Setting = Setting::bytes(
+    "max-waiters-memory",
+    1024 * 1024,
+    1 << 50,
+    1024 * 1024 * 1024,
+);
 /// Accepted and kept, but without effect since fair tickets go on from a clock floor
 /// (`fencing.rs`): configuration files that set it still load.
 pub static FENCING_MARGIN: Setting =
     Setting::new("fencing-margin", 0, 1_000_000_000_000, 1_000_000_000);
 
-pub static SETTINGS: [&Setting; 4] = [
+pub static SETTINGS: [&Setting; 6] = [
     &MAX_LEASE,
     &MAX_WAITERS_PER_SEMAPHORE,
     &MAX_WAITERS,
+    &WAITERS_MAXMEMORY_PERCENT,
+    &MAX_WAITERS_MEMORY,
     &FENCING_MARGIN,
 ];
 
@@ -145,6 +168,6 @@ mod tests {
         assert!(command_filter());
         apply_module_args(&[b"sem.max-waiters", b"77"]).unwrap();
         assert_eq!(MAX_WAITERS.get(), 77);
-        MAX_WAITERS.set(1_000_000).unwrap();
+        MAX_WAITERS.set(MAX_WAITERS.default).unwrap();
     }
 }

@@ -75,6 +75,14 @@ pub enum SemError {
         per_semaphore: bool,
         max: i64,
     },
+    /// Waiting clients would take more memory than `sem.waiters-maxmemory-percent` of
+    /// `maxmemory` (`maxmemory`) or `sem.max-waiters-memory` allow: `limit` bytes.
+    WaitersMemory {
+        limit: u64,
+        maxmemory: bool,
+    },
+    /// One more waiting client would take the server past `maxmemory`.
+    NoMemoryToWait,
     /// BOUND from a script: the script's connection is not the caller's, and never closes.
     BoundInScript,
     /// `SEM.WAITEMPTY` on a replica, whose semaphores only change by its primary's hand.
@@ -205,6 +213,26 @@ impl fmt::Display for SemError {
                 f,
                 "ERR {max} clients already wait for permits on this server (sem.max-waiters)"
             ),
+            SemError::WaitersMemory {
+                limit,
+                maxmemory: true,
+            } => write!(
+                f,
+                "ERR waiting clients would take more than {limit} bytes \
+                 (sem.waiters-maxmemory-percent of maxmemory): retry, or acquire without WAIT"
+            ),
+            SemError::WaitersMemory {
+                limit,
+                maxmemory: false,
+            } => write!(
+                f,
+                "ERR waiting clients would take more than {limit} bytes \
+                 (sem.max-waiters-memory): retry, or acquire without WAIT"
+            ),
+            SemError::NoMemoryToWait => f.write_str(
+                "ERR no memory left below maxmemory for another waiting client: retry, or \
+                 acquire without WAIT",
+            ),
             SemError::BoundInScript => f.write_str(
                 "ERR BOUND cannot be used from a script or function: its connection is not the \
                  client's",
@@ -274,6 +302,15 @@ mod tests {
                 per_semaphore: false,
                 max: 1,
             },
+            SemError::WaitersMemory {
+                limit: 1,
+                maxmemory: true,
+            },
+            SemError::WaitersMemory {
+                limit: 1,
+                maxmemory: false,
+            },
+            SemError::NoMemoryToWait,
             SemError::BoundInScript,
             SemError::ReplicaCannotWait,
             SemError::BecameReplica,

@@ -8,6 +8,7 @@ mod docs;
 mod error;
 mod fencing;
 mod keys;
+mod memory;
 mod queue;
 mod semaphore;
 mod server;
@@ -43,6 +44,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     stats::forget_grants();
     fencing::reset();
     waiting::reset();
+    server::memory::reset();
     let module_args: Vec<&[u8]> = args.iter().map(|arg| arg.as_slice()).collect();
     let registered = config::apply_module_args(&module_args)
         .and_then(|()| server::config::register(ctx.ctx))
@@ -64,6 +66,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             server::filter::register(ctx.ctx, mode)
         })
         .and_then(|()| server::events::subscribe(ctx.ctx));
+    server::memory::refresh(ctx.ctx);
     if let Err(reason) = registered {
         ctx.log_warning(&format!("redsem: {reason}"));
         return Status::Err;

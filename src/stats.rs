@@ -65,6 +65,11 @@ counters! {
     lines_served: "Wait lines looked at for a grant: after a change to that semaphore (a \
         release, a lease end, a wait that ended, another client's write), never for a read or \
         for other semaphores' changes.",
+    waits_refused_memory: "Callers refused a wait because waiting clients would take more \
+        memory than the module allows (sem.waiters-maxmemory-percent, sem.max-waiters-memory) \
+        or the server had no room left below maxmemory.",
+    evicted_keys: "Keys of semaphores the server evicted (maxmemory-policy): derived keys by \
+        their names, and names clients waited on.",
     timer_runs: "Runs of the module's timer (lease ends, wait ends, deferred work).",
     timer_runs_continued: "Timer runs that used up their time slice (2 ms) and left the rest \
         for the next turn of the event loop, after other clients were answered.",

@@ -19,12 +19,16 @@ use crate::config;
 use crate::error::SemError;
 use crate::fencing;
 use crate::keys::{with_derived, COUNTER_SUFFIX, LIMIT_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
+use crate::memory;
 use crate::queue::{Ask, Binding, Due, IdMap, Registry, SemKey, WaiterId, Wants};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
 use crate::server::events;
 use crate::server::key::Access;
-use crate::server::{clock_ms, cluster_can_serve, is_primary, select_db, timer, writes_paused};
+use crate::server::memory as server_memory;
+use crate::server::{
+    clock_ms, cluster_can_serve, is_primary, is_valkey, select_db, timer, writes_paused,
+};
 use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 
@@ -168,15 +172,38 @@ fn is_waited(sem: &SemKey) -> bool {
     WAITERS.load(Ordering::Relaxed) > 0 && with(|s| s.registry.is_waited(sem))
 }
 
+/// Whether anybody waits for the semaphore `name` of database `db`.
+pub fn waits_on(db: i32, name: &[u8]) -> bool {
+    WAITERS.load(Ordering::Relaxed) > 0
+        && is_waited(&SemKey {
+            db,
+            name: name.to_vec(),
+        })
+}
+
+/// The bounds on waiters' memory the settings give now.
+fn memory_bounds() -> memory::Bounds {
+    memory::Bounds {
+        percent: config::WAITERS_MAXMEMORY_PERCENT.get() as u64,
+        max_bytes: config::MAX_WAITERS_MEMORY.get() as u64,
+    }
+}
+
+/// What one more waiting client costs this server, in bytes.
+fn per_waiter_bytes() -> u64 {
+    memory::per_waiter_bytes(is_valkey())
+}
+
 /// The gauges of `INFO sem`.
 pub fn gauges() -> Vec<(&'static str, u64)> {
-    let (semaphores, waiters, empty, scheduled, bound) = with(|s| {
+    let (semaphores, waiters, empty, scheduled, bound, blocked) = with(|s| {
         (
             s.registry.waited_count(),
             s.registry.total_waiters() - s.registry.empty_waiters(),
             s.registry.empty_waiters(),
             s.registry.scheduled(),
             s.registry.bound_count(),
+            s.registry.total_waiters(),
         )
     });
     vec![
@@ -186,6 +213,11 @@ pub fn gauges() -> Vec<(&'static str, u64)> {
         ("scheduled_wakeups", scheduled as u64),
         ("armed_timers", u64::from(timer::is_armed())),
         ("bound_holders", bound as u64),
+        ("waiters_memory", blocked as u64 * per_waiter_bytes()),
+        (
+            "waiters_memory_limit",
+            memory::limit(server_memory::now(), memory_bounds()),
+        ),
     ]
 }
 
@@ -251,8 +283,8 @@ pub fn wait_set(
     Ok(())
 }
 
-/// Whether one more may wait for each of `sems` (`sem.max-waiters-per-semaphore`) and on the
-/// server (`sem.max-waiters`).
+/// Whether one more may wait for each of `sems` (`sem.max-waiters-per-semaphore`), on the
+/// server (`sem.max-waiters`), and in the memory waiters may take (`memory.rs`).
 fn check_room(sems: &[SemKey]) -> Result<(), SemError> {
     with(|s| {
         let per_semaphore = config::MAX_WAITERS_PER_SEMAPHORE.get();
@@ -272,8 +304,17 @@ fn check_room(sems: &[SemKey]) -> Result<(), SemError> {
                 max: total,
             })
         } else {
-            Ok(())
+            Ok(s.registry.total_waiters() as u64)
         }
+    })
+    .and_then(|waiters| {
+        memory::admit(
+            waiters,
+            per_waiter_bytes(),
+            server_memory::now(),
+            memory_bounds(),
+        )
+        .inspect_err(|_| stats::count(&COUNTERS.waits_refused_memory))
     })
 }
 

@@ -231,7 +231,9 @@ fn the_readmes_redis_conf_snippet_works() {
     for (name, want) in [
         ("sem.max-lease", "3600"),
         ("sem.max-waiters-per-semaphore", "10000"),
-        ("sem.max-waiters", "100000"),
+        ("sem.max-waiters", "20000"),
+        ("sem.waiters-maxmemory-percent", "5"),
+        ("sem.max-waiters-memory", "536870912"),
         ("maxmemory-policy", "noeviction"),
     ] {
         let got: Vec<String> = run(&mut c, &["CONFIG", "GET", name]);
@@ -305,7 +307,7 @@ fn module_arguments_set_the_configs_and_bad_ones_refuse_to_load() {
         .collect();
     assert_eq!(all["sem.max-lease"], "30");
     assert_eq!(all["sem.fencing-margin"], "7");
-    assert_eq!(all["sem.max-waiters"], "1000000");
+    assert_eq!(all["sem.max-waiters"], "25000");
     // Accepted so that older configuration files load, but tickets no longer jump by it: a
     // server that loaded nothing has no fencing floor and counts from 1.
     let (_, ticket): (String, u64) =

@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -20,57 +18,6 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A connection that sent one command and reads its reply later.
-struct RawClient {
-    reader: BufReader<TcpStream>,
-}
-
-impl RawClient {
-    fn connect(server: &Server) -> RawClient {
-        let socket = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
-        socket
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .expect("read timeout");
-        RawClient {
-            reader: BufReader::new(socket),
-        }
-    }
-
-    fn send(&mut self, args: &[&str]) {
-        let mut command = format!("*{}\r\n", args.len());
-        for arg in args {
-            command.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        self.reader
-            .get_mut()
-            .write_all(command.as_bytes())
-            .expect("send");
-    }
-
-    /// The next reply, as text: a bulk string's or status's content, `nil`, `:<n>`, or
-    /// `-<error>`. (The commands here reply nothing else.)
-    fn reply(&mut self) -> String {
-        let line = self.line();
-        match line.as_bytes().first() {
-            Some(b'$') if line == "$-1" => "nil".into(),
-            Some(b'$') => {
-                let body = self.line();
-                assert_eq!(body.len().to_string(), line[1..], "bulk length");
-                body
-            }
-            Some(b'+') => line[1..].to_string(),
-            Some(b':' | b'-') | Some(b'_') => line,
-            _ => panic!("unexpected reply {line:?}"),
-        }
-    }
-
-    fn line(&mut self) -> String {
-        let mut line = String::new();
-        self.reader.read_line(&mut line).expect("read a reply");
-        line.trim_end_matches("\r\n").to_string()
-    }
 }
 
 fn lines_served(conn: &mut redis::Connection) -> u64 {

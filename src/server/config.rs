@@ -22,7 +22,11 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
                 // The default, or what a `loadmodule` argument set (then CONFIG REWRITE leaves
                 // the line out, and the argument sets it again at the next start).
                 setting.get(),
-                raw::REDISMODULE_CONFIG_DEFAULT,
+                if setting.bytes {
+                    raw::REDISMODULE_CONFIG_MEMORY
+                } else {
+                    raw::REDISMODULE_CONFIG_DEFAULT
+                },
                 setting.min,
                 setting.max,
                 Some(get),

@@ -38,7 +38,8 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         )
         && subscribe(raw::REDISMODULE_EVENT_CLIENT_CHANGE, Some(on_client_change))
         && subscribe(raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush))
-        && subscribe(raw::REDISMODULE_EVENT_SWAPDB, Some(on_swap));
+        && subscribe(raw::REDISMODULE_EVENT_SWAPDB, Some(on_swap))
+        && subscribe(raw::REDISMODULE_EVENT_CONFIG, Some(on_config_change));
     FOLLOWING_KEYS.store(false, Ordering::Relaxed);
     if subscribed {
         Ok(())
@@ -154,6 +155,32 @@ extern "C" fn on_swap(
     // SAFETY: for this event Redis passes a RedisModuleSwapDbInfo.
     let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
     guard((), || waiting::swapped(info.dbnum_first, info.dbnum_second));
+}
+
+extern "C" fn on_config_change(
+    ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    if subevent != raw::REDISMODULE_SUBEVENT_CONFIG_CHANGE || data.is_null() {
+        return;
+    }
+    // SAFETY: for this event Redis passes a RedisModuleConfigChange whose names are C
+    // strings, valid for the callback.
+    let names: Vec<&[u8]> = unsafe {
+        let change = &*data.cast::<raw::RedisModuleConfigChangeV1>();
+        (0..change.num_changes as usize)
+            .map(|i| *change.config_names.add(i))
+            .filter(|name| !name.is_null())
+            .map(|name| std::ffi::CStr::from_ptr(name).to_bytes())
+            .collect()
+    };
+    guard((), || {
+        if super::memory::concerns_memory(&names) {
+            super::memory::refresh(ctx);
+        }
+    });
 }
 
 thread_local! {

@@ -12,11 +12,23 @@ pub mod events;
 pub mod filter;
 pub mod info;
 pub mod key;
+pub mod memory;
 pub mod timer;
 
 use std::os::raw::c_int;
 
 use redis_module::{raw, Context, RedisString};
+
+/// Writes `message` to the server's log at the warning level.
+pub fn log_warning(ctx: *mut raw::RedisModuleCtx, message: &str) {
+    let Ok(message) = std::ffi::CString::new(message.replace('\0', " ")) else {
+        return;
+    };
+    // SAFETY: a context of the module (or NULL); "%s" with one C string.
+    unsafe {
+        raw::RedisModule_Log.unwrap()(ctx, c"warning".as_ptr(), c"%s".as_ptr(), message.as_ptr())
+    }
+}
 
 /// Runs `work` for a callback Redis makes into the module; a panic (a bug) returns `fallback`
 /// instead of unwinding into redis-server, which would abort it.
@@ -94,6 +106,12 @@ pub fn missing_api() -> Vec<&'static str> {
         RedisModule_GetSelectedDb,
         RedisModule_SubscribeToKeyspaceEvents,
         RedisModule_AvoidReplicaTraffic,
+        RedisModule_GetUsedMemoryRatio,
+        RedisModule_GetServerInfo,
+        RedisModule_ServerInfoGetFieldUnsigned,
+        RedisModule_ServerInfoGetFieldC,
+        RedisModule_FreeServerInfo,
+        RedisModule_Log,
     );
     required
         .iter()

@@ -8,7 +8,8 @@ pub mod state;
 pub mod stream;
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -417,4 +418,77 @@ pub fn long_form(args: &[&str]) -> Vec<String> {
         long.extend(derived(args[2 + i * step]));
     }
     long
+}
+
+/// A connection that sent one command and reads its reply later.
+pub struct RawClient {
+    reader: BufReader<TcpStream>,
+}
+
+impl RawClient {
+    pub fn connect(server: &Server) -> RawClient {
+        let socket = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("read timeout");
+        RawClient {
+            reader: BufReader::new(socket),
+        }
+    }
+
+    pub fn send(&mut self, args: &[&str]) {
+        let mut command = format!("*{}\r\n", args.len());
+        for arg in args {
+            command.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        self.reader
+            .get_mut()
+            .write_all(command.as_bytes())
+            .expect("send");
+    }
+
+    /// The next reply, as text: a bulk string's or status's content, `nil`, `:<n>`, or
+    /// `-<error>`. (The commands here reply nothing else.)
+    pub fn reply(&mut self) -> String {
+        let line = self.line();
+        match line.as_bytes().first() {
+            Some(b'$') if line == "$-1" => "nil".into(),
+            Some(b'$') => {
+                let body = self.line();
+                assert_eq!(body.len().to_string(), line[1..], "bulk length");
+                body
+            }
+            Some(b'+') => line[1..].to_string(),
+            Some(b':' | b'-') | Some(b'_') => line,
+            _ => panic!("unexpected reply {line:?}"),
+        }
+    }
+
+    pub fn set_read_timeout(&mut self, timeout: Duration) {
+        self.reader
+            .get_mut()
+            .set_read_timeout(Some(timeout))
+            .expect("read timeout");
+    }
+
+    /// The next reply if one arrives within the read timeout.
+    pub fn try_reply(&mut self) -> Option<String> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => {
+                let line = line.trim_end_matches("\r\n").to_string();
+                match line.as_bytes().first() {
+                    Some(b'$') if line != "$-1" => Some(self.line()),
+                    _ => Some(line),
+                }
+            }
+        }
+    }
+
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("read a reply");
+        line.trim_end_matches("\r\n").to_string()
+    }
 }
