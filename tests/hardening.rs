@@ -647,7 +647,7 @@ fn a_reload_starts_clean_and_keeps_the_acl_category() {
     );
     assert_eq!(ok, "OK");
     let max: Vec<String> = run(&mut admin, &["CONFIG", "GET", "sem.max-waiters"]);
-    assert_eq!(max, ["sem.max-waiters", "1000000"]);
+    assert_eq!(max, ["sem.max-waiters", "25000"]);
     let info: String = run(&mut admin, &["INFO", "sem"]);
     assert!(info.contains("sem_acquired:0"), "{info}");
     assert!(info.contains("sem_waits_started:0"), "{info}");
