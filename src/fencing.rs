@@ -3,8 +3,9 @@
 //!
 //! With asynchronous replication a primary may acknowledge fair grants that never reach its
 //! replica (or its AOF) before it dies; the node that takes over holds an older counter, so its
-//! own data cannot tell how far the tickets went. The wall clock can: whenever this node's data
-//! may be behind what clients were told (it finished loading data, or it became a primary), it
+//! own data cannot tell how far the tickets went, and neither can a node that restarted with
+//! nothing to load. The wall clock can: whenever this node's data may be behind what clients
+//! were told (the module loaded, the node finished loading data, or it became a primary), it
 //! takes a floor, the Unix time in milliseconds × [`TICKETS_PER_MS`], and every fair grant hands
 //! out `max(counter + 1, floor)`. Tickets handed out since an earlier floor stay below this one
 //! as long as no name took more than [`TICKETS_PER_MS`] grants per millisecond on average since
@@ -21,7 +22,7 @@ use crate::types::MAX_TICKET;
 /// double, and in JavaScript) until the year 2255.
 pub const TICKETS_PER_MS: u64 = 1000;
 
-/// This node's floor; 0 until the first loading end or promotion of this module load.
+/// This node's floor, taken first when the module loads; 0 only outside a server (unit tests).
 static FLOOR: AtomicU64 = AtomicU64::new(0);
 
 /// The floor a node takes at `now_ms` (Unix milliseconds).
@@ -42,7 +43,7 @@ pub fn floor() -> u64 {
     FLOOR.load(Ordering::Relaxed)
 }
 
-/// Forgets the floor (a new load of the module).
+/// Forgets the floor (a new load of the module, which takes one again at once).
 pub fn reset() {
     FLOOR.store(0, Ordering::Relaxed);
 }
@@ -98,11 +99,7 @@ mod tests {
     #[test]
     fn the_floor_only_grows_within_a_load() {
         reset();
-        assert_eq!(
-            floor(),
-            0,
-            "no floor before the first loading end or promotion"
-        );
+        assert_eq!(floor(), 0, "no floor before the first one taken");
         take_floor(2_000);
         assert_eq!(floor(), 2_000_000);
         take_floor(1_000);

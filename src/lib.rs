@@ -43,6 +43,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     stats::reset_distributions();
     stats::forget_grants();
     fencing::reset();
+    // A start with nothing to load fires no loading event, and this node may have handed out
+    // tickets in an earlier life: go on from the clock at least, whatever the data says.
+    fencing::take_floor(server::clock_ms());
     waiting::reset();
     server::memory::reset();
     let module_args: Vec<&[u8]> = args.iter().map(|arg| arg.as_slice()).collect();

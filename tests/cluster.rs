@@ -189,25 +189,26 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
 
     // Every command on every name, through the cluster client: fair names on even positions,
     // plain ones on odd positions.
-    for names in by_primary.values() {
+    for (&node, names) in &by_primary {
+        let first = first_ticket(&mut cluster.connection(node)) as u64;
         for (i, name) in names.iter().enumerate() {
             let name = name.as_str();
             if i % 2 == 0 {
-                let first: (String, u64) = cluster_run(
+                let a: (String, u64) = cluster_run(
                     &mut conn,
                     &["SEM.ACQUIREFAIR", name, "3", "60", "ID", "a", "WITHTICKET"],
                 );
-                assert_eq!(first, ("a".to_string(), 1), "{name}");
+                assert_eq!(a, ("a".to_string(), first), "{name}");
                 let second: (String, u64) = cluster_run(
                     &mut conn,
                     &["SEM.ACQUIREFAIR", name, "3", "60", "WITHTICKET"],
                 );
-                assert_eq!(second.1, 2, "{name}");
+                assert_eq!(second.1, first + 1, "{name}");
                 let third: (String, u64) = cluster_run(
                     &mut conn,
                     &["SEM.ACQUIREFAIR", name, "3", "60", "ID", "c", "WITHTICKET"],
                 );
-                assert_eq!(third, ("c".to_string(), 3), "{name}");
+                assert_eq!(third, ("c".to_string(), first + 2), "{name}");
                 let full: Option<String> =
                     cluster_run(&mut conn, &["SEM.ACQUIREFAIR", name, "3", "60"]);
                 assert_eq!(full, None, "{name}");
@@ -219,7 +220,7 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
                 assert_eq!(live, 2, "{name}");
                 let json = get_json(&mut conn, name);
                 assert_eq!(json["fair"], true, "{json}");
-                assert_eq!(json["counter"], 3, "{json}");
+                assert_eq!(json["counter"], first + 2, "{json}");
                 let holders: Vec<(String, u64)> = json["holders"]
                     .as_array()
                     .expect("holders")
@@ -233,7 +234,7 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
                     .collect();
                 assert_eq!(
                     holders,
-                    [("a".to_string(), 1), (second.0.clone(), 2)],
+                    [("a".to_string(), first), (second.0.clone(), first + 1)],
                     "{json}"
                 );
             } else {
@@ -329,7 +330,8 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(set, ("j".to_string(), vec![1, 1]));
+    let set_floor = first_ticket(&mut cluster.connection(cluster.owner_of_key("{set}gpu"))) as u64;
+    assert_eq!(set, ("j".to_string(), vec![set_floor, set_floor]));
     let refreshed: i64 = cluster_run(
         &mut conn,
         &["SEM.REFRESHALL", "2", "{set}gpu", "{set}licence", "j", "10"],
@@ -480,10 +482,11 @@ fn a_migrating_slot_never_grants_twice(module_args: &[&str]) {
     let mut on_dst = cluster.connection(dst);
     let acquire = |id| ["SEM.ACQUIREFAIR", "{v}", "5", "10", "ID", id, "WITHTICKET"];
 
-    // Two grants, both released: only the counter is left, at 2.
+    // Two grants, both released: only the counter is left, at the second ticket.
+    let src_floor = first_ticket(&mut on_src) as u64;
     let h1: (String, u64) = run(&mut on_src, &acquire("h1"));
     let h2: (String, u64) = run(&mut on_src, &acquire("h2"));
-    assert_eq!((h1.1, h2.1), (1, 2));
+    assert_eq!((h1.1, h2.1), (src_floor, src_floor + 1));
     for id in ["h1", "h2"] {
         let released: i64 = run(&mut on_src, &["SEM.RELEASE", "{v}", id]);
         assert_eq!(released, 1);
@@ -511,7 +514,7 @@ fn a_migrating_slot_never_grants_twice(module_args: &[&str]) {
         );
     }
     // The target, asked directly, sends the client back; asked after ASKING, it has none of
-    // the keys (the counter above all) and must not grant ticket 1 again.
+    // the keys (the counter above all) and must not grant its first ticket again.
     let err = error_of(&mut on_dst, &acquire("h3"));
     assert_eq!(err, format!("MOVED {slot} {src_address}"));
     for args in [&acquire("h3")[..], &["SEM.GET", "{v}", "JSON"]] {
@@ -550,21 +553,23 @@ fn a_migrating_slot_never_grants_twice(module_args: &[&str]) {
     let err = error_of(&mut on_dst, &acquire("h3"));
     assert!(err.starts_with("TRYAGAIN "), "on the target: {err}");
 
-    // The migration ends: the target serves the slot and goes on from ticket 2.
+    // The migration ends: the target serves the slot and goes on from the counter (or from its
+    // own floor, when that is higher).
     for conn in [&mut on_dst, &mut on_src] {
         let ok: String = run(conn, &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &dst_id]);
         assert_eq!(ok, "OK");
     }
     let h3: (String, u64) = run(&mut on_dst, &acquire("h3"));
-    assert_eq!(h3, ("h3".to_string(), 3));
+    let dst_floor = first_ticket(&mut on_dst) as u64;
+    assert_eq!(h3, ("h3".to_string(), (h2.1 + 1).max(dst_floor)));
     let err = error_of(&mut on_src, &acquire("h4"));
     assert_eq!(err, format!("MOVED {slot} {dst_address}"));
     cluster.wait_until_healthy();
     let mut conn = cluster.cluster_connection();
     let h4: (String, u64) = cluster_run(&mut conn, &acquire("h4"));
-    assert_eq!(h4, ("h4".to_string(), 4));
+    assert_eq!(h4, ("h4".to_string(), h3.1 + 1));
     let counter: String = run(&mut on_dst, &["GET", "{v}:counter"]);
-    assert_eq!(counter, "4");
+    assert_eq!(counter, h4.1.to_string());
     assert_eq!(cluster.keys_on(src), Vec::<String>::new());
 }
 
@@ -955,12 +960,24 @@ fn reshard_of_busy_fair_semaphores(module_args: &[&str]) {
         }
     }
     // No ticket was handed out twice, none was lost, and each counter is the last ticket,
-    // on the node serving the slot, the only one holding the name's keys.
+    // on the node serving the slot, the only one holding the name's keys. Each ticket is the
+    // one before plus one, or the floor of a node the name's keys arrived on (the first one
+    // too): the reshard takes no floor, so the nodes' floors are those read now.
+    let floors = [source, target].map(|node| first_ticket(&mut cluster.connection(node)) as u64);
     for (index, name) in load.names.iter().enumerate() {
         let mut granted = tickets[index].clone();
         granted.sort_unstable();
-        let expected: Vec<u64> = (1..=granted.len() as u64).collect();
-        assert_eq!(granted, expected, "tickets of {name}");
+        if let Some(first) = granted.first() {
+            assert!(floors.contains(first), "{name}: {first}, floors {floors:?}");
+        }
+        for pair in granted.windows(2) {
+            assert!(
+                pair[1] == pair[0] + 1 || (pair[1] > pair[0] && floors.contains(&pair[1])),
+                "tickets of {name}: {} after {}, floors {floors:?}",
+                pair[1],
+                pair[0]
+            );
+        }
         let counter: Option<u64> = run(&mut on_source, &["GET", &format!("{name}:counter")]);
         assert_eq!(counter, granted.last().copied(), "counter of {name}");
     }
@@ -1029,6 +1046,7 @@ fn acl_covers_every_key_in_cluster() {
     let cluster = Cluster::start(3, 0, &[]);
     let owner = cluster.owner_of_key("{jobs}");
     let mut admin = cluster.connection(owner);
+    let first = first_ticket(&mut admin) as u64;
     for rule in [
         &["exact", "on", ">pw", "~{jobs}", "+@all"][..],
         &["prefix", "on", ">pw", "~{jobs}*", "+@all"],
@@ -1091,7 +1109,7 @@ fn acl_covers_every_key_in_cluster() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(granted, ("f".to_string(), 1));
+    assert_eq!(granted, ("f".to_string(), first));
     let refreshed: i64 = run(&mut prefix, &["SEM.REFRESH", "{jobs}", "f", "60"]);
     assert_eq!(refreshed, 1);
     let live: i64 = run(&mut prefix, &["SEM.GET", "{jobs}"]);
@@ -1117,7 +1135,7 @@ fn acl_covers_every_key_in_cluster() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(keep, ("keep".to_string(), 2));
+    assert_eq!(keep, ("keep".to_string(), first + 1));
     let json: String = run(&mut prefix, &["SEM.GET", "{jobs}", "JSON"]);
 
     // `%R~{jobs}*` reads, and writes nothing.
@@ -1129,7 +1147,7 @@ fn acl_covers_every_key_in_cluster() {
         serde_json::from_str(&read).unwrap(),
         serde_json::from_str(&json).unwrap(),
     );
-    assert_eq!(read["counter"], 2);
+    assert_eq!(read["counter"], first + 1);
     assert_eq!(read["holders"][0]["id"], "keep");
     assert_eq!(read["holders"][0]["ticket"], json["holders"][0]["ticket"]);
     let before = snapshot_of_all_keys(&mut admin);

@@ -6,7 +6,7 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::{error_of, run, server_ms, try_run, wait_until, zset, Server};
+use common::{error_of, first_ticket, run, server_ms, try_run, wait_until, zset, Server};
 use redis::{Connection, Value};
 
 /// Everything the semaphore `name` keeps: both sorted sets, the counter, and each set's expiry.
@@ -100,21 +100,22 @@ fn acquire_with_an_id_is_idempotent() {
 fn fair_grants_take_tickets_in_order_and_refusals_take_none() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let (a, t1): (String, i64) = run(&mut c, &["SEM.ACQUIREFAIR", "f", "2", "10", "WITHTICKET"]);
     let (b, t2): (String, i64) = run(
         &mut c,
         &["SEM.ACQUIREFAIR", "f", "2", "10", "withticket", "ID", "bee"],
     );
-    assert_eq!((t1, t2), (1, 2));
+    assert_eq!((t1, t2), (first, first + 1));
     assert_eq!(b, "bee");
     let refused: Option<Vec<Value>> =
         run(&mut c, &["SEM.ACQUIREFAIR", "f", "2", "10", "WITHTICKET"]);
     assert_eq!(refused, None);
     let counter: i64 = run(&mut c, &["GET", "f:counter"]);
-    assert_eq!(counter, 2, "the refused attempt took no ticket");
+    assert_eq!(counter, first + 1, "the refused attempt took no ticket");
     assert_eq!(
         zset(&mut c, "f:owner"),
-        vec![(a.clone(), 1), (b.clone(), 2)]
+        vec![(a.clone(), first), (b.clone(), first + 1)]
     );
     let holders: Vec<String> = zset(&mut c, "f").into_iter().map(|(id, _)| id).collect();
     assert_eq!(holders.len(), 2);
@@ -130,7 +131,7 @@ fn fair_grants_take_tickets_in_order_and_refusals_take_none() {
         &mut c,
         &["SEM.ACQUIREFAIR", "f", "2", "10", "ID", "bee", "WITHTICKET"],
     );
-    assert_eq!(again, 2);
+    assert_eq!(again, first + 1);
     // Tickets keep growing after every holder is gone: a fencing token never repeats.
     let _: i64 = run(&mut c, &["SEM.RELEASE", "f", &a]);
     let _: i64 = run(&mut c, &["SEM.RELEASE", "f", &b]);
@@ -138,7 +139,10 @@ fn fair_grants_take_tickets_in_order_and_refusals_take_none() {
     assert_eq!(exists, 0);
     let id: String = run(&mut c, &["SEM.ACQUIREFAIR", "f", "2", "10", "ID", "late"]);
     assert_eq!(id, "late");
-    assert_eq!(zset(&mut c, "f:owner"), vec![("late".to_string(), 3)]);
+    assert_eq!(
+        zset(&mut c, "f:owner"),
+        vec![("late".to_string(), first + 2)]
+    );
 }
 
 #[test]
@@ -194,6 +198,7 @@ fn leases_expire_on_the_server_clock() {
 fn expired_holders_are_pruned_by_the_next_writer() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "3", "0.5", "ID", "old"]);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "3", "30", "ID", "keeper"]);
     sleep(Duration::from_millis(550));
@@ -210,7 +215,10 @@ fn expired_holders_are_pruned_by_the_next_writer() {
     assert!(!holders.contains(&"old".to_string()));
     assert_eq!(
         zset(&mut c, "p:owner"),
-        vec![("keeper".to_string(), 2), ("new".to_string(), 3)]
+        vec![
+            ("keeper".to_string(), first + 1),
+            ("new".to_string(), first + 2)
+        ]
     );
 }
 
@@ -218,6 +226,7 @@ fn expired_holders_are_pruned_by_the_next_writer() {
 fn refresh_moves_a_live_deadline_only() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let id: String = run(&mut c, &["SEM.ACQUIREFAIR", "r", "1", "1"]);
     let before = server_ms(&mut c);
     let refreshed: i64 = run(&mut c, &["SEM.REFRESH", "r", &id, "120.5"]);
@@ -229,7 +238,7 @@ fn refresh_moves_a_live_deadline_only() {
     assert_eq!((expiry, owner_expiry), (deadline, deadline));
     assert_eq!(
         zset(&mut c, "r:owner"),
-        vec![(id.clone(), 1)],
+        vec![(id.clone(), first)],
         "ticket kept"
     );
 
@@ -243,6 +252,7 @@ fn refresh_moves_a_live_deadline_only() {
 fn release_gives_back_a_live_permit_once() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let a: String = run(&mut c, &["SEM.ACQUIREFAIR", "l", "1", "10"]);
     let full: Option<String> = run(&mut c, &["SEM.ACQUIREFAIR", "l", "1", "10"]);
     assert_eq!(full, None);
@@ -255,7 +265,7 @@ fn release_gives_back_a_live_permit_once() {
     let exists: i64 = run(&mut c, &["EXISTS", "l", "l:owner"]);
     assert_eq!(exists, 0, "the empty sets are deleted");
     let counter: i64 = run(&mut c, &["GET", "l:counter"]);
-    assert_eq!(counter, 1, "the counter stays so tickets never repeat");
+    assert_eq!(counter, first, "the counter stays so tickets never repeat");
     let b: Option<String> = run(&mut c, &["SEM.ACQUIREFAIR", "l", "1", "10"]);
     assert!(b.is_some(), "the released permit is free again");
 }
@@ -264,18 +274,19 @@ fn release_gives_back_a_live_permit_once() {
 fn get_json_describes_holders_in_grant_order() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "j", "5", "30", "ID", "first"]);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "j", "5", "10", "ID", "second"]);
     let doc: String = run(&mut c, &["SEM.GET", "j", "json"]);
     let doc: serde_json::Value = serde_json::from_str(&doc).expect("valid JSON");
     assert_eq!(doc["name"], "j");
     assert_eq!(doc["fair"], true);
-    assert_eq!(doc["counter"], 2);
+    assert_eq!(doc["counter"], first + 1);
     let holders = doc["holders"].as_array().expect("holders array");
     let ids: Vec<&str> = holders.iter().map(|h| h["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["first", "second"], "by ticket, not by deadline");
-    assert_eq!(holders[0]["ticket"], 1);
-    assert_eq!(holders[1]["ticket"], 2);
+    assert_eq!(holders[0]["ticket"], first);
+    assert_eq!(holders[1]["ticket"], first + 1);
     let left = holders[0]["ms_left"].as_i64().unwrap();
     assert!((29_000..=30_000).contains(&left), "{left}");
     assert_eq!(holders[0]["permits"], 1);
@@ -483,6 +494,7 @@ fn commands_work_inside_multi_exec() {
 fn commands_work_from_lua_scripts() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let script = r"
         local a = redis.call('SEM.ACQUIREFAIR', KEYS[1], 1, 10, 'WITHTICKET')
         local b = redis.call('SEM.ACQUIREFAIR', KEYS[1], 1, 10)
@@ -491,7 +503,7 @@ fn commands_work_from_lua_scripts() {
         return {a[2], b, n, r, redis.call('SEM.GET', KEYS[1])}
     ";
     let reply: (i64, Option<String>, i64, i64, i64) = run(&mut c, &["EVAL", script, "1", "lua"]);
-    assert_eq!(reply, (1, None, 1, 1, 0));
+    assert_eq!(reply, (first, None, 1, 1, 0));
     let err = error_of(
         &mut c,
         &[
@@ -653,15 +665,21 @@ fn changes_fire_the_keyspace_events_of_the_equivalent_commands() {
 fn the_counter_stays_an_ordinary_integer_key() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10"]);
     let incremented: i64 = run(&mut c, &["INCRBY", "k:counter", "10"]);
-    assert_eq!(incremented, 11, "INCR works on the module's counter");
+    assert_eq!(
+        incremented,
+        first + 10,
+        "INCR works on the module's counter"
+    );
     let _: i64 = run(&mut c, &["PEXPIRE", "k:counter", "100000"]);
     let (_, ticket): (String, i64) =
         run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
     assert_eq!(
-        ticket, 12,
-        "tickets continue from whatever the counter holds"
+        ticket,
+        first + 11,
+        "tickets continue from whatever the counter holds above the floor"
     );
     let ttl: i64 = run(&mut c, &["PTTL", "k:counter"]);
     assert!(
@@ -669,14 +687,17 @@ fn the_counter_stays_an_ordinary_integer_key() {
         "a TTL set on the counter is kept, as SET KEEPTTL does: {ttl}"
     );
     let value: String = run(&mut c, &["GET", "k:counter"]);
-    assert_eq!(value, "12");
+    assert_eq!(value, (first + 11).to_string());
     let (_, ticket): (String, i64) =
         run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
-    assert_eq!(ticket, 13);
+    assert_eq!(ticket, first + 12);
+    // A counter lowered below the floor goes on from the floor, a longer number written whole.
     let _: String = run(&mut c, &["SET", "k:counter", "999"]);
     let (_, ticket): (String, i64) =
         run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
-    assert_eq!(ticket, 1000, "a longer number is written whole");
+    assert_eq!(ticket, first);
+    let value: String = run(&mut c, &["GET", "k:counter"]);
+    assert_eq!(value, first.to_string());
 }
 
 #[test]
@@ -686,7 +707,7 @@ fn names_longer_than_the_stack_buffer_work() {
     let name = "n".repeat(300);
     let (_, ticket): (String, i64) =
         run(&mut c, &["SEM.ACQUIREFAIR", &name, "1", "10", "WITHTICKET"]);
-    assert_eq!(ticket, 1);
+    assert_eq!(ticket, first_ticket(&mut c));
     let owner = format!("{name}:owner");
     let counter = format!("{name}:counter");
     let exists: i64 = run(&mut c, &["EXISTS", &name, &owner, &counter]);

@@ -295,7 +295,7 @@ impl Run {
             .expect("SCRIPT LOAD");
         self.dump_sha = sha;
         let dump = self.read_back();
-        // The floor this load of the server took (0 on a fresh one, which loaded nothing).
+        // The floor this start of the server took (when the module loaded, or loading ended).
         let fencing = Fencing {
             floor: info_sem(&mut self.main)["sem_ticket_floor"],
             lifted: 0,

@@ -75,6 +75,8 @@ fn acquire_fair_with_ticket(
 /// (its keys expire) while its counter lives on. Asserts the primary's replies on the way.
 /// Afterwards every holder left has a lease of [`LONG_LEASE`] or more.
 fn mixed_workload(conn: &mut redis::Connection) {
+    // A fresh name's n-th fair ticket is first + n - 1.
+    let first = first_ticket(conn) as u64;
     // Plain, limit 2: grants, a refusal, a renewal by identifier, refresh, release.
     let a: String = run(conn, &["SEM.ACQUIRE", "jobs", "2", LONG_LEASE, "ID", "a"]);
     assert_eq!(a, "a");
@@ -105,18 +107,18 @@ fn mixed_workload(conn: &mut redis::Connection) {
     // Fair: tickets, a refusal (takes no ticket), a renewal (keeps its ticket). The refusal
     // comes before the short holder, so it cannot depend on how fast the commands run.
     let f1 = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f1"));
-    assert_eq!(f1, Some(("f1".into(), 1)));
+    assert_eq!(f1, Some(("f1".into(), first)));
     assert_eq!(
         acquire_fair_with_ticket(conn, "queue", "1", LONG_LEASE, None),
         None
     );
     let f2 = acquire_fair_with_ticket(conn, "queue", "2", SHORT_LEASE, Some("f2"));
-    assert_eq!(f2, Some(("f2".into(), 2)));
+    assert_eq!(f2, Some(("f2".into(), first + 1)));
     let f1_again = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f1"));
-    assert_eq!(f1_again, Some(("f1".into(), 1)));
+    assert_eq!(f1_again, Some(("f1".into(), first)));
 
     // Fair with short holders only: the whole semaphore goes idle and its keys expire.
-    for (id, ticket) in [("b1", 1), ("b2", 2), ("b3", 3)] {
+    for (id, ticket) in [("b1", first), ("b2", first + 1), ("b3", first + 2)] {
         let got = acquire_fair_with_ticket(conn, "burst", "3", SHORT_LEASE, Some(id));
         assert_eq!(got, Some((id.into(), ticket)));
     }
@@ -143,7 +145,7 @@ fn mixed_workload(conn: &mut redis::Connection) {
     let released_expired: i64 = run(conn, &["SEM.RELEASE", "queue", "f2"]);
     assert_eq!(released_expired, 0, "an expired holder's release says so");
     let f3 = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f3"));
-    assert_eq!(f3, Some(("f3".into(), 3)));
+    assert_eq!(f3, Some(("f3".into(), first + 2)));
 
     // burst's keys expire at its latest deadline (PEXPIREAT); its counter has no expiry, so
     // tickets keep growing after the idle period.
@@ -151,7 +153,7 @@ fn mixed_workload(conn: &mut redis::Connection) {
         run::<i64>(conn, &["EXISTS", "burst", "burst:owner"]) == 0
     });
     let after_idle = acquire_fair_with_ticket(conn, "burst", "3", LONG_LEASE, None);
-    assert_eq!(after_idle.map(|(_, ticket)| ticket), Some(4));
+    assert_eq!(after_idle.map(|(_, ticket)| ticket), Some(first + 3));
 }
 
 /// The keys [`mixed_workload`] leaves behind.
@@ -370,9 +372,10 @@ fn a_write_that_finds_its_keys_expired_replicates_in_order() {
     let mut on_primary = primary.connection();
     let mut on_replica = replica.connection();
     let _: () = run(&mut on_primary, &["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
+    let floor = first_ticket(&mut on_primary) as u64;
 
     let first = acquire_fair_with_ticket(&mut on_primary, "fair", "2", "0.1", Some("x"));
-    assert_eq!(first, Some(("x".into(), 1)));
+    assert_eq!(first, Some(("x".into(), floor)));
     let _: String = run(
         &mut on_primary,
         &["SEM.ACQUIRE", "plain", "2", "0.1", "ID", "p"],
@@ -397,7 +400,7 @@ fn a_write_that_finds_its_keys_expired_replicates_in_order() {
     );
 
     let second = acquire_fair_with_ticket(&mut on_primary, "fair", "2", LONG_LEASE, Some("y"));
-    assert_eq!(second, Some(("y".into(), 2)));
+    assert_eq!(second, Some(("y".into(), floor + 1)));
     let _: String = run(
         &mut on_primary,
         &["SEM.ACQUIRE", "plain", "1", LONG_LEASE, "ID", "q"],
@@ -419,7 +422,7 @@ fn a_write_that_finds_its_keys_expired_replicates_in_order() {
 
 #[test]
 fn a_replica_promoted_two_terms_behind_never_repeats_a_ticket() {
-    // P hands out tickets 1 to 5, which both replicas receive. R2 then stops following (it
+    // P hands out five tickets from its floor on, which both replicas receive. R2 then stops following (it
     // keeps its data, as a paused or cut-off replica would); R1 is promoted and hands out five
     // tickets that R2 never sees; P and R1 die; R2 is promoted last. Its own counter is two
     // terms behind, so only the clock floor keeps it past R1's tickets.
@@ -427,13 +430,14 @@ fn a_replica_promoted_two_terms_behind_never_repeats_a_ticket() {
     let r1 = start_replica_of(&primary);
     let r2 = start_replica_of(&primary);
     let mut on_primary = primary.connection();
+    let p_floor = first_ticket(&mut on_primary) as u64;
     let first: Vec<u64> = (0..5)
         .map(|_| acquire_fair_with_ticket(&mut on_primary, "job", "100", LONG_LEASE, None))
         .map(|granted| granted.expect("a free permit").1)
         .collect();
-    assert_eq!(first, [1, 2, 3, 4, 5]);
+    assert_eq!(first, (p_floor..p_floor + 5).collect::<Vec<u64>>());
     let acked: i64 = run(&mut on_primary, &["WAIT", "2", "5000"]);
-    assert_eq!(acked, 2, "both replicas have tickets 1 to 5");
+    assert_eq!(acked, 2, "both replicas have P's five tickets");
 
     let mut on_r2 = r2.connection();
     let nobody = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
@@ -448,6 +452,10 @@ fn a_replica_promoted_two_terms_behind_never_repeats_a_ticket() {
         .map(|granted| granted.expect("a free permit").1)
         .collect();
     let r1_floor = info_sem(&mut on_r1)["sem_ticket_floor"];
+    assert!(
+        r1_floor > first[4],
+        "R1's promotion took a floor above P's tickets"
+    );
     assert_eq!(second[0], r1_floor, "R1 goes on from its floor");
     assert!(second.windows(2).all(|pair| pair[1] == pair[0] + 1));
     drop((on_primary, on_r1));
@@ -457,7 +465,7 @@ fn a_replica_promoted_two_terms_behind_never_repeats_a_ticket() {
     std::thread::sleep(Duration::from_millis(10));
     let _: () = run(&mut on_r2, &["REPLICAOF", "NO", "ONE"]);
     let counter: u64 = run(&mut on_r2, &["GET", "job:counter"]);
-    assert_eq!(counter, 5, "R2 never saw R1's tickets");
+    assert_eq!(counter, first[4], "R2 never saw R1's tickets");
     let (_, third) = acquire_fair_with_ticket(&mut on_r2, "job", "100", LONG_LEASE, None)
         .expect("a free permit");
     assert!(

@@ -129,6 +129,7 @@ fn each_semaphore_records_the_holder_as_a_single_acquire_would() {
 fn fair_sets_reply_a_ticket_per_semaphore_and_renew_what_they_hold() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "t1", "3", "30", "ID", "early"]);
     let got = acquire_all(
         &mut c,
@@ -151,7 +152,7 @@ fn fair_sets_reply_a_ticket_per_semaphore_and_renew_what_they_hold() {
         got,
         Value::Array(vec![
             Value::BulkString(b"w".to_vec()),
-            Value::Array(vec![Value::Int(2), Value::Int(1)]),
+            Value::Array(vec![Value::Int(first + 1), Value::Int(first)]),
         ])
     );
     // w holds t1 and t2; asking again with t3 renews those (same tickets) and takes t3.
@@ -181,7 +182,11 @@ fn fair_sets_reply_a_ticket_per_semaphore_and_renew_what_they_hold() {
         got,
         Value::Array(vec![
             Value::BulkString(b"w".to_vec()),
-            Value::Array(vec![Value::Int(1), Value::Int(2), Value::Int(1)]),
+            Value::Array(vec![
+                Value::Int(first),
+                Value::Int(first + 1),
+                Value::Int(first)
+            ]),
         ])
     );
     let deadline_after: i64 = run(&mut c, &["ZSCORE", "t1", "w"]);
@@ -696,6 +701,7 @@ fn a_waiting_set_holds_the_head_of_each_of_its_lines() {
 fn sets_named_in_opposite_orders_are_served_in_arrival_order() {
     let server = Server::start();
     let mut c = server.connection();
+    let floor = first_ticket(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "1", "30", "ID", "h1"]);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "q", "1", "30", "ID", "h2"]);
     let first = Pending::send(
@@ -749,10 +755,16 @@ fn sets_named_in_opposite_orders_are_served_in_arrival_order() {
             Value::Array(tickets.map(Value::Int).to_vec()),
         ])
     };
-    assert_eq!(first.reply().expect("granted"), ticketed(b"a", [2, 2]));
+    assert_eq!(
+        first.reply().expect("granted"),
+        ticketed(b"a", [floor + 1, floor + 1])
+    );
     assert_waits(&second, "the second set while the first holds both");
     let _: i64 = run(&mut c, &["SEM.RELEASEALL", "2", "p", "q", "a"]);
-    assert_eq!(second.reply().expect("granted"), ticketed(b"b", [3, 3]));
+    assert_eq!(
+        second.reply().expect("granted"),
+        ticketed(b"b", [floor + 2, floor + 2])
+    );
     let info = info_sem(&mut c);
     assert_eq!(info["sem_waits_granted"], 2, "{info:?}");
     assert_eq!(info["sem_waiters"], 0, "{info:?}");

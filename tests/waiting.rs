@@ -287,11 +287,12 @@ fn ten_waiters_in_arrival_order(command: &str) {
     let with_ticket = if fair { "WITHTICKET" } else { "" };
     let server = Server::start();
     let mut conn = server.connection();
-    let first = acquire(
+    let first = first_ticket(&mut conn) as u64;
+    let granted = acquire(
         &mut conn,
         &format!("{command} line 1 30 ID h {with_ticket}"),
     );
-    assert_eq!(first, if fair { ticket("h", 1) } else { id("h") });
+    assert_eq!(granted, if fair { ticket("h", first) } else { id("h") });
 
     let names: Vec<String> = (0..10).map(|k| format!("w{k}")).collect();
     let mut blocked = Vec::new();
@@ -309,7 +310,7 @@ fn ten_waiters_in_arrival_order(command: &str) {
     for (k, name) in names.iter().enumerate() {
         let reply = blocked.next().expect("one per name").reply();
         let expected = if fair {
-            ticket(name, k as u64 + 2)
+            ticket(name, first + k as u64 + 1)
         } else {
             id(name)
         };
@@ -327,7 +328,7 @@ fn ten_waiters_in_arrival_order(command: &str) {
     assert_eq!(json["longest_wait_ms"], serde_json::Value::Null);
     assert_eq!(cmd::<i64>(&mut conn, "EXISTS line line:owner"), 0);
     if fair {
-        assert_eq!(cmd::<i64>(&mut conn, "GET line:counter"), 11);
+        assert_eq!(cmd::<u64>(&mut conn, "GET line:counter"), first + 10);
     }
 }
 
@@ -403,6 +404,7 @@ fn staggered_lease_ends_serve_one_waiter_each() {
     let server = Server::start();
     let mut conn = server.connection();
     let offset = server_clock_offset(&mut conn);
+    let first = first_ticket(&mut conn) as u64;
     let clients: Vec<Client> = (0..3).map(|_| Client::new(&server)).collect();
 
     let mut deadlines = Vec::new();
@@ -430,7 +432,7 @@ fn staggered_lease_ends_serve_one_waiter_each() {
     let mut blocked = blocked.into_iter();
     for (k, (name, deadline)) in names.iter().zip(deadlines).enumerate() {
         let done = blocked.next().expect("three").finish();
-        assert_eq!(done.reply, ticket(name, k as u64 + 4));
+        assert_eq!(done.reply, ticket(name, first + k as u64 + 3));
         assert_granted_at_deadline(&mut conn, ("chain", name, 10_000), &done, deadline, offset);
         for later in blocked.as_slice() {
             assert_waiting(later, "a waiter whose holder's lease has not ended");
@@ -536,7 +538,8 @@ fn bad_wait_and_bound_options_are_refused_and_change_nothing() {
 
     // Any order, any case; the largest wait is allowed (a renewal replies at once).
     let line = "sem.acquirefair opt 1 30 bound wait 31536000 withticket id h";
-    assert_eq!(acquire(&mut conn, line), ticket("h", 1));
+    let first = first_ticket(&mut conn) as u64;
+    assert_eq!(acquire(&mut conn, line), ticket("h", first));
     let line = "SEM.ACQUIRE optp 1 30 Bound Id h Wait 0.001";
     assert_eq!(acquire(&mut conn, line), id("h"));
 }
@@ -565,6 +568,7 @@ fn head_of_line(command: &str) {
     };
     let server = Server::start();
     let mut conn = server.connection();
+    let first = first_ticket(&mut conn) as u64;
     let _: redis::Value = cmd(&mut conn, &format!("{command} hol 2 30 ID A"));
     let w1 = queue(
         &server,
@@ -586,10 +590,10 @@ fn head_of_line(command: &str) {
     assert_eq!(waiters_in_line(&mut conn, "hol"), 2);
 
     assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE hol A"), 1);
-    assert_eq!(w1.reply(), granted(command, "W1", 2));
+    assert_eq!(w1.reply(), granted(command, "W1", first + 1));
     assert_eq!(
         w2.reply(),
-        granted(command, "W2", 3),
+        granted(command, "W2", first + 2),
         "W2 is served after W1"
     );
     let mut now_holding = holders(&mut conn, "hol");
@@ -609,6 +613,7 @@ fn head_of_line_across_a_release(command: &str) {
     };
     let server = Server::start();
     let mut conn = server.connection();
+    let first = first_ticket(&mut conn) as u64;
     let _: redis::Value = cmd(&mut conn, &format!("{command} hol 3 30 ID A"));
     let _: redis::Value = cmd(&mut conn, &format!("{command} hol 3 30 ID B"));
     let w1 = queue(
@@ -627,8 +632,8 @@ fn head_of_line_across_a_release(command: &str) {
     assert_waiting(&w2, "W2 (limit 3, one holder) behind W1");
     assert_eq!(holders(&mut conn, "hol"), ["B"]);
     assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE hol B"), 1);
-    assert_eq!(w1.reply(), granted(command, "W1", 3));
-    assert_eq!(w2.reply(), granted(command, "W2", 4));
+    assert_eq!(w1.reply(), granted(command, "W1", first + 2));
+    assert_eq!(w2.reply(), granted(command, "W2", first + 3));
     assert_eq!(cmd::<i64>(&mut conn, "SEM.GET hol"), 2);
 }
 
@@ -691,8 +696,9 @@ fn a_plain_caller_without_wait_may_barge_ahead_of_the_line() {
 fn a_fair_caller_without_wait_is_refused_while_others_wait() {
     let server = Server::start();
     let mut conn = server.connection();
-    let first = acquire(&mut conn, "SEM.ACQUIREFAIR f 2 30 ID A WITHTICKET");
-    assert_eq!(first, ticket("A", 1));
+    let first = first_ticket(&mut conn);
+    let granted = acquire(&mut conn, "SEM.ACQUIREFAIR f 2 30 ID A WITHTICKET");
+    assert_eq!(granted, ticket("A", first as u64));
     let w1 = queue(&server, &mut conn, "SEM.ACQUIREFAIR f 1 30 ID W1 WAIT 10");
     let before = snapshot_of_all_keys(&mut conn);
     assert_eq!(acquire(&mut conn, "SEM.ACQUIREFAIR f 2 10"), Reply::Nil);
@@ -702,16 +708,16 @@ fn a_fair_caller_without_wait_is_refused_while_others_wait() {
 
     // A renewal of the fair holder happens at once and keeps its ticket, with or without WAIT.
     let renewed = acquire(&mut conn, "SEM.ACQUIREFAIR f 2 60 ID A WITHTICKET");
-    assert_eq!(renewed, ticket("A", 1));
+    assert_eq!(renewed, ticket("A", first as u64));
     let renewal = Client::new(&server).send("SEM.ACQUIREFAIR f 1 60 ID A WAIT 10 WITHTICKET");
     assert_eq!(
         renewal.reply(),
-        ticket("A", 1),
+        ticket("A", first as u64),
         "a renewal with WAIT does not queue"
     );
     assert_eq!(
         cmd::<i64>(&mut conn, "GET f:counter"),
-        1,
+        first,
         "no ticket was taken"
     );
     assert_waiting(&w1, "the fair W1");
@@ -724,7 +730,7 @@ fn a_fair_caller_without_wait_is_refused_while_others_wait() {
     assert_eq!(w2.reply(), id("W2"));
     assert_eq!(
         zset(&mut conn, "f:owner"),
-        [("W1".into(), 2), ("W2".into(), 3)]
+        [("W1".into(), first + 1), ("W2".into(), first + 2)]
     );
 }
 
@@ -756,21 +762,22 @@ fn a_bound_permit_comes_back_when_its_connection_is_killed() {
 fn a_bound_permit_comes_back_when_its_socket_closes() {
     let server = Server::start();
     let mut conn = server.connection();
+    let first = first_ticket(&mut conn);
     let mut bound = Client::new(&server);
     let got = acquire(
         &mut bound.conn,
         "SEM.ACQUIREFAIR bs 1 30 ID y BOUND WITHTICKET",
     );
-    assert_eq!(got, ticket("y", 1));
+    assert_eq!(got, ticket("y", first as u64));
     let waiter = queue(
         &server,
         &mut conn,
         "SEM.ACQUIREFAIR bs 1 30 ID w WAIT 10 WITHTICKET",
     );
     drop(bound);
-    assert_eq!(waiter.reply(), ticket("w", 2));
+    assert_eq!(waiter.reply(), ticket("w", first as u64 + 1));
     assert_eq!(holders(&mut conn, "bs"), ["w"]);
-    assert_eq!(zset(&mut conn, "bs:owner"), [("w".into(), 2)]);
+    assert_eq!(zset(&mut conn, "bs:owner"), [("w".into(), first + 1)]);
 }
 
 #[test]
@@ -981,7 +988,7 @@ fn deleting_the_keys_serves_the_head_on_an_empty_semaphore() {
         "SEM.ACQUIREFAIR df 1 30 ID w WAIT 10 WITHTICKET",
     );
     assert_eq!(cmd::<i64>(&mut conn, "DEL df df:owner"), 2);
-    assert_eq!(w.reply(), ticket("w", 2));
+    assert_eq!(w.reply(), ticket("w", first_ticket(&mut conn) as u64 + 1));
     assert_eq!(holders(&mut conn, "df"), ["w"]);
 }
 
@@ -997,8 +1004,9 @@ fn flushdb_serves_the_head_on_an_empty_semaphore() {
     );
     let w2 = queue(&server, &mut conn, "SEM.ACQUIREFAIR fl 1 30 ID w2 WAIT 10");
     let _: () = cmd(&mut conn, "FLUSHDB");
-    // The counter went with the rest: tickets start again from 1.
-    assert_eq!(w1.reply(), ticket("w1", 1));
+    // The counter went with the rest: tickets start again from the floor (a client that
+    // deletes a counter is outside what fencing promises).
+    assert_eq!(w1.reply(), ticket("w1", first_ticket(&mut conn) as u64));
     assert_eq!(holders(&mut conn, "fl"), ["w1"]);
     assert_waiting(&w2, "w2 behind the new holder");
     let _: () = cmd(&mut conn, "FLUSHALL");
@@ -1298,6 +1306,7 @@ fn nothing_is_written_while_writes_are_paused() {
     let primary = Server::start_with(&PRIMARY_ARGS);
     let replica = start_replica_of(&primary);
     let mut conn = primary.connection();
+    let first = first_ticket(&mut conn) as u64;
 
     // The holder set's expiry passes during the pause.
     let _: String = cmd(&mut conn, "SEM.ACQUIRE pa 1 0.3 ID h");
@@ -1337,7 +1346,7 @@ fn nothing_is_written_while_writes_are_paused() {
 
     let _: () = cmd(&mut conn, "CLIENT UNPAUSE");
     assert_eq!(expired_set.reply(), id("wa"));
-    assert_eq!(lease_end.reply(), ticket("wb", 3));
+    assert_eq!(lease_end.reply(), ticket("wb", first + 2));
     assert_eq!(give_back.reply(), id("wc"));
     assert_eq!(holders(&mut conn, "pc"), ["wc"]);
     wait_for_replica(&mut conn);
@@ -1374,6 +1383,7 @@ fn a_holder_set_that_expires_early_serves_its_waiters() {
 /// disconnects; plus a wait that times out and keys that expire. Afterwards every holder left
 /// has a lease of 60 s or more, and nothing waits.
 fn waiting_workload(server: &Server, conn: &mut redis::Connection) {
+    let first = first_ticket(conn) as u64;
     // Served by a release: fair and plain.
     let _: String = cmd(conn, "SEM.ACQUIREFAIR rel 1 60 ID h");
     let w = queue(
@@ -1382,7 +1392,7 @@ fn waiting_workload(server: &Server, conn: &mut redis::Connection) {
         "SEM.ACQUIREFAIR rel 1 60 ID w WAIT 10 WITHTICKET",
     );
     assert_eq!(cmd::<i64>(conn, "SEM.RELEASE rel h"), 1);
-    assert_eq!(w.reply(), ticket("w", 2));
+    assert_eq!(w.reply(), ticket("w", first + 1));
     let _: String = cmd(conn, "SEM.ACQUIRE relp 1 60 ID h");
     let w = queue(server, conn, "SEM.ACQUIRE relp 1 60 ID w WAIT 10");
     assert_eq!(cmd::<i64>(conn, "SEM.RELEASE relp h"), 1);
@@ -1400,7 +1410,7 @@ fn waiting_workload(server: &Server, conn: &mut redis::Connection) {
         "SEM.ACQUIREFAIR leasef 1 60 ID w WAIT 10 WITHTICKET",
     );
     assert_eq!(plain.reply(), id("w"));
-    assert_eq!(fair.reply(), ticket("w", 2));
+    assert_eq!(fair.reply(), ticket("w", first + 1));
 
     // Served by BOUND disconnects: one killed, one closed.
     let mut killed = Client::new(server);
@@ -1480,6 +1490,7 @@ fn a_replica_holds_exactly_the_primarys_keys_after_waits() {
 fn a_timer_grant_replicates_as_one_multi_exec_of_effects() {
     let primary = Server::start_with(&PRIMARY_ARGS);
     let mut conn = primary.connection();
+    let first = first_ticket(&mut conn);
     let mut stream = ReplicationStream::attach(primary.port);
 
     // An anchor keeps the keys alive past the short holder's deadline, so that the grant itself
@@ -1491,7 +1502,7 @@ fn a_timer_grant_replicates_as_one_multi_exec_of_effects() {
 
     let line = "SEM.ACQUIREFAIR ts 2 120 ID w WAIT 5 WITHTICKET";
     let waiter = queue(&primary, &mut conn, line);
-    assert_eq!(waiter.reply(), ticket("w", 3));
+    assert_eq!(waiter.reply(), ticket("w", first as u64 + 2));
     let _: () = cmd(&mut conn, "SET after-grant 1");
     let commands: Vec<Command> = stream
         .commands_until_set("after-grant")
@@ -1527,8 +1538,8 @@ fn a_timer_grant_replicates_as_one_multi_exec_of_effects() {
         "ZREM ts short".to_string(),
         "ZREM ts:owner short".to_string(),
         format!("ZADD ts {deadline} w"),
-        "ZADD ts:owner 3 w".to_string(),
-        "SET ts:counter 3 KEEPTTL".to_string(),
+        format!("ZADD ts:owner {} w", first + 2),
+        format!("SET ts:counter {} KEEPTTL", first + 2),
         format!("PEXPIREAT ts {deadline}"),
         format!("PEXPIREAT ts:owner {deadline}"),
     ]
@@ -1637,6 +1648,7 @@ fn load(command: &str) {
             .collect()
     });
     let mut conn = server.connection();
+    let first = first_ticket(&mut conn) as u64;
 
     let grants: Vec<u64> = tallies.iter().map(|t| t.grants).collect();
     let total: u64 = grants.iter().sum();
@@ -1660,8 +1672,9 @@ fn load(command: &str) {
     assert_eq!(cmd::<i64>(&mut conn, &format!("GET {name}-inside")), 0);
 
     if fair {
-        // Each client's tickets grow; all together they are exactly 1..=total, and taken by
-        // ticket, their grant times never go back: tickets follow the grant order.
+        // Each client's tickets grow; all together they are exactly the `total` tickets from the
+        // floor on, and taken by ticket, their grant times never go back: tickets follow the
+        // grant order.
         for tally in &tallies {
             assert!(
                 tally.tickets.windows(2).all(|w| w[0].0 < w[1].0),
@@ -1679,11 +1692,14 @@ fn load(command: &str) {
             "a ticket was handed out twice"
         );
         let tickets: Vec<u64> = by_ticket.keys().copied().collect();
-        assert_eq!(tickets, (1..=total).collect::<Vec<u64>>());
+        assert_eq!(tickets, (first..first + total).collect::<Vec<u64>>());
         let times: Vec<i64> = by_ticket.values().copied().collect();
         let back = times.windows(2).position(|w| w[0] > w[1]);
         assert_eq!(back, None, "a later ticket was granted earlier");
-        assert_eq!(cmd::<u64>(&mut conn, "GET loadf:counter"), total);
+        assert_eq!(
+            cmd::<u64>(&mut conn, "GET loadf:counter"),
+            first + total - 1
+        );
     }
 }
 

@@ -275,6 +275,8 @@ fn sorted_set(members: &[(&str, i64)]) -> Contents {
 fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
+    let ticket = |n: i64| (first + n - 1) as u64;
 
     // Holders of one permit, with and without COUNT 1, through grants, a refusal, renewals,
     // a refresh and releases: the recipe's layout, exactly.
@@ -326,7 +328,7 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(x, Some(("x".into(), 1)));
+    assert_eq!(x, Some(("x".into(), ticket(1))));
     let _ = deadline_bounds(&mut c, 60_000, |c| {
         let y = fair(
             c,
@@ -342,7 +344,7 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
                 "WITHTICKET",
             ],
         );
-        assert_eq!(y, Some(("y".into(), 2)));
+        assert_eq!(y, Some(("y".into(), ticket(2))));
     });
     let _ = deadline_bounds(&mut c, 60_000, |c| {
         let z = fair(
@@ -359,7 +361,7 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
                 "WITHTICKET",
             ],
         );
-        assert_eq!(z, Some(("z".into(), 3)));
+        assert_eq!(z, Some(("z".into(), ticket(3))));
     });
     let refused = fair(
         &mut c,
@@ -387,7 +389,11 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
                 "WITHTICKET",
             ],
         );
-        assert_eq!(y, Some(("y".into(), 2)), "a renewal keeps its ticket");
+        assert_eq!(
+            y,
+            Some(("y".into(), ticket(2))),
+            "a renewal keeps its ticket"
+        );
     });
     let released: i64 = run(&mut c, &["SEM.RELEASE", "printers", "x", "COUNT", "1"]);
     assert_eq!(released, 1, "COUNT 1 of a one-permit holder releases it");
@@ -417,10 +423,14 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
         ),
         (
             "printers:owner",
-            sorted_set(&[("y", 2), ("z", 3)]),
+            sorted_set(&[("y", first + 1), ("z", first + 2)]),
             printers[1].1,
         ),
-        ("printers:counter", Contents::Text("3".into()), -1),
+        (
+            "printers:counter",
+            Contents::Text((first + 2).to_string()),
+            -1,
+        ),
     ]
     .into_iter()
     .map(|(name, contents, expire_at_ms)| {
@@ -712,7 +722,7 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(big, Some(("big".into(), 4)));
+    assert_eq!(big, Some(("big".into(), ticket(4))));
     assert_eq!(
         permits_key(&mut c, "printers"),
         fields(&[("", "3"), ("big", "4")])
@@ -721,13 +731,13 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
         pexpiretime(&mut c, "printers:permits"),
         pexpiretime(&mut c, "printers")
     );
-    assert_eq!(score(&mut c, "printers:owner", "big"), 4);
+    assert_eq!(score(&mut c, "printers:owner", "big"), first + 3);
     let counter: String = run(&mut c, &["GET", "printers:counter"]);
-    assert_eq!(counter, "4");
+    assert_eq!(counter, (first + 3).to_string());
     let printers_doc = doc(&mut c, "printers");
     assert_eq!(printers_doc["in_use"], 6);
     assert_eq!(printers_doc["holders"][2]["id"], "big");
-    assert_eq!(printers_doc["holders"][2]["ticket"], 4);
+    assert_eq!(printers_doc["holders"][2]["ticket"], first + 3);
     assert_eq!(printers_doc["holders"][2]["permits"], 4);
     let released: i64 = run(&mut c, &["SEM.RELEASE", "printers", "big"]);
     assert_eq!(released, 1);
@@ -907,15 +917,16 @@ fn hammer_weighted(kind: Kind, name: &str) {
     let mut left = vec!["inside".to_string()];
     if kind == Kind::Fair {
         // Refusals take no ticket, and every grant takes the next one, whatever its count.
+        let first = first_ticket(&mut conn) as u64;
         let counter: u64 = run(&mut conn, &["GET", &format!("{name}:counter")]);
-        assert_eq!(counter, grants);
+        assert_eq!(counter, first + grants - 1);
         let unique: HashSet<u64> = tally.tickets.iter().copied().collect();
         assert_eq!(
             unique.len(),
             tally.tickets.len(),
             "a ticket was handed out twice"
         );
-        assert_eq!(unique, (1..=grants).collect::<HashSet<u64>>());
+        assert_eq!(unique, (first..first + grants).collect::<HashSet<u64>>());
         left.insert(0, format!("{name}:counter"));
     }
     assert_eq!(key_names(&mut conn), left, "only the counter may remain");
@@ -1021,7 +1032,11 @@ fn head_of_line(kind: Kind) {
     let exists: i64 = run(&mut c, &["EXISTS", "sem:permits"]);
     assert_eq!(exists, 0);
     if kind == Kind::Fair {
-        assert_eq!(score(&mut c, "sem:owner", "B"), 4, "h1, h2, A, then B");
+        assert_eq!(
+            score(&mut c, "sem:owner", "B"),
+            first_ticket(&mut c) + 3,
+            "h1, h2, A, then B"
+        );
     }
 }
 
@@ -1043,6 +1058,7 @@ fn a_large_request_first_in_a_fair_line_is_not_overtaken_at_all() {
 fn a_partial_release_serves_a_waiter_at_once_and_the_holder_keeps_the_rest() {
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c);
     let held: (String, u64) = run(
         &mut c,
         &[
@@ -1057,7 +1073,7 @@ fn a_partial_release_serves_a_waiter_at_once_and_the_holder_keeps_the_rest() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(held, ("H".into(), 1));
+    assert_eq!(held, ("H".into(), first as u64));
     let deadline = score(&mut c, "pool", "H");
     let w = send(
         &server,
@@ -1085,11 +1101,11 @@ fn a_partial_release_serves_a_waiter_at_once_and_the_holder_keeps_the_rest() {
     assert_eq!(after["waiters"], 0);
     assert_eq!(after["in_use"], 4);
     assert_eq!(holders(&mut c, "pool"), owned(&[("H", 2), ("W", 2)]));
-    assert_eq!(w.granted_with_ticket(), ("W".into(), 2));
+    assert_eq!(w.granted_with_ticket(), ("W".into(), first as u64 + 1));
 
     // H keeps its ticket and its deadline.
-    assert_eq!(after["holders"][0]["ticket"], 1);
-    assert_eq!(score(&mut c, "pool:owner", "H"), 1);
+    assert_eq!(after["holders"][0]["ticket"], first);
+    assert_eq!(score(&mut c, "pool:owner", "H"), first);
     assert_eq!(score(&mut c, "pool", "H"), deadline);
     assert_eq!(
         permits_key(&mut c, "pool"),
@@ -1178,7 +1194,14 @@ fn an_expired_weighted_holder_frees_all_its_permits_for_waiters_via_the_timer() 
     expiry_serves_waiters(&server, &mut c, Kind::Plain, "plain");
     expiry_serves_waiters(&server, &mut c, Kind::Fair, "fair");
     let tickets = zset(&mut c, "fair:owner");
-    assert_eq!(tickets, [("two".to_string(), 2), ("one".to_string(), 3)]);
+    let first = first_ticket(&mut c);
+    assert_eq!(
+        tickets,
+        [
+            ("two".to_string(), first + 1),
+            ("one".to_string(), first + 2)
+        ]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1190,6 +1213,7 @@ fn readers_and_a_writer_on_a_fair_semaphore() {
     const DOC: &str = "doc";
     let server = Server::start();
     let mut c = server.connection();
+    let first = first_ticket(&mut c) as u64;
     let reader = |c: &mut Connection, id: &str| -> (String, u64) {
         run(
             c,
@@ -1208,7 +1232,7 @@ fn readers_and_a_writer_on_a_fair_semaphore() {
             ],
         )
     };
-    for (ticket, id) in [(1, "r1"), (2, "r2"), (3, "r3")] {
+    for (ticket, id) in [(first, "r1"), (first + 1, "r2"), (first + 2, "r3")] {
         assert_eq!(
             reader(&mut c, id),
             (id.to_string(), ticket),
@@ -1276,7 +1300,7 @@ fn readers_and_a_writer_on_a_fair_semaphore() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(renewed, ("r3".into(), 3));
+    assert_eq!(renewed, ("r3".into(), first + 2));
 
     // The writer waits for every reader that came before it.
     for id in ["r1", "r2"] {
@@ -1293,7 +1317,7 @@ fn readers_and_a_writer_on_a_fair_semaphore() {
         owned(&[("writer", 10)]),
         "the writer entered at once"
     );
-    assert_eq!(writer.granted_with_ticket(), ("writer".into(), 4));
+    assert_eq!(writer.granted_with_ticket(), ("writer".into(), first + 3));
     r4.assert_waiting();
 
     // Readers arriving while the writer is inside queue too, and all enter when it leaves.
@@ -1319,8 +1343,8 @@ fn readers_and_a_writer_on_a_fair_semaphore() {
     assert_eq!(released, 1);
     assert_eq!(holders(&mut c, DOC), owned(&[("r4", 1), ("r6", 1)]));
     assert_eq!(waiters(&mut c, DOC), 0);
-    assert_eq!(r4.granted_with_ticket(), ("r4".into(), 5));
-    assert_eq!(r6.granted_with_ticket(), ("r6".into(), 6));
+    assert_eq!(r4.granted_with_ticket(), ("r4".into(), first + 4));
+    assert_eq!(r6.granted_with_ticket(), ("r6".into(), first + 5));
     let exists: i64 = run(&mut c, &["EXISTS", "doc:permits"]);
     assert_eq!(exists, 0);
 }
@@ -1357,6 +1381,7 @@ const WORKLOAD_SEMAPHORES: [&str; 4] = ["gpus", "doc", "tq", "idle"];
 /// by later writes, and a weighted semaphore whose keys expire whole. Every holder left has a
 /// lease of 60 s or more.
 fn weighted_workload(server: &Server, c: &mut Connection) {
+    let first = first_ticket(c) as u64;
     let id = |c: &mut Connection, args: &[&str]| -> Option<String> { run(c, args) };
     let ticket = |c: &mut Connection, args: &[&str]| -> Option<(String, u64)> { run(c, args) };
     let one = |c: &mut Connection, args: &[&str]| {
@@ -1407,7 +1432,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
             "WITHTICKET",
         ],
     );
-    assert_eq!(r1, Some(("r1".into(), 1)));
+    assert_eq!(r1, Some(("r1".into(), first)));
     let writer = send(
         server,
         &[
@@ -1428,7 +1453,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
     one(c, &["SEM.RELEASE", "doc", "r1", "COUNT", "1"]);
     writer.assert_waiting();
     one(c, &["SEM.RELEASE", "doc", "r1"]);
-    assert_eq!(writer.granted_with_ticket(), ("writer".into(), 2));
+    assert_eq!(writer.granted_with_ticket(), ("writer".into(), first + 1));
     one(c, &["SEM.RELEASE", "doc", "writer", "COUNT", "7"]);
     let r2 = ticket(
         c,
@@ -1444,7 +1469,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
             "WITHTICKET",
         ],
     );
-    assert_eq!(r2, Some(("r2".into(), 3)));
+    assert_eq!(r2, Some(("r2".into(), first + 2)));
     one(c, &["SEM.REFRESH", "doc", "writer", "120"]);
     let r3 = ticket(
         c,
@@ -1460,7 +1485,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
             "WITHTICKET",
         ],
     );
-    assert_eq!(r3, Some(("r3".into(), 4)));
+    assert_eq!(r3, Some(("r3".into(), first + 3)));
 
     // Fair: a weighted holder's lease runs out and the timer serves the waiter.
     let h = ticket(
@@ -1477,7 +1502,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
             "WITHTICKET",
         ],
     );
-    assert_eq!(h, Some(("h".into(), 1)));
+    assert_eq!(h, Some(("h".into(), first)));
     let x = send(
         server,
         &[
@@ -1494,7 +1519,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
             "WITHTICKET",
         ],
     );
-    assert_eq!(x.granted_with_ticket(), ("x".into(), 2));
+    assert_eq!(x.granted_with_ticket(), ("x".into(), first + 1));
 
     // Plain, short leases only: the keys expire whole, the permits key with them. The weighted
     // holder comes last, so its deadline is the latest even if the first one expired already.
@@ -1649,6 +1674,7 @@ fn an_aof_reload_restores_exactly_the_same_weighted_keys() {
         reports_before
     );
 
+    let counter_before: u64 = run(&mut conn, &["GET", "doc:counter"]);
     // The reloaded weights count: doc has 5 of 10 in use.
     let refused: Option<String> = run(
         &mut conn,
@@ -1678,8 +1704,12 @@ fn an_aof_reload_restores_exactly_the_same_weighted_keys() {
             "WITHTICKET",
         ],
     );
-    // The first fair grant after the load goes on from the floor the load took.
+    // The first fair grant after the load goes on from the floor the load took, above every
+    // ticket of the server's earlier life.
     let floor = info_sem(&mut conn)["sem_ticket_floor"];
-    assert!(floor > 5, "the load took a floor from the clock");
+    assert!(
+        floor > counter_before,
+        "the load took a floor from the clock"
+    );
     assert_eq!(granted, ("r9".into(), floor));
 }

@@ -286,6 +286,15 @@ pub fn info_sem(conn: &mut redis::Connection) -> std::collections::BTreeMap<Stri
         .collect()
 }
 
+/// The first fair ticket of a name without a counter: the server's fencing floor (`INFO sem`,
+/// `sem_ticket_floor`), taken from the clock when the module loaded (and again when the server
+/// finished loading data or became a primary). Such a name's n-th fair ticket is this + n - 1.
+pub fn first_ticket(conn: &mut redis::Connection) -> i64 {
+    let floor = info_sem(conn)["sem_ticket_floor"];
+    assert!(floor > 0, "the module took no fencing floor when it loaded");
+    i64::try_from(floor).expect("a floor below 2^63")
+}
+
 /// A replica of `primary`, with no persistence, once its link is up.
 pub fn start_replica_of(primary: &Server) -> Server {
     let port = primary.port.to_string();

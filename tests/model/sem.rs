@@ -697,7 +697,8 @@ fn parse_call(cmd: Cmd, args: &[Bytes]) -> Result<Call, SemErr> {
 }
 
 /// The server's fencing floor (`INFO sem`, `sem_ticket_floor`): no fair ticket is below it.
-/// It changes only when the server loads data or becomes a primary, which no step does.
+/// It changes only when the module loads, the server loads data or it becomes a primary, which
+/// no step does.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Fencing {
     pub floor: u64,

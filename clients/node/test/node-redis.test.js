@@ -41,6 +41,8 @@ beforeEach(async () => {
 });
 
 const live = (name) => redis.sendCommand(["SEM.GET", name]);
+// The server's fencing floor: a fresh name's first fair ticket, then one up per grant.
+const floor = async () => Number(/sem_ticket_floor:(\d+)/.exec(await redis.info("sem"))[1]);
 const clients = async () => (await redis.clientList()).length;
 
 async function waitUntil(what, condition, limitMs = 5000) {
@@ -84,9 +86,10 @@ test("node-redis: grant, refusal and release on the caller's connection", async 
 
 test("node-redis: fair tickets come back as numbers", async () => {
   const opts = { limit: 2, lease: 30, fair: true };
+  const f = await floor();
   const result = await withPermit(redis, "printers", opts, async (permit) => {
-    assert.equal(permit.ticket, 1);
-    assert.equal(await redis.zScore("printers:owner", permit.id), 1);
+    assert.equal(permit.ticket, f);
+    assert.equal(await redis.zScore("printers:owner", permit.id), f);
     return "done";
   });
   assert.equal(result, "done");
@@ -141,8 +144,9 @@ test("node-redis: a bound permit is given back when its connection closes", asyn
 
 test("node-redis: sets, tickets, a waiting set, a lost set and waitEmpty", async () => {
   const pair = [{ name: "gpu", limit: 1 }, { name: "licence", limit: 5, count: 2 }];
+  const f = await floor();
   const permits = await acquireAll(redis, pair, { lease: 0.6, fair: true });
-  assert.deepEqual(permits.tickets, [1, 1]);
+  assert.deepEqual(permits.tickets, [f, f]);
   await assert.rejects(acquireAll(redis, pair, { fair: true }), NotAcquired);
   assert.equal(await live("licence"), 2);
   assert.equal(await waitEmpty(redis, "gpu", 0.2), false);
@@ -154,7 +158,7 @@ test("node-redis: sets, tickets, a waiting set, a lost set and waitEmpty", async
   assert.equal(await permits.release(), true);
   assert.equal(await emptied, true);
   const next = await waiting;
-  assert.deepEqual(next.tickets, [2, 2]);
+  assert.deepEqual(next.tickets, [f + 1, f + 1]);
   await redis.del("gpu");
   await next.whenLost;
   assert.throws(() => next.check(), PermitLost);

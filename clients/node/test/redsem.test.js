@@ -42,6 +42,8 @@ beforeEach(async () => {
 });
 
 const live = (name) => redis.call("SEM.GET", name);
+// The server's fencing floor: a fresh name's first fair ticket, then one up per grant.
+const floor = async () => Number(/sem_ticket_floor:(\d+)/.exec(await redis.info("sem"))[1]);
 
 async function waitUntil(what, condition, limitMs = 5000) {
   const deadline = Date.now() + limitMs;
@@ -68,8 +70,9 @@ test("the README's example, as written there, on the test server", async () => {
     await new AsyncFunction("require", "console", code)(require, console);
   }
   assert.ok(printed.some((line) => line.startsWith("working on 3 as")), printed.join("\n"));
-  assert.ok(printed.some((line) => line.endsWith("has ticket 1")), printed.join("\n"));
-  assert.ok(printed.includes("holding gpu,licence with tickets 1,1"), printed.join("\n"));
+  const f = await floor();
+  assert.ok(printed.some((line) => line.endsWith(`has ticket ${f}`)), printed.join("\n"));
+  assert.ok(printed.includes(`holding gpu,licence with tickets ${f},${f}`), printed.join("\n"));
   assert.ok(printed.includes("drained: true"), printed.join("\n"));
   assert.ok(printed.includes("paused; stored limit: 0"), printed.join("\n"));
   assert.ok(printed.includes("cleared: true stored limit: null"), printed.join("\n"));
@@ -187,15 +190,16 @@ test("a lease that runs out during the work rejects; the work's own error wins",
 
 test("fair permits carry growing tickets", async () => {
   const opts = { limit: 2, lease: 30, fair: true };
+  const f = await floor();
   const first = await acquire(redis, "printers", opts);
   const second = await acquire(redis, "printers", opts);
-  assert.deepEqual([first.ticket, second.ticket], [1, 2]);
-  assert.equal(await redis.zscore("printers:owner", second.id), "2");
+  assert.deepEqual([first.ticket, second.ticket], [f, f + 1]);
+  assert.equal(Number(await redis.zscore("printers:owner", second.id)), f + 1);
   await assert.rejects(acquire(redis, "printers", { limit: 2, lease: 30 }), /fair holders/);
   await first.release();
   await second.release();
   const third = await acquire(redis, "printers", opts);
-  assert.equal(third.ticket, 3);
+  assert.equal(third.ticket, f + 2);
   await third.release();
 });
 
@@ -293,11 +297,12 @@ test("one full semaphore refuses the set, and nothing is held", async () => {
 });
 
 test("a fair set carries one ticket per semaphore", async () => {
+  const f = await floor();
   const single = await acquire(redis, "licence", { limit: 5, lease: 30, fair: true });
-  assert.equal(single.ticket, 1);
+  assert.equal(single.ticket, f);
   await withPermits(redis, pair, { fair: true }, async (permits) => {
-    assert.deepEqual(permits.tickets, [1, 2]);
-    assert.equal(await redis.zscore("licence:owner", permits.id), "2");
+    assert.deepEqual(permits.tickets, [f, f + 1]);
+    assert.equal(Number(await redis.zscore("licence:owner", permits.id)), f + 1);
   });
   await single.release();
 });

@@ -105,6 +105,11 @@ def r(server):
     client.close()
 
 
+def floor(r) -> int:
+    """The server's fencing floor: a fresh name's first fair ticket, then one up per grant."""
+    return int(r.info("sem")["sem_ticket_floor"])
+
+
 def live(r, name) -> int:
     """Permits in use, as the server counts them."""
     return r.execute_command("SEM.GET", name)
@@ -127,9 +132,10 @@ def test_the_readme_examples(r, server, capsys):
         exec(compile(block.replace("port=6379", f"port={server.port}"), str(readme), "exec"), {})
     printed = capsys.readouterr().out
     assert "working on 2 as" in printed
-    assert "has ticket 1" in printed
+    f = floor(r)
+    assert f"has ticket {f}" in printed
     assert "4 GPU slots held; lost: False" in printed
-    assert "tickets (1, 1)" in printed
+    assert f"tickets ({f}, {f})" in printed
     assert "drained: True" in printed
     assert "paused; stored limit: 0" in printed
     assert "cleared: True stored limit: None" in printed
@@ -283,13 +289,14 @@ def test_the_bodys_own_exception_wins_over_a_lost_permit(r):
 
 
 def test_fair_permits_carry_growing_tickets(r):
+    f = floor(r)
     sem = Semaphore(r, "printers", limit=2, lease=30, fair=True)
     with sem as first:
         with sem as second:
-            assert (first.ticket, second.ticket) == (1, 2)
-            assert r.zscore("printers:owner", second.id) == 2
+            assert (first.ticket, second.ticket) == (f, f + 1)
+            assert r.zscore("printers:owner", second.id) == f + 1
     with sem as third:
-        assert third.ticket == 3
+        assert third.ticket == f + 2
     with pytest.raises(redis.ResponseError, match="fair holders"):
         with sem, Semaphore(r, "printers", limit=2, lease=30):
             pass
@@ -377,9 +384,10 @@ def test_async_grant_limit_wait_and_release(server):
     async def main():
         r = redis.asyncio.Redis(port=server.port)
         await r.flushall()
+        f = int((await r.info("sem"))["sem_ticket_floor"])
         sem = AsyncSemaphore(r, "jobs", limit=2, lease=30, fair=True)
         async with sem as first, sem as second:
-            assert (first.ticket, second.ticket) == (1, 2)
+            assert (first.ticket, second.ticket) == (f, f + 1)
             assert await r.execute_command("SEM.GET", "jobs") == 2
             started = time.monotonic()
             with pytest.raises(NotAcquired):
@@ -393,7 +401,7 @@ def test_async_grant_limit_wait_and_release(server):
 
             leaving = asyncio.ensure_future(leave_soon())
             async with AsyncSemaphore(r, "jobs", limit=2, lease=30, fair=True, wait=10) as third:
-                assert third.ticket == 3
+                assert third.ticket == f + 2
             await leaving
         assert await r.execute_command("SEM.GET", "jobs") == 0
         await r.aclose()
@@ -477,14 +485,15 @@ def test_one_full_semaphore_refuses_the_set_and_nothing_is_held(r):
 
 
 def test_a_fair_set_carries_one_ticket_per_semaphore(r):
+    f = floor(r)
     with Semaphore(r, "licence", limit=5, lease=30, fair=True) as single:
-        assert single.ticket == 1
+        assert single.ticket == f
         sem = SemaphoreSet(r, [("gpu", 1), ("licence", 5)], lease=30, fair=True)
         with sem as permits:
-            assert permits.tickets == (1, 2)
-            assert r.zscore("licence:owner", permits.id) == 2
+            assert permits.tickets == (f, f + 1)
+            assert r.zscore("licence:owner", permits.id) == f + 1
         with sem as permits:
-            assert permits.tickets == (2, 3)
+            assert permits.tickets == (f + 1, f + 2)
 
 
 def test_a_waiting_set_is_granted_when_a_member_is_freed(r):
@@ -546,9 +555,10 @@ def test_async_sets_and_wait_empty(server):
     async def main():
         r = redis.asyncio.Redis(port=server.port)
         await r.flushall()
+        f = int((await r.info("sem"))["sem_ticket_floor"])
         spec = [("gpu", 1), ("licence", 5, 2)]
         async with AsyncSemaphoreSet(r, spec, lease=0.6, fair=True) as permits:
-            assert permits.tickets == (1, 1)
+            assert permits.tickets == (f, f)
             with pytest.raises(NotAcquired):
                 await acquire_all_async(r, spec, fair=True)
             assert await r.execute_command("SEM.GET", "licence") == 2
@@ -567,7 +577,7 @@ def test_async_sets_and_wait_empty(server):
         waiting = asyncio.ensure_future(acquire_all_async(r, spec, lease=30, fair=True, wait=10))
         assert await wait_empty_async(r, "gpu", 10) is True
         async with await waiting as permits:
-            assert permits.tickets == (3, 3)
+            assert permits.tickets == (f + 2, f + 2)
         await leaving
         with pytest.raises(PermitLost):
             async with AsyncSemaphoreSet(r, spec, lease=0.6) as permits:

@@ -8,7 +8,7 @@ use std::sync::Once;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{run, wait_until, zset, Server};
+use common::{first_ticket, run, wait_until, zset, Server};
 use redsem_client::{
     clear_limit, set_limit, stored_limit, wait_empty, Error, Semaphore, SemaphoreSet,
 };
@@ -78,7 +78,7 @@ fn readme_example(url: &str) -> Result<(), Error> {
 }
 
 /// The Rust example of clients/README.md for sets and wait_empty, but for the server's address.
-fn readme_set_example(url: &str) -> Result<bool, Error> {
+fn readme_set_example(url: &str) -> Result<(bool, Option<Vec<u64>>), Error> {
     // README set example begins
     let client = redis::Client::open(url)?;
     // One GPU and 2 of 5 licences, both or neither; wait up to 10 s for the pair.
@@ -88,12 +88,13 @@ fn readme_set_example(url: &str) -> Result<bool, Error> {
         .wait(Some(Duration::from_secs(10)))
         .fair(true)
         .acquire()?;
-    assert_eq!(permits.tickets(), Some(&[1, 1][..]));
+    // Fair: a fencing ticket per semaphore, in the order named, to hand on to storage.
+    let tickets = permits.tickets().map(<[u64]>::to_vec);
     assert!(permits.release()?, "a permit of the set was lost");
     // A deploy waits until no job holds "deploys" any more (at most 60 s).
     let drained = redsem_client::wait_empty(&client, "deploys", Duration::from_secs(60))?;
     // README set example ends
-    Ok(drained)
+    Ok((drained, tickets))
 }
 
 /// The Rust example of clients/README.md for an operator's limit, but for the server's address.
@@ -137,10 +138,14 @@ fn example_text(what: &str) -> String {
 fn the_readme_examples() {
     let server = server();
     let url = format!("redis://127.0.0.1:{}/", server.port);
-    readme_example(&url).unwrap();
-    assert!(readme_set_example(&url).unwrap());
-    readme_limit_example(&url).unwrap();
     let mut conn = server.connection();
+    readme_example(&url).unwrap();
+    let (drained, tickets) = readme_set_example(&url).unwrap();
+    assert!(drained);
+    // gpu and licence are fresh names: each one's first ticket is the server's floor.
+    let first = first_ticket(&mut conn) as u64;
+    assert_eq!(tickets, Some(vec![first, first]));
+    readme_limit_example(&url).unwrap();
     for name in ["jobs", "gpu", "licence", "deploys", "reports"] {
         assert_eq!(live(&mut conn, name), 0, "{name}");
     }
@@ -230,12 +235,19 @@ fn fair_permits_carry_growing_tickets() {
     let printers = Semaphore::new(client(&server), "printers")
         .limit(2)
         .fair(true);
+    let floor = first_ticket(&mut conn);
     let first = printers.acquire().unwrap();
     let second = printers.acquire().unwrap();
-    assert_eq!((first.ticket(), second.ticket()), (Some(1), Some(2)));
+    assert_eq!(
+        (first.ticket(), second.ticket()),
+        (Some(floor as u64), Some(floor as u64 + 1))
+    );
     assert_eq!(
         zset(&mut conn, "printers:owner"),
-        [(first.id().to_string(), 1), (second.id().to_string(), 2)]
+        [
+            (first.id().to_string(), floor),
+            (second.id().to_string(), floor + 1)
+        ]
     );
     match Semaphore::new(client(&server), "printers")
         .limit(2)
@@ -245,7 +257,7 @@ fn fair_permits_carry_growing_tickets() {
         other => panic!("a plain acquire among fair holders: {other:?}"),
     }
     drop((first, second));
-    assert_eq!(printers.acquire().unwrap().ticket(), Some(3));
+    assert_eq!(printers.acquire().unwrap().ticket(), Some(floor as u64 + 2));
 }
 
 #[test]
@@ -395,15 +407,19 @@ fn one_full_semaphore_refuses_the_set_and_nothing_is_held() {
 fn a_fair_set_carries_one_ticket_per_semaphore() {
     let server = server();
     let mut conn = server.connection();
+    let floor = first_ticket(&mut conn);
     let single = Semaphore::new(client(&server), "licence")
         .limit(5)
         .fair(true)
         .acquire()
         .unwrap();
-    assert_eq!(single.ticket(), Some(1));
+    assert_eq!(single.ticket(), Some(floor as u64));
     let permits = pair(&server).fair(true).acquire().unwrap();
-    assert_eq!(permits.tickets(), Some(&[1, 2][..]));
-    assert!(zset(&mut conn, "licence:owner").contains(&(permits.id().to_string(), 2)));
+    assert_eq!(
+        permits.tickets(),
+        Some(&[floor as u64, floor as u64 + 1][..])
+    );
+    assert!(zset(&mut conn, "licence:owner").contains(&(permits.id().to_string(), floor + 1)));
 }
 
 #[test]

@@ -1,0 +1,202 @@
+//! Fencing tickets never repeat across the lives of a single server, whatever it starts from:
+//! nothing at all (no persistence, or a crash before the first save), an RDB file, an AOF, or
+//! a `DEBUG RELOAD`; and a replica's full sync leaves the primary's tickets alone. Every start
+//! takes a floor from the clock (`INFO sem`, `sem_ticket_floor`), so the next ticket is above
+//! every ticket of the server's earlier lives.
+
+mod common;
+
+use common::*;
+
+const NO_PERSISTENCE: [&str; 4] = ["--save", "", "--appendonly", "no"];
+
+/// Three fair grants on `name`, each released before the next: their tickets.
+fn three_tickets(conn: &mut redis::Connection, name: &str) -> Vec<u64> {
+    (0..3)
+        .map(|_| {
+            let (id, ticket): (String, u64) =
+                run(conn, &["SEM.ACQUIREFAIR", name, "1", "30", "WITHTICKET"]);
+            let released: i64 = run(conn, &["SEM.RELEASE", name, &id]);
+            assert_eq!(released, 1);
+            ticket
+        })
+        .collect()
+}
+
+/// The next fair ticket of `name`, released at once.
+fn next_ticket(conn: &mut redis::Connection, name: &str) -> u64 {
+    let (id, ticket): (String, u64) =
+        run(conn, &["SEM.ACQUIREFAIR", name, "1", "30", "WITHTICKET"]);
+    let released: i64 = run(conn, &["SEM.RELEASE", name, &id]);
+    assert_eq!(released, 1);
+    ticket
+}
+
+/// This server's floor, asserted to be the clock (in microseconds) of some instant from
+/// `since_ms` to now.
+fn floor_taken_since(conn: &mut redis::Connection, since_ms: i64) -> u64 {
+    let floor = info_sem(conn)["sem_ticket_floor"];
+    let now_ms = unix_ms_now();
+    assert!(
+        (since_ms as u64 * 1000..=now_ms as u64 * 1000).contains(&floor),
+        "floor {floor} is not the clock from {since_ms} to {now_ms} ms"
+    );
+    floor
+}
+
+/// The tickets of a life, then the next one after a restart: above them all, and the floor
+/// the restart took.
+fn assert_next_life_goes_on_above(before: &[u64], conn: &mut redis::Connection, since_ms: i64) {
+    let floor = floor_taken_since(conn, since_ms);
+    let next = next_ticket(conn, "lock");
+    assert!(
+        before.iter().all(|&earlier| next > earlier),
+        "ticket {next} after the restart, {before:?} before it"
+    );
+    assert_eq!(next, floor, "the restart's first ticket is its floor");
+}
+
+#[test]
+fn a_restart_without_persistence_never_repeats_a_ticket() {
+    let started_ms = unix_ms_now();
+    let server = Server::start_with(&NO_PERSISTENCE);
+    let mut conn = server.connection();
+    let floor = floor_taken_since(&mut conn, started_ms);
+    let before = three_tickets(&mut conn, "lock");
+    assert_eq!(before, [floor, floor + 1, floor + 2]);
+
+    // SHUTDOWN NOSAVE: the server exits without a reply and leaves no file.
+    assert!(try_run::<()>(&mut conn, &["SHUTDOWN", "NOSAVE"]).is_err());
+    let dir = server.stop();
+    assert!(!dir.join("dump.rdb").exists() && !dir.join("appendonlydir").exists());
+
+    let restarting_ms = unix_ms_now();
+    let restarted = Server::restart_in(&dir, &NO_PERSISTENCE);
+    let mut conn = restarted.connection();
+    let keys: i64 = run(&mut conn, &["DBSIZE"]);
+    assert_eq!(keys, 0, "the restart lost everything");
+    assert_next_life_goes_on_above(&before, &mut conn, restarting_ms);
+}
+
+#[test]
+fn a_crash_before_the_first_save_never_repeats_a_ticket() {
+    let args = ["--save", "60 1", "--appendonly", "no"];
+    let server = Server::start_with(&args);
+    let mut conn = server.connection();
+    let before = three_tickets(&mut conn, "lock");
+    let saves: String = run(&mut conn, &["INFO", "persistence"]);
+    assert!(saves.contains("rdb_changes_since_last_save:"), "{saves}");
+    assert!(
+        !saves.contains("rdb_changes_since_last_save:0\r"),
+        "the grants are unsaved: {saves}"
+    );
+
+    // kill -9 well within the 60 s: no RDB file to load at the restart, so no loading event.
+    let dir = server.stop();
+    assert!(!dir.join("dump.rdb").exists(), "a save came first");
+
+    let restarting_ms = unix_ms_now();
+    let restarted = Server::restart_in(&dir, &args);
+    let mut conn = restarted.connection();
+    let keys: i64 = run(&mut conn, &["DBSIZE"]);
+    assert_eq!(keys, 0, "the crash lost everything");
+    assert_next_life_goes_on_above(&before, &mut conn, restarting_ms);
+}
+
+#[test]
+fn debug_reload_and_restarts_from_a_file_never_repeat_a_ticket() {
+    // DEBUG RELOAD: the server saves, empties itself and loads the file again.
+    let args = [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--enable-debug-command",
+        "yes",
+    ];
+    let server = Server::start_with(&args);
+    let mut conn = server.connection();
+    let mut before = three_tickets(&mut conn, "lock");
+    let reloading_ms = unix_ms_now();
+    let ok: String = run(&mut conn, &["DEBUG", "RELOAD"]);
+    assert_eq!(ok, "OK");
+    let counter: u64 = run(&mut conn, &["GET", "lock:counter"]);
+    assert_eq!(counter, before[2], "the reload kept the counter");
+    assert_next_life_goes_on_above(&before, &mut conn, reloading_ms);
+    before.push(run(&mut conn, &["GET", "lock:counter"]));
+
+    // A restart from the RDB file a SAVE wrote.
+    let ok: String = run(&mut conn, &["SAVE"]);
+    assert_eq!(ok, "OK");
+    before.extend(three_tickets(&mut conn, "lock"));
+    let dir = server.stop();
+    let restarting_ms = unix_ms_now();
+    let restarted = Server::restart_in(&dir, &args);
+    let mut conn = restarted.connection();
+    let counter: u64 = run(&mut conn, &["GET", "lock:counter"]);
+    assert_eq!(counter, before[3], "the file holds the counter of the SAVE");
+    assert_next_life_goes_on_above(&before, &mut conn, restarting_ms);
+    drop(restarted);
+
+    // A restart from an AOF that holds every grant.
+    let server = Server::start_with(&AOF_PRIMARY_ARGS);
+    let mut conn = server.connection();
+    let before = three_tickets(&mut conn, "lock");
+    let dir = server.stop();
+    let restarting_ms = unix_ms_now();
+    let restarted = Server::restart_in(&dir, &AOF_PRIMARY_ARGS);
+    let mut conn = restarted.connection();
+    let counter: u64 = run(&mut conn, &["GET", "lock:counter"]);
+    assert_eq!(counter, before[2], "the AOF holds every grant");
+    assert_next_life_goes_on_above(&before, &mut conn, restarting_ms);
+}
+
+#[test]
+fn a_module_loaded_at_runtime_takes_a_floor_at_once() {
+    let mut args = NO_PERSISTENCE.to_vec();
+    args.extend(["--enable-module-command", "yes"]);
+    let server = Server::start_with(&args);
+    let mut conn = server.connection();
+    let before = three_tickets(&mut conn, "lock");
+    let ok: String = run(&mut conn, &["MODULE", "UNLOAD", "sem"]);
+    assert_eq!(ok, "OK");
+    // The data outlives the module, but a load cannot tell what it missed: it takes a floor.
+    let loading_ms = unix_ms_now();
+    let path = module_path();
+    let ok: String = run(&mut conn, &["MODULE", "LOAD", path.to_str().unwrap()]);
+    assert_eq!(ok, "OK");
+    assert_next_life_goes_on_above(&before, &mut conn, loading_ms);
+}
+
+#[test]
+fn a_replicas_full_sync_leaves_the_primarys_tickets_alone() {
+    let args = [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync",
+        "no",
+    ];
+    let primary = Server::start_with(&args);
+    let mut on_primary = primary.connection();
+    let floor = info_sem(&mut on_primary)["sem_ticket_floor"];
+    let before = three_tickets(&mut on_primary, "lock");
+    assert_eq!(before, [floor, floor + 1, floor + 2]);
+
+    let syncing_ms = unix_ms_now();
+    let replica = start_replica_of(&primary);
+    let mut on_replica = replica.connection();
+    // The replica took a floor of its own when its load of the primary's data ended; the
+    // primary, which only saved, kept its floor and counts on one by one.
+    floor_taken_since(&mut on_replica, syncing_ms);
+    assert_eq!(info_sem(&mut on_primary)["sem_ticket_floor"], floor);
+    assert_eq!(next_ticket(&mut on_primary, "lock"), floor + 3);
+    wait_for_replica(&mut on_primary);
+    let counter: u64 = run(&mut on_replica, &["GET", "lock:counter"]);
+    assert_eq!(
+        counter,
+        floor + 3,
+        "the replica holds the primary's counter"
+    );
+}
