@@ -6,11 +6,13 @@
 //! other commands on servers it starts itself, and writes a Markdown report,
 //! raw TSV rows and a PNG chart.
 
+mod callgrind;
 mod chart;
 mod cli;
 mod contenders;
 mod handoff;
 mod host;
+mod instr;
 mod report;
 mod resp;
 mod scale;
@@ -161,6 +163,12 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         None => None,
     };
 
+    // The instr set too, one configuration after the other.
+    let instr_results = match settings.instr.clone() {
+        Some(plan) => Some(instr::run(plan).await?),
+        None => None,
+    };
+
     let summaries = stats::summarize(&measurements, &plan, &settings.contenders);
     let handoff_summaries = handoff::summarize(&handoff_measurements, &settings.handoff_contenders);
     let mut markdown = report::markdown(
@@ -174,6 +182,9 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     );
     if let Some(results) = &host_results {
         markdown.push_str(&report::host_section(results));
+    }
+    if let Some(results) = &instr_results {
+        markdown.push_str(&instr::section(results));
     }
     let md_path = settings.out_dir.join("results.md");
     std::fs::write(&md_path, &markdown)?;
@@ -203,6 +214,11 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     if let Some(results) = &host_results {
         let tsv_path = settings.out_dir.join("host.tsv");
         std::fs::write(&tsv_path, report::host_tsv(results))?;
+        written.push(tsv_path);
+    }
+    if let Some(results) = &instr_results {
+        let tsv_path = settings.out_dir.join("instr.tsv");
+        std::fs::write(&tsv_path, instr::tsv(results))?;
         written.push(tsv_path);
     }
     print!("{markdown}");
