@@ -20,7 +20,7 @@ use crate::queue::{arrival, Arrival, Ask, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot, Store};
 use crate::server::acl;
 use crate::server::block::{can_block, client_id, in_script};
-use crate::server::command::{run, Arg, Expanded};
+use crate::server::command::{module_string, run, Arg, Counted, Expanded};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
 use crate::server::{guard, is_keys_position_request, is_primary, key_at, now_ms, selected_db};
@@ -419,18 +419,15 @@ fn with_keys(ctx: &Context, args: &[Arg], command: Command) -> Result<Option<Exp
     let Some(plan) = key_plan(command, args.len(), |i| args.get(i).map(|a| a.as_slice())) else {
         return Ok(None);
     };
-    let keys: Vec<Vec<u8>> = plan
-        .names()
-        .iter()
-        .flat_map(|&pos| {
-            let name = args[pos].as_slice();
-            command
-                .derived_suffixes()
-                .iter()
-                .map(move |suffix| with_derived(name, suffix, <[u8]>::to_vec))
-        })
-        .collect();
-    let expanded = Expanded::new(args, plan.at(), &keys);
+    let suffixes = command.derived_suffixes();
+    let keys = plan.names().iter().flat_map(|&pos| {
+        let name = args[pos].as_slice();
+        suffixes
+            .iter()
+            .map(move |suffix| with_derived(name, suffix, module_string))
+    });
+    let count = plan.names().len() * suffixes.len();
+    let expanded = Expanded::new(args, plan.at(), Counted(keys, count));
     let (_, derived_flags) = key_flags(command);
     if !acl::may_use(ctx, expanded.added(), derived_flags)? {
         return Err(SemError::NoPermission);

@@ -6,7 +6,6 @@
 use std::cell::OnceCell;
 use std::ffi::CStr;
 use std::io::Write;
-use std::time::Instant;
 
 use redis_module::{raw, Context, RedisString};
 
@@ -26,6 +25,9 @@ pub struct SemKeys<'a> {
     pub permits: &'a RedisString,
     pub limit: &'a RedisString,
 }
+
+/// Removed holders whose grant time a store keeps (see `RedisStore::ended`).
+const ENDED: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DeadlineChange {
@@ -65,9 +67,13 @@ pub struct RedisStore<'a> {
     /// Whether `<name>` was missing when opened: every holder it had is gone (its key expired,
     /// or another client deleted it).
     opened_empty: bool,
-    /// When each holder this call removed was granted (if known), for the hold-time
-    /// distribution: a release records its own; the others (expired, lost) are dropped.
-    ended: Vec<(Vec<u8>, Instant)>,
+    /// The same, kept for the expiry: a set this call created holds only the deadlines it added.
+    created: bool,
+    /// When the last holders this call removed were granted (if known), by grant key, for the
+    /// hold-time distribution: a release records its own; the others (expired, lost) are
+    /// dropped. A release removes its holder alone, so a few places are enough.
+    ended: [(u64, u64); ENDED],
+    ended_len: usize,
 }
 
 impl<'a> RedisStore<'a> {
@@ -90,16 +96,29 @@ impl<'a> RedisStore<'a> {
             deadlines: DeadlineChange::None,
             removed: None,
             opened_empty,
-            ended: Vec::new(),
+            created: opened_empty,
+            ended: [(0, 0); ENDED],
+            ended_len: 0,
         })
     }
 
     /// `holder` gave its permits back in this call: its hold time is recorded.
     pub fn released(&mut self, holder: &[u8]) {
-        if let Some(at) = self.ended.iter().position(|(id, _)| id == holder) {
-            let (_, since) = self.ended.swap_remove(at);
-            stats::HOLD_TIME.record(since.elapsed());
+        let key = self.grant_key(holder);
+        let ended = &mut self.ended[..self.ended_len];
+        if let Some(at) = ended.iter().position(|&(k, _)| k == key) {
+            stats::record_hold(ended[at].1);
+            ended[at] = ended[self.ended_len - 1];
+            self.ended_len -= 1;
         }
+    }
+
+    fn grant_key(&self, holder: &[u8]) -> u64 {
+        stats::grant_key(
+            selected_db(self.ctx),
+            self.holders.name().as_slice(),
+            holder,
+        )
     }
 
     /// Whether `<name>` was missing when the store opened it, asked once: later calls answer
@@ -190,8 +209,7 @@ impl<'a> RedisStore<'a> {
             return;
         }
         stats::count(&COUNTERS.acquired);
-        let name = self.holders.name().as_slice();
-        stats::granted(selected_db(self.ctx), name, holder);
+        stats::granted(self.grant_key(holder));
         self.notify(c"sem.acquire");
     }
 
@@ -217,6 +235,8 @@ impl<'a> RedisStore<'a> {
             DeadlineChange::Raised(added) if current != raw::REDISMODULE_NO_EXPIRE as i64 => {
                 current.max(added)
             }
+            // A set this call created has no other deadline to look up.
+            DeadlineChange::Raised(added) if self.created => added,
             _ => match self.holders.highest_score() {
                 Some(score) => deadline_ms(score),
                 None => return,
@@ -366,11 +386,13 @@ impl Store for RedisStore<'_> {
         let removed = self.holders.zrem(ids);
         self.owners.zrem(ids);
         if removed > 0 {
-            let db = selected_db(self.ctx);
-            let name = self.holders.name().as_slice();
             for id in ids {
-                if let Some(since) = stats::ended(db, name, id.as_slice()) {
-                    self.ended.push((id.as_slice().to_vec(), since));
+                let key = self.grant_key(id.as_slice());
+                if let Some(since) = stats::ended(key) {
+                    // The latest removals matter: a release removes its holder last.
+                    let at = self.ended_len.min(ENDED - 1);
+                    self.ended[at] = (key, since);
+                    self.ended_len = at + 1;
                 }
             }
         }
