@@ -15,12 +15,12 @@ use crate::args::{
 use crate::config;
 use crate::error::SemError;
 use crate::fencing;
-use crate::keys::{has_hash_tag, is_derived, key_plan, with_derived, Command};
+use crate::keys::{has_hash_tag, is_derived, key_plan, Command};
 use crate::queue::{arrival, Arrival, Ask, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot, Store};
 use crate::server::acl;
 use crate::server::block::{can_block, client_id, in_script};
-use crate::server::command::{module_string, run, Arg, Counted, Expanded};
+use crate::server::command::{run, Arg, Expanded};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
 use crate::server::{guard, is_keys_position_request, is_primary, key_at, now_ms, selected_db};
@@ -419,15 +419,7 @@ fn with_keys(ctx: &Context, args: &[Arg], command: Command) -> Result<Option<Exp
     let Some(plan) = key_plan(command, args.len(), |i| args.get(i).map(|a| a.as_slice())) else {
         return Ok(None);
     };
-    let suffixes = command.derived_suffixes();
-    let keys = plan.names().iter().flat_map(|&pos| {
-        let name = args[pos].as_slice();
-        suffixes
-            .iter()
-            .map(move |suffix| with_derived(name, suffix, module_string))
-    });
-    let count = plan.names().len() * suffixes.len();
-    let expanded = Expanded::new(args, plan.at(), Counted(keys, count));
+    let expanded = Expanded::new(args, plan.at(), plan.names(), command.derived_suffixes());
     let (_, derived_flags) = key_flags(command);
     if !acl::may_use(ctx, expanded.added(), derived_flags)? {
         return Err(SemError::NoPermission);

@@ -67,7 +67,8 @@ pub struct RedisStore<'a> {
     /// Whether `<name>` was missing when opened: every holder it had is gone (its key expired,
     /// or another client deleted it).
     opened_empty: bool,
-    /// The same, kept for the expiry: a set this call created holds only the deadlines it added.
+    /// Whether `<name>` was missing when opened or went with its last holder in this call: then
+    /// it holds only the deadlines added since, and the expiry needs no look-up.
     created: bool,
     /// When the last holders this call removed were granted (if known), by grant key, for the
     /// hold-time distribution: a release records its own; the others (expired, lost) are
@@ -386,6 +387,16 @@ impl Store for RedisStore<'_> {
         let removed = self.holders.zrem(ids);
         self.owners.zrem(ids);
         if removed > 0 {
+            if self.holders.is_empty() {
+                // The set went with its last holder, and its expiry with it: what is added from
+                // here is all a new set will hold.
+                self.created = true;
+                self.deadlines = DeadlineChange::None;
+            } else {
+                self.deadlines = DeadlineChange::Unknown;
+            }
+        }
+        if removed > 0 {
             for id in ids {
                 let key = self.grant_key(id.as_slice());
                 if let Some(since) = stats::ended(key) {
@@ -395,9 +406,6 @@ impl Store for RedisStore<'_> {
                     self.ended_len = at + 1;
                 }
             }
-        }
-        if removed > 0 {
-            self.deadlines = DeadlineChange::Unknown;
         }
         removed
     }
