@@ -48,18 +48,64 @@ impl DeadlineChange {
     }
 }
 
+/// A key of the semaphore that most have not (the owner set, the weights): opened with the
+/// others only when it exists (a missing key has no type to check), else when first written.
+/// A look-up costs less than opening and closing a key per call.
+struct LazyKey<'a> {
+    ctx: &'a Context,
+    name: &'a RedisString,
+    access: Access,
+    expected: KeyType,
+    key: OnceCell<Key<'a>>,
+}
+
+impl<'a> LazyKey<'a> {
+    fn open(
+        ctx: &'a Context,
+        name: &'a RedisString,
+        access: Access,
+        expected: KeyType,
+    ) -> Result<Self, SemError> {
+        let lazy = LazyKey {
+            ctx,
+            name,
+            access,
+            expected,
+            key: OnceCell::new(),
+        };
+        if key_exists(ctx, name) {
+            let _ = lazy.key.set(Key::open(ctx, name, access, expected)?);
+        }
+        Ok(lazy)
+    }
+
+    /// The key, when it existed as the store opened (or was written since).
+    fn get(&self) -> Option<&Key<'a>> {
+        self.key.get()
+    }
+
+    /// The key, to write it.
+    fn write(&self) -> &Key<'a> {
+        self.key.get_or_init(|| {
+            // Missing when the store opened it, and only this store writes during the call:
+            // no type to refuse.
+            Key::open(self.ctx, self.name, self.access, self.expected).expect("a missing key opens")
+        })
+    }
+}
+
 /// One semaphore's keys, opened for a call. The counter is opened when first used: only a fair
 /// grant, or SEM.GET JSON, needs it.
 pub struct RedisStore<'a> {
     ctx: &'a Context,
     access: Access,
     holders: Key<'a>,
-    owners: Key<'a>,
+    owners: LazyKey<'a>,
     counter_name: &'a RedisString,
     counter: OnceCell<Key<'a>>,
     limit_name: &'a RedisString,
     limit: OnceCell<Key<'a>>,
-    permits: Key<'a>,
+    permits: LazyKey<'a>,
     /// How this call moved the deadlines in `<name>`, so the keys' expiry can be settled.
     deadlines: DeadlineChange,
     /// Identifiers this call removed from `<name>`, when asked to keep them.
@@ -81,8 +127,8 @@ impl<'a> RedisStore<'a> {
     /// Opens the keys. A key of the wrong type is an error before anything changes.
     pub fn open(ctx: &'a Context, keys: &SemKeys<'a>, access: Access) -> Result<Self, SemError> {
         let holders = Key::open(ctx, keys.name, access, KeyType::SortedSet)?;
-        let owners = Key::open(ctx, keys.owner, access, KeyType::SortedSet)?;
-        let permits = Key::open(ctx, keys.permits, access, KeyType::Hash)?;
+        let owners = LazyKey::open(ctx, keys.owner, access, KeyType::SortedSet)?;
+        let permits = LazyKey::open(ctx, keys.permits, access, KeyType::Hash)?;
         let opened_empty = holders.is_empty();
         Ok(RedisStore {
             ctx,
@@ -139,8 +185,8 @@ impl<'a> RedisStore<'a> {
     pub fn may_have_freed(&self) -> bool {
         self.opened_empty
             || self.holders.has_changed()
-            || self.owners.has_changed()
-            || self.permits.has_changed()
+            || self.owners.get().is_some_and(Key::has_changed)
+            || self.permits.get().is_some_and(Key::has_changed)
             || self.counter.get().is_some_and(Key::has_changed)
             || self.limit.get().is_some_and(Key::has_changed)
     }
@@ -196,7 +242,7 @@ impl<'a> RedisStore<'a> {
         field: &RedisString,
         parse: fn(&[u8]) -> Result<u64, SemError>,
     ) -> Result<Option<u64>, SemError> {
-        match self.permits.hget(field) {
+        match self.permits.get().and_then(|key| key.hget(field)) {
             None => Ok(None),
             Some(value) => parse(value.as_slice()).map(Some),
         }
@@ -244,8 +290,12 @@ impl<'a> RedisStore<'a> {
             },
         };
         self.holders.expire_at(latest, current);
-        self.owners.expire_at(latest, self.owners.expire_time());
-        self.permits.expire_at(latest, self.permits.expire_time());
+        for key in [self.owners.get(), self.permits.get()]
+            .into_iter()
+            .flatten()
+        {
+            key.expire_at(latest, key.expire_time());
+        }
     }
 }
 
@@ -269,7 +319,7 @@ impl Store for RedisStore<'_> {
     }
 
     fn owner_count(&self) -> u64 {
-        self.owners.len()
+        self.owners.get().map_or(0, Key::len)
     }
 
     fn deadline(&self, id: &RedisString) -> Option<i64> {
@@ -277,7 +327,7 @@ impl Store for RedisStore<'_> {
     }
 
     fn owner_score(&self, id: &RedisString) -> Option<f64> {
-        self.owners.score(id)
+        self.owners.get()?.score(id)
     }
 
     fn expired(&self, now_ms: i64) -> Vec<RedisString> {
@@ -306,18 +356,18 @@ impl Store for RedisStore<'_> {
     }
 
     fn has_weights(&self) -> bool {
-        !self.permits.is_empty()
+        self.permits.get().is_some_and(|key| !key.is_empty())
     }
 
     fn weight(&self, id: &RedisString) -> Result<u64, SemError> {
-        if self.permits.is_empty() {
+        if !self.has_weights() {
             return Ok(1);
         }
         Ok(self.permits_field(id, parse_weight)?.unwrap_or(1))
     }
 
     fn extra(&self) -> Result<u64, SemError> {
-        if self.permits.is_empty() {
+        if !self.has_weights() {
             return Ok(0);
         }
         let total = RedisString::create_from_slice(self.ctx.ctx, b"");
@@ -335,10 +385,12 @@ impl Store for RedisStore<'_> {
 
     fn owners_by_score(&self) -> Vec<(RedisString, f64)> {
         let mut owners = Vec::new();
-        self.owners
-            .scan(f64::NEG_INFINITY, f64::INFINITY, false, |member, score| {
-                owners.push((member, score))
-            });
+        let Some(key) = self.owners.get() else {
+            return owners;
+        };
+        key.scan(f64::NEG_INFINITY, f64::INFINITY, false, |member, score| {
+            owners.push((member, score))
+        });
         owners
     }
 
@@ -362,7 +414,7 @@ impl Store for RedisStore<'_> {
     }
 
     fn put_owner(&mut self, id: &RedisString, ticket: u64) {
-        self.owners.zadd(ticket as i64, id, None);
+        self.owners.write().zadd(ticket as i64, id, None);
     }
 
     fn set_counter(&mut self, ticket: u64) {
@@ -385,7 +437,9 @@ impl Store for RedisStore<'_> {
             kept.extend(ids.iter().map(|id| id.safe_clone(self.ctx)));
         }
         let removed = self.holders.zrem(ids);
-        self.owners.zrem(ids);
+        if let Some(owners) = self.owners.get() {
+            owners.zrem(ids);
+        }
         if removed > 0 {
             if self.holders.is_empty() {
                 // The set went with its last holder, and its expiry with it: what is added from
@@ -411,11 +465,15 @@ impl Store for RedisStore<'_> {
     }
 
     fn remove_owners(&mut self, ids: &[RedisString]) {
-        self.owners.zrem(ids);
+        if let Some(owners) = self.owners.get() {
+            owners.zrem(ids);
+        }
     }
 
     fn clear_owners(&mut self) {
-        self.owners.delete();
+        if let Some(owners) = self.owners.get() {
+            owners.delete();
+        }
     }
 
     fn put_weights(
@@ -446,11 +504,13 @@ impl Store for RedisStore<'_> {
         }
         // A new key gets its expiry with the holders': weights are only written by calls that
         // also add or remove a holder, or change a live holder's permits.
-        self.permits.hwrite(&sets, &deletes);
+        self.permits.write().hwrite(&sets, &deletes);
     }
 
     fn clear_weights(&mut self) {
-        self.permits.delete();
+        if let Some(permits) = self.permits.get() {
+            permits.delete();
+        }
     }
 
     fn expired_removed(&mut self, count: usize) {
