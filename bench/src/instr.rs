@@ -18,7 +18,7 @@ use redis::aio::MultiplexedConnection;
 use uuid::Uuid;
 
 use crate::callgrind::{server_version, Callgrind, Dump};
-use crate::report::group_thousands;
+use crate::fmt::group_thousands;
 use crate::resp::{RawConn, Reply};
 use crate::BoxError;
 

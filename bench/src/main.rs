@@ -10,6 +10,7 @@ mod callgrind;
 mod chart;
 mod cli;
 mod contenders;
+mod fmt;
 mod handoff;
 mod host;
 mod instr;
@@ -103,7 +104,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
                     "[{}/{total}] {scenario} · rep {} · {contender}: {} pairs/s, {:.1} µs CPU/pair",
                     measurements.len() + 1,
                     rep + 1,
-                    report::group_thousands(m.pairs_per_sec().round() as u64),
+                    fmt::group_thousands(m.pairs_per_sec().round() as u64),
                     m.cpu_us_per_pair(),
                 );
                 measurements.push(m);
@@ -132,7 +133,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
                  {:.1} µs CPU/hand-off",
                 handoff_measurements.len() + 1,
                 rep + 1,
-                report::group_thousands(m.handoffs_per_sec().round() as u64),
+                fmt::group_thousands(m.handoffs_per_sec().round() as u64),
                 m.p50_us,
                 m.cpu_us_per_handoff(),
             );

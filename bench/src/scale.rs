@@ -20,8 +20,8 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
 use crate::contenders::Keys;
+use crate::fmt::group_thousands;
 use crate::handoff::{self, HandoffContender, HandoffMeasurement};
-use crate::report::group_thousands;
 use crate::resp::{self, Ping, RawConn, Reply};
 use crate::scenarios::{server_cpu_us, Server};
 use crate::stats::percentile;

@@ -9,7 +9,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
 use crate::contenders::{Contender, Keys, Scripts};
-use crate::report::group_thousands;
+use crate::fmt::group_thousands;
 use crate::BoxError;
 
 /// Limit at which most attempts fail under 50 connections.
