@@ -16,6 +16,7 @@ mod host;
 mod instr;
 mod report;
 mod resp;
+mod sample;
 mod scale;
 mod scenarios;
 mod stats;

@@ -23,8 +23,8 @@ use crate::contenders::Keys;
 use crate::fmt::group_thousands;
 use crate::handoff::{self, HandoffContender, HandoffMeasurement};
 use crate::resp::{self, Ping, RawConn, Reply};
+use crate::sample::percentile;
 use crate::scenarios::{server_cpu_us, Server};
-use crate::stats::percentile;
 use crate::BoxError;
 
 /// Lease of the holders that keep the waited semaphores full: longer than
