@@ -12,8 +12,6 @@ use std::time::{Duration, Instant};
 
 use crate::queue::IdHasher;
 
-use crate::{fencing, waiting};
-
 macro_rules! counters {
     ($($name:ident: $doc:literal,)*) => {
         /// Every counter, in the order INFO lists them.
@@ -79,12 +77,9 @@ pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// The fields of `INFO sem`: the counters, then the gauges, then the fencing floor.
-pub fn fields() -> Vec<(&'static str, u64)> {
-    let mut fields = each_counter();
-    fields.extend(waiting::gauges());
-    fields.push(("ticket_floor", fencing::floor()));
-    fields
+/// The counters, as `INFO sem` lists them first.
+pub fn counters() -> Vec<(&'static str, u64)> {
+    each_counter()
 }
 
 /// Exact below this many microseconds; above, [`SUB_BUCKETS`] buckets per power of two.

@@ -9,6 +9,7 @@
 //! the command filter) is deferred to the timer, which fires right after the current command.
 
 use std::collections::BTreeSet;
+use std::os::raw::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ use crate::queue::{Ask, Binding, Due, IdMap, Registry, SemKey, WaiterId, Wants};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
 use crate::server::events;
+pub use crate::server::hooks::Left;
 use crate::server::key::Access;
 use crate::server::{clock_ms, cluster_can_serve, is_primary, select_db, timer, writes_paused};
 use crate::stats::{self, COUNTERS};
@@ -536,7 +538,7 @@ fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
         Outcome::Failed(_) if for_empty => &COUNTERS.empty_waits_cancelled,
         Outcome::Failed(_) => &COUNTERS.waits_cancelled,
     });
-    block::unblock(handle, Box::new(outcome));
+    block::unblock(handle, Box::into_raw(Box::new(outcome)).cast());
 }
 
 /// Stops the timer once nobody waits and nothing is left to do: an armed timer keeps
@@ -548,7 +550,7 @@ fn disarm_if_idle() {
 }
 
 /// The reply of an unblocked waiter.
-pub fn reply(outcome: &mut Outcome) -> RedisResult {
+fn reply(outcome: &mut Outcome) -> RedisResult {
     match outcome {
         Outcome::Granted {
             binding,
@@ -591,9 +593,23 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
     }
 }
 
+/// The reply hook: `data` is the `Outcome` that [`end_wait`] handed to the unblocked client.
+pub fn reply_hook(data: *mut c_void) -> RedisResult {
+    // SAFETY: `end_wait` hands over a boxed `Outcome`, which Redis keeps until the free hook
+    // and nothing else touches while the reply is made.
+    reply(unsafe { &mut *data.cast::<Outcome>() })
+}
+
+/// The free hook: `data` is the `Outcome` that [`end_wait`] handed over, now done with.
+pub fn free_hook(data: *mut c_void, disconnected: bool) {
+    // SAFETY: as for `reply_hook`; Redis calls the free hook once, last.
+    let outcome = unsafe { Box::from_raw(data.cast::<Outcome>()) };
+    free(*outcome, disconnected);
+}
+
 /// The end of an unblocked waiter. A new permit granted to a client that disconnected before
 /// its reply went out is given back.
-pub fn free(outcome: Outcome, _disconnected: bool) {
+fn free(outcome: Outcome, _disconnected: bool) {
     match outcome {
         Outcome::Granted {
             binding,
@@ -635,15 +651,6 @@ pub fn left(handle: usize) -> Left {
         defer(Work::Serve(sem));
     }
     Left::ForPermits
-}
-
-/// What a waiter that left on its own was doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Left {
-    /// Already answered by the module (or not one of its waiters).
-    NotWaiting,
-    ForPermits,
-    ForEmpty,
 }
 
 /// `holder` of `sem` was granted again (renewed, or a new permit) by a command or a waiter's

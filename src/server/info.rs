@@ -1,4 +1,4 @@
-//! `INFO sem`: the module's section of INFO, filled from `stats.rs`.
+//! `INFO sem`: the module's section of INFO, with the fields the info hook composes.
 
 use std::ffi::CString;
 use std::os::raw::c_int;
@@ -6,7 +6,7 @@ use std::os::raw::c_int;
 use redis_module::raw;
 
 use crate::server::guard;
-use crate::stats;
+use crate::server::hooks::hooks;
 
 /// Registers the INFO callback (replacing the crate's empty one).
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
@@ -22,8 +22,7 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
 extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
     // SAFETY: the INFO context Redis passes; the section name and field names are C strings
     // that live through each call. The section is the module's own ("sem").
-    let fields = guard(Vec::new(), stats::fields);
-    let distributions = guard(Vec::new(), stats::distributions);
+    let (fields, distributions) = guard((Vec::new(), Vec::new()), hooks().info);
     unsafe {
         raw::RedisModule_InfoAddSection.unwrap()(ctx, std::ptr::null_mut());
         for (name, value) in fields {
