@@ -461,9 +461,10 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     }
     let now_ms = clock_ms();
     answer_if_empty(store, sem, now_ms);
-    let next = store.next_deadline(now_ms);
+    // The next lease end matters only to a line still waited (a walk of the holders).
+    let next = is_waited(sem).then(|| store.next_deadline(now_ms));
     let due = with(|s| {
-        if s.registry.is_waited(sem) {
+        if let Some(next) = next.filter(|_| s.registry.is_waited(sem)) {
             s.registry.set_lease_end(sem, next);
         }
         s.registry.next_due_ms()
@@ -648,7 +649,7 @@ pub fn left(handle: usize) -> Left {
     // Whoever stood behind it may fit now.
     stats::count(&COUNTERS.waits_cancelled);
     for sem in waiter.sems() {
-        defer(Work::Serve(sem));
+        defer(Work::Serve(sem.clone()));
     }
     Left::ForPermits
 }
@@ -830,7 +831,7 @@ pub fn on_timer(ctx: &Context) {
 fn time_up(id: WaiterId) -> Vec<SemKey> {
     let Some((sems, for_empty)) = with(|s| {
         let waiter = s.registry.waiter(id)?;
-        Some((waiter.sems(), waiter.for_empty()))
+        Some((waiter.sems().cloned().collect(), waiter.for_empty()))
     }) else {
         return Vec::new();
     };
@@ -1070,8 +1071,8 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: &Slice) {
         });
         for waiter in waiters {
             // A set waiter leaves its other lines too: whoever is behind it there may fit.
-            for other in waiter.sems().into_iter().filter(|other| other != sem) {
-                defer(Work::Serve(other));
+            for other in waiter.sems().filter(|&other| other != sem) {
+                defer(Work::Serve(other.clone()));
             }
             let for_empty = waiter.for_empty();
             end_wait(waiter.handle, Outcome::Failed(err.clone()), for_empty);
