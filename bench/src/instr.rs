@@ -116,9 +116,11 @@ pub enum Contender {
     Count,
     /// `SEM.ACQUIREALL 2 ...` + `SEM.RELEASEALL 2 ...`.
     Set,
-    /// `SEM.REFRESH` of a live holder.
+    /// `SEM.REFRESH` of a live holder, its lease 3600 s and 3601 s in turn so that every call
+    /// moves the deadline (one in the same millisecond as the last would write nothing, and
+    /// the count would follow the machine's speed).
     Refresh,
-    /// `SEM.REFRESHALL 2` of a live holder.
+    /// `SEM.REFRESHALL 2` of a live holder, the lease in turn as for `Refresh`.
     Refreshall,
     /// `SEM.GET` of a semaphore with one holder.
     Get,
@@ -166,8 +168,8 @@ impl Contender {
             Contender::Blpop => "Redis's own: `BLPOP tok 5` / `RPUSH tok x`",
             Contender::Count => "`SEM.ACQUIRE ... COUNT 4` + `SEM.RELEASE`",
             Contender::Set => "`SEM.ACQUIREALL 2 ...` + `SEM.RELEASEALL 2 ...`",
-            Contender::Refresh => "`SEM.REFRESH s i 60` (live holder)",
-            Contender::Refreshall => "`SEM.REFRESHALL 2 a b i 60` (live holder)",
+            Contender::Refresh => "`SEM.REFRESH s i 3600` / `3601` in turn (live holder)",
+            Contender::Refreshall => "`SEM.REFRESHALL 2 a b i 3600` / `3601` in turn (live holder)",
             Contender::Get => "`SEM.GET s` (one holder)",
             Contender::Waitempty => "`SEM.WAITEMPTY e 1` (empty: answered at once)",
             Contender::Limit => "`SEM.LIMIT s 5` + `SEM.LIMIT s CLEAR`",
@@ -319,6 +321,7 @@ async fn measure_config(plan: &InstrPlan, config: ModuleConfig) -> Result<Config
             contender,
             settle: plan.settle,
             holder: None,
+            ops: 0,
         };
         driver.setup().await?;
         driver.run((ops / 5).max(5)).await?;
@@ -422,6 +425,8 @@ struct Driver<'a> {
     settle: Duration,
     /// A hand-off's holder: whether `a` holds, and its identifier.
     holder: Option<(bool, String)>,
+    /// Operations so far (the refreshes alternate their lease by it).
+    ops: u64,
 }
 
 const SEM: &str = "redsem-instr:s";
@@ -503,6 +508,12 @@ impl Driver<'_> {
     }
 
     async fn op(&mut self) -> Result<(), BoxError> {
+        self.ops += 1;
+        let lease = if self.ops.is_multiple_of(2) {
+            "3600"
+        } else {
+            "3601"
+        };
         let conn = &mut *self.a;
         let scripts = self.scripts;
         match self.contender {
@@ -574,11 +585,11 @@ impl Driver<'_> {
                 expect(conn, &args, Reply::Int(2)).await?;
             }
             Contender::Refresh => {
-                let args = ["SEM.REFRESH", SEM, HELD, "3600"];
+                let args = ["SEM.REFRESH", SEM, HELD, lease];
                 expect(conn, &args, Reply::Int(1)).await?;
             }
             Contender::Refreshall => {
-                let args = ["SEM.REFRESHALL", "2", SEM, SECOND, HELD, "3600"];
+                let args = ["SEM.REFRESHALL", "2", SEM, SECOND, HELD, lease];
                 expect(conn, &args, Reply::Int(2)).await?;
             }
             Contender::Get => expect(conn, &["SEM.GET", SEM], Reply::Int(1)).await?,
