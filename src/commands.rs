@@ -15,7 +15,7 @@ use crate::args::{
 use crate::config;
 use crate::error::SemError;
 use crate::fencing;
-use crate::keys::{has_hash_tag, is_derived, key_plan, with_derived, Command};
+use crate::keys::{has_hash_tag, is_derived, key_plan, Command};
 use crate::queue::{arrival, Arrival, Ask, SemKey};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot, Store};
 use crate::server::acl;
@@ -424,18 +424,7 @@ fn with_keys(ctx: &Context, args: &[Arg], command: Command) -> Result<Option<Exp
     if ctx.get_flags().contains(ContextFlags::CLUSTER) {
         return Err(SemError::NeedsKeys);
     }
-    let keys: Vec<Vec<u8>> = plan
-        .names()
-        .iter()
-        .flat_map(|&pos| {
-            let name = args[pos].as_slice();
-            command
-                .derived_suffixes()
-                .iter()
-                .map(move |suffix| with_derived(name, suffix, <[u8]>::to_vec))
-        })
-        .collect();
-    let expanded = Expanded::new(args, plan.at(), &keys);
+    let expanded = Expanded::new(args, plan.at(), plan.names(), command.derived_suffixes());
     let (_, derived_flags) = key_flags(command);
     if !acl::may_use(ctx, expanded.added(), derived_flags)? {
         return Err(SemError::NoPermission);

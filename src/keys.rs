@@ -69,13 +69,23 @@ impl Command {
     /// Which command `name` calls (case-insensitive), if a SEM.* one. Cheap for the others:
     /// the filter asks this of every command the server runs.
     pub fn from_name(name: &[u8]) -> Option<Command> {
-        if !matches!(name.len(), 7 | 9 | 11 | 13 | 14 | 15)
-            || !name[..4].eq_ignore_ascii_case(b"sem.")
-        {
-            return None;
-        }
-        Command::ALL
-            .into_iter()
+        // By length first: at most three names share one.
+        let candidates: &[Command] = match name.len() {
+            7 => &[Command::Get],
+            9 => &[Command::Limit],
+            11 => &[Command::Acquire, Command::Release, Command::Refresh],
+            13 => &[Command::WaitEmpty],
+            14 => &[
+                Command::AcquireAll,
+                Command::ReleaseAll,
+                Command::RefreshAll,
+            ],
+            15 => &[Command::AcquireFair],
+            _ => return None,
+        };
+        candidates
+            .iter()
+            .copied()
             .find(|command| command.name().as_bytes().eq_ignore_ascii_case(name))
     }
 

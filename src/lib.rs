@@ -25,6 +25,7 @@ use std::alloc::System as Allocator;
 
 use keys::Command;
 use redis_module::{redis_module, Context, RedisString, Status};
+use server::hooks::{Hooks, InfoFields};
 
 /// Refuses a server that lacks what redsem needs, then creates the commands and declares their
 /// keys, the settings, the command filter (Redis Cluster only) and the server events.
@@ -48,6 +49,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     fencing::take_floor(server::clock_ms());
     waiting::reset();
     server::memory::reset();
+    server::hooks::install(hooks());
     let module_args: Vec<&[u8]> = args.iter().map(|arg| arg.as_slice()).collect();
     let registered = config::apply_module_args(&module_args)
         .and_then(|()| server::config::register(ctx.ctx))
@@ -76,6 +78,55 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     server::set_module_options(ctx);
     Status::Ok
+}
+
+/// What the server's callbacks (server/) hand on, and to whom.
+fn hooks() -> Hooks {
+    Hooks {
+        timer_fired: waiting::on_timer,
+        reply: waiting::reply_hook,
+        free: waiting::free_hook,
+        left: waiting::left,
+        // This node's data may be behind what clients were told: fair tickets go on from a
+        // floor taken from the clock (fencing.rs).
+        loading_ended: || {
+            fencing::take_floor(server::clock_ms());
+            waiting::recheck_all();
+        },
+        became_primary: || fencing::take_floor(server::clock_ms()),
+        became_replica: waiting::became_replica,
+        connection_closed: waiting::connection_closed,
+        flushed: waiting::flushed,
+        swapped: waiting::swapped,
+        follows_keys: waiting::queued_anywhere,
+        key_changed: waiting::touched,
+        key_evicted,
+        commands_processed: stats::note_commands_processed,
+        info: info_fields,
+    }
+}
+
+/// The server evicted `key` of database `db`: whether it was a semaphore's (a derived key by its
+/// name, or a name somebody waits on; a holder set nobody waits on is a sorted set like any
+/// other once it is gone), counted in `INFO sem`.
+fn key_evicted(db: i32, key: &[u8]) -> bool {
+    let ours = keys::DERIVED
+        .iter()
+        .any(|suffix| key.len() > suffix.len() && key.ends_with(suffix))
+        || waiting::waits_on(db, key);
+    if ours {
+        stats::count(&stats::COUNTERS.evicted_keys);
+    }
+    ours
+}
+
+/// `INFO sem`: the counters, the waiting side's gauges, the fencing floor, then the
+/// distributions.
+fn info_fields() -> InfoFields {
+    let mut fields = stats::counters();
+    fields.extend(waiting::gauges());
+    fields.push(("ticket_floor", fencing::floor()));
+    (fields, stats::distributions())
 }
 
 /// `MODULE UNLOAD`: refused while a connection holds BOUND permits, which would otherwise never

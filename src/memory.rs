@@ -15,6 +15,7 @@
 //! writes into evictions. The share keeps what waiting may ever take small and known.
 
 use crate::error::SemError;
+pub use crate::server::memory::Memory;
 
 /// What one more waiting client costs the server, in bytes (see the module comment).
 pub fn per_waiter_bytes(valkey: bool) -> u64 {
@@ -23,15 +24,6 @@ pub fn per_waiter_bytes(valkey: bool) -> u64 {
     } else {
         36_300
     }
-}
-
-/// The server's memory as the admission sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Memory {
-    /// `maxmemory`, 0 when unset.
-    pub maxmemory: u64,
-    /// The memory the server counts against `maxmemory` now (0 when unset).
-    pub used: u64,
 }
 
 /// The settings the admission follows.

@@ -89,11 +89,12 @@ impl<H> Waiter<H> {
     }
 
     /// Every semaphore whose line it stands in (or whose emptiness it waits for).
-    pub fn sems(&self) -> Vec<SemKey> {
-        match &self.wants {
-            Wants::Set(parts) => parts.iter().map(|(sem, _)| sem.clone()).collect(),
-            _ => vec![self.sem.clone()],
-        }
+    pub fn sems(&self) -> impl Iterator<Item = &SemKey> {
+        let (set, one) = match &self.wants {
+            Wants::Set(parts) => (Some(parts.iter().map(|(sem, _)| sem)), None),
+            _ => (None, Some(&self.sem)),
+        };
+        set.into_iter().flatten().chain(one)
     }
 }
 
@@ -318,12 +319,12 @@ impl<H> Registry<H> {
             } else {
                 &mut self.lines
             };
-            let line = waiting.get_mut(&sem).expect("a waiter is in its line");
+            let line = waiting.get_mut(sem).expect("a waiter is in its line");
             line.remove(&id);
             if line.is_empty() {
-                waiting.remove(&sem);
-                if !self.is_waited(&sem) {
-                    self.set_lease_end(&sem, None);
+                waiting.remove(sem);
+                if !self.is_waited(sem) {
+                    self.set_lease_end(sem, None);
                 }
             }
         }
@@ -339,7 +340,6 @@ impl<H> Registry<H> {
         self.waiters.get(&id).is_some_and(|waiter| {
             waiter
                 .sems()
-                .iter()
                 .all(|sem| self.lines.get(sem).and_then(|line| line.first()) == Some(&id))
         })
     }
@@ -714,7 +714,7 @@ mod tests {
             [true, false, false]
         );
         assert_eq!(
-            r.waiter(s1).map(Waiter::sems),
+            r.waiter(s1).map(|w| w.sems().cloned().collect::<Vec<_>>()),
             Some(vec![sem("y"), sem("x")])
         );
         r.set_lease_end(&sem("y"), Some(50));

@@ -2,17 +2,15 @@
 //! side when asked, and two latency distributions in the style of Redis's `INFO latencystats`:
 //! how long waiting acquires waited for their grant, and how long holders held their permits
 //! until they released them. A counter is one relaxed atomic add, a distribution one more, so
-//! counting costs nothing measurable; both distributions are fixed-size histograms.
+//! counting costs nothing measurable; both distributions are fixed-size histograms, and hold
+//! times are kept in a fixed table (sampled while more holders live than it has slots).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::queue::IdHasher;
-
-use crate::{fencing, waiting};
 
 macro_rules! counters {
     ($($name:ident: $doc:literal,)*) => {
@@ -85,12 +83,9 @@ pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// The fields of `INFO sem`: the counters, then the gauges, then the fencing floor.
-pub fn fields() -> Vec<(&'static str, u64)> {
-    let mut fields = each_counter();
-    fields.extend(waiting::gauges());
-    fields.push(("ticket_floor", fencing::floor()));
-    fields
+/// The counters, as `INFO sem` lists them first.
+pub fn counters() -> Vec<(&'static str, u64)> {
+    each_counter()
 }
 
 /// Exact below this many microseconds; above, [`SUB_BUCKETS`] buckets per power of two.
@@ -214,14 +209,39 @@ pub fn note_commands_processed(processed: u64) {
     }
 }
 
-/// Grants whose release is still to come, for [`HOLD_TIME`]: by a hash of the database, the
-/// name and the identifier (a collision only blurs one sample). Holders another client deletes
-/// are never released; the map is bounded by forgetting everything when it is full.
-static GRANTED: Mutex<Option<HashMap<u64, Instant, BuildHasherDefault<IdHasher>>>> =
-    Mutex::new(None);
-const MAX_TRACKED: usize = 100_000;
+/// Grants whose release is still to come, for [`HOLD_TIME`]: a table with one slot per hash of
+/// the database, the name and the identifier, holding the grant's time. A grant takes its slot
+/// whoever had it, so while more holders live than the table has slots some releases go
+/// unrecorded: the distribution is then a sample of the releases (a collision of the full hash
+/// would only blur one). No lock and no allocation: commands run on one thread, one at a time.
+const SLOTS: usize = 4096;
 
-fn grant_key(db: i32, name: &[u8], holder: &[u8]) -> u64 {
+struct Slot {
+    key: AtomicU64,
+    /// Microseconds since [`anchor`], plus one; 0 when the slot is free.
+    since: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // only to fill the table below
+const FREE: Slot = Slot {
+    key: AtomicU64::new(0),
+    since: AtomicU64::new(0),
+};
+
+static GRANTED: [Slot; SLOTS] = [FREE; SLOTS];
+
+/// The instant the grant times count from.
+fn anchor() -> Instant {
+    static ANCHOR: OnceLock<Instant> = OnceLock::new();
+    *ANCHOR.get_or_init(Instant::now)
+}
+
+fn now_us() -> u64 {
+    u64::try_from(anchor().elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1
+}
+
+/// The key of `holder`'s grant in `name` of database `db`.
+pub fn grant_key(db: i32, name: &[u8], holder: &[u8]) -> u64 {
     let mut hasher = IdHasher::default();
     hasher.write_u64(db as u64);
     hasher.write(name);
@@ -230,35 +250,40 @@ fn grant_key(db: i32, name: &[u8], holder: &[u8]) -> u64 {
     hasher.finish()
 }
 
-fn granted_map<T>(
-    f: impl FnOnce(&mut HashMap<u64, Instant, BuildHasherDefault<IdHasher>>) -> T,
-) -> T {
-    let mut guard = GRANTED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    f(guard.get_or_insert_with(HashMap::default))
+fn slot(key: u64) -> &'static Slot {
+    // The multiplicative hash mixes best into the high bits.
+    &GRANTED[(key >> (64 - SLOTS.trailing_zeros())) as usize]
 }
 
-/// A new permit of `holder` was granted now.
-pub fn granted(db: i32, name: &[u8], holder: &[u8]) {
-    let key = grant_key(db, name, holder);
-    granted_map(|map| {
-        if map.len() >= MAX_TRACKED {
-            map.clear();
-        }
-        map.insert(key, Instant::now());
-    });
+/// A new permit of the holder of `key` was granted now.
+pub fn granted(key: u64) {
+    let slot = slot(key);
+    slot.key.store(key, Ordering::Relaxed);
+    slot.since.store(now_us(), Ordering::Relaxed);
 }
 
-/// `holder` left the semaphore (released, expired, lost): when it was granted, if known.
-pub fn ended(db: i32, name: &[u8], holder: &[u8]) -> Option<Instant> {
-    let key = grant_key(db, name, holder);
-    granted_map(|map| map.remove(&key))
+/// The holder of `key` left the semaphore (released, expired, lost): when it was granted (an
+/// opaque time for [`record_hold`]), if known.
+pub fn ended(key: u64) -> Option<u64> {
+    let slot = slot(key);
+    let since = slot.since.load(Ordering::Relaxed);
+    if since == 0 || slot.key.load(Ordering::Relaxed) != key {
+        return None;
+    }
+    slot.since.store(0, Ordering::Relaxed);
+    Some(since)
+}
+
+/// A holder granted at `since` (from [`ended`]) released its permits now.
+pub fn record_hold(since: u64) {
+    HOLD_TIME.record(Duration::from_micros(now_us().saturating_sub(since)));
 }
 
 /// The data went (a flush, a swap, this node becoming a replica): its grants are forgotten.
 pub fn forget_grants() {
-    granted_map(HashMap::clear);
+    for slot in &GRANTED {
+        slot.since.store(0, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@
 use std::cell::OnceCell;
 use std::ffi::CStr;
 use std::io::Write;
-use std::time::Instant;
 
 use redis_module::{raw, Context, RedisString};
 
@@ -27,6 +26,9 @@ pub struct SemKeys<'a> {
     pub limit: &'a RedisString,
 }
 
+/// Removed holders whose grant time a store keeps (see `RedisStore::ended`).
+const ENDED: usize = 4;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DeadlineChange {
     None,
@@ -46,18 +48,64 @@ impl DeadlineChange {
     }
 }
 
+/// A key of the semaphore that most have not (the owner set, the weights): opened with the
+/// others only when it exists (a missing key has no type to check), else when first written.
+/// A look-up costs less than opening and closing a key per call.
+struct LazyKey<'a> {
+    ctx: &'a Context,
+    name: &'a RedisString,
+    access: Access,
+    expected: KeyType,
+    key: OnceCell<Key<'a>>,
+}
+
+impl<'a> LazyKey<'a> {
+    fn open(
+        ctx: &'a Context,
+        name: &'a RedisString,
+        access: Access,
+        expected: KeyType,
+    ) -> Result<Self, SemError> {
+        let lazy = LazyKey {
+            ctx,
+            name,
+            access,
+            expected,
+            key: OnceCell::new(),
+        };
+        if key_exists(ctx, name) {
+            let _ = lazy.key.set(Key::open(ctx, name, access, expected)?);
+        }
+        Ok(lazy)
+    }
+
+    /// The key, when it existed as the store opened (or was written since).
+    fn get(&self) -> Option<&Key<'a>> {
+        self.key.get()
+    }
+
+    /// The key, to write it.
+    fn write(&self) -> &Key<'a> {
+        self.key.get_or_init(|| {
+            // Missing when the store opened it, and only this store writes during the call:
+            // no type to refuse.
+            Key::open(self.ctx, self.name, self.access, self.expected).expect("a missing key opens")
+        })
+    }
+}
+
 /// One semaphore's keys, opened for a call. The counter is opened when first used: only a fair
 /// grant, or SEM.GET JSON, needs it.
 pub struct RedisStore<'a> {
     ctx: &'a Context,
     access: Access,
     holders: Key<'a>,
-    owners: Key<'a>,
+    owners: LazyKey<'a>,
     counter_name: &'a RedisString,
     counter: OnceCell<Key<'a>>,
     limit_name: &'a RedisString,
     limit: OnceCell<Key<'a>>,
-    permits: Key<'a>,
+    permits: LazyKey<'a>,
     /// How this call moved the deadlines in `<name>`, so the keys' expiry can be settled.
     deadlines: DeadlineChange,
     /// Identifiers this call removed from `<name>`, when asked to keep them.
@@ -65,17 +113,22 @@ pub struct RedisStore<'a> {
     /// Whether `<name>` was missing when opened: every holder it had is gone (its key expired,
     /// or another client deleted it).
     opened_empty: bool,
-    /// When each holder this call removed was granted (if known), for the hold-time
-    /// distribution: a release records its own; the others (expired, lost) are dropped.
-    ended: Vec<(Vec<u8>, Instant)>,
+    /// Whether `<name>` was missing when opened or went with its last holder in this call: then
+    /// it holds only the deadlines added since, and the expiry needs no look-up.
+    created: bool,
+    /// When the last holders this call removed were granted (if known), by grant key, for the
+    /// hold-time distribution: a release records its own; the others (expired, lost) are
+    /// dropped. A release removes its holder alone, so a few places are enough.
+    ended: [(u64, u64); ENDED],
+    ended_len: usize,
 }
 
 impl<'a> RedisStore<'a> {
     /// Opens the keys. A key of the wrong type is an error before anything changes.
     pub fn open(ctx: &'a Context, keys: &SemKeys<'a>, access: Access) -> Result<Self, SemError> {
         let holders = Key::open(ctx, keys.name, access, KeyType::SortedSet)?;
-        let owners = Key::open(ctx, keys.owner, access, KeyType::SortedSet)?;
-        let permits = Key::open(ctx, keys.permits, access, KeyType::Hash)?;
+        let owners = LazyKey::open(ctx, keys.owner, access, KeyType::SortedSet)?;
+        let permits = LazyKey::open(ctx, keys.permits, access, KeyType::Hash)?;
         let opened_empty = holders.is_empty();
         Ok(RedisStore {
             ctx,
@@ -90,16 +143,29 @@ impl<'a> RedisStore<'a> {
             deadlines: DeadlineChange::None,
             removed: None,
             opened_empty,
-            ended: Vec::new(),
+            created: opened_empty,
+            ended: [(0, 0); ENDED],
+            ended_len: 0,
         })
     }
 
     /// `holder` gave its permits back in this call: its hold time is recorded.
     pub fn released(&mut self, holder: &[u8]) {
-        if let Some(at) = self.ended.iter().position(|(id, _)| id == holder) {
-            let (_, since) = self.ended.swap_remove(at);
-            stats::HOLD_TIME.record(since.elapsed());
+        let key = self.grant_key(holder);
+        let ended = &mut self.ended[..self.ended_len];
+        if let Some(at) = ended.iter().position(|&(k, _)| k == key) {
+            stats::record_hold(ended[at].1);
+            ended[at] = ended[self.ended_len - 1];
+            self.ended_len -= 1;
         }
+    }
+
+    fn grant_key(&self, holder: &[u8]) -> u64 {
+        stats::grant_key(
+            selected_db(self.ctx),
+            self.holders.name().as_slice(),
+            holder,
+        )
     }
 
     /// Whether `<name>` was missing when the store opened it, asked once: later calls answer
@@ -119,8 +185,8 @@ impl<'a> RedisStore<'a> {
     pub fn may_have_freed(&self) -> bool {
         self.opened_empty
             || self.holders.has_changed()
-            || self.owners.has_changed()
-            || self.permits.has_changed()
+            || self.owners.get().is_some_and(Key::has_changed)
+            || self.permits.get().is_some_and(Key::has_changed)
             || self.counter.get().is_some_and(Key::has_changed)
             || self.limit.get().is_some_and(Key::has_changed)
     }
@@ -176,7 +242,7 @@ impl<'a> RedisStore<'a> {
         field: &RedisString,
         parse: fn(&[u8]) -> Result<u64, SemError>,
     ) -> Result<Option<u64>, SemError> {
-        match self.permits.hget(field) {
+        match self.permits.get().and_then(|key| key.hget(field)) {
             None => Ok(None),
             Some(value) => parse(value.as_slice()).map(Some),
         }
@@ -190,8 +256,7 @@ impl<'a> RedisStore<'a> {
             return;
         }
         stats::count(&COUNTERS.acquired);
-        let name = self.holders.name().as_slice();
-        stats::granted(selected_db(self.ctx), name, holder);
+        stats::granted(self.grant_key(holder));
         self.notify(c"sem.acquire");
     }
 
@@ -217,14 +282,20 @@ impl<'a> RedisStore<'a> {
             DeadlineChange::Raised(added) if current != raw::REDISMODULE_NO_EXPIRE as i64 => {
                 current.max(added)
             }
+            // A set this call created has no other deadline to look up.
+            DeadlineChange::Raised(added) if self.created => added,
             _ => match self.holders.highest_score() {
                 Some(score) => deadline_ms(score),
                 None => return,
             },
         };
         self.holders.expire_at(latest, current);
-        self.owners.expire_at(latest, self.owners.expire_time());
-        self.permits.expire_at(latest, self.permits.expire_time());
+        for key in [self.owners.get(), self.permits.get()]
+            .into_iter()
+            .flatten()
+        {
+            key.expire_at(latest, key.expire_time());
+        }
     }
 }
 
@@ -248,7 +319,7 @@ impl Store for RedisStore<'_> {
     }
 
     fn owner_count(&self) -> u64 {
-        self.owners.len()
+        self.owners.get().map_or(0, Key::len)
     }
 
     fn deadline(&self, id: &RedisString) -> Option<i64> {
@@ -256,7 +327,7 @@ impl Store for RedisStore<'_> {
     }
 
     fn owner_score(&self, id: &RedisString) -> Option<f64> {
-        self.owners.score(id)
+        self.owners.get()?.score(id)
     }
 
     fn expired(&self, now_ms: i64) -> Vec<RedisString> {
@@ -285,18 +356,18 @@ impl Store for RedisStore<'_> {
     }
 
     fn has_weights(&self) -> bool {
-        !self.permits.is_empty()
+        self.permits.get().is_some_and(|key| !key.is_empty())
     }
 
     fn weight(&self, id: &RedisString) -> Result<u64, SemError> {
-        if self.permits.is_empty() {
+        if !self.has_weights() {
             return Ok(1);
         }
         Ok(self.permits_field(id, parse_weight)?.unwrap_or(1))
     }
 
     fn extra(&self) -> Result<u64, SemError> {
-        if self.permits.is_empty() {
+        if !self.has_weights() {
             return Ok(0);
         }
         let total = RedisString::create_from_slice(self.ctx.ctx, b"");
@@ -314,10 +385,12 @@ impl Store for RedisStore<'_> {
 
     fn owners_by_score(&self) -> Vec<(RedisString, f64)> {
         let mut owners = Vec::new();
-        self.owners
-            .scan(f64::NEG_INFINITY, f64::INFINITY, false, |member, score| {
-                owners.push((member, score))
-            });
+        let Some(key) = self.owners.get() else {
+            return owners;
+        };
+        key.scan(f64::NEG_INFINITY, f64::INFINITY, false, |member, score| {
+            owners.push((member, score))
+        });
         owners
     }
 
@@ -341,7 +414,7 @@ impl Store for RedisStore<'_> {
     }
 
     fn put_owner(&mut self, id: &RedisString, ticket: u64) {
-        self.owners.zadd(ticket as i64, id, None);
+        self.owners.write().zadd(ticket as i64, id, None);
     }
 
     fn set_counter(&mut self, ticket: u64) {
@@ -364,28 +437,43 @@ impl Store for RedisStore<'_> {
             kept.extend(ids.iter().map(|id| id.safe_clone(self.ctx)));
         }
         let removed = self.holders.zrem(ids);
-        self.owners.zrem(ids);
+        if let Some(owners) = self.owners.get() {
+            owners.zrem(ids);
+        }
         if removed > 0 {
-            let db = selected_db(self.ctx);
-            let name = self.holders.name().as_slice();
-            for id in ids {
-                if let Some(since) = stats::ended(db, name, id.as_slice()) {
-                    self.ended.push((id.as_slice().to_vec(), since));
-                }
+            if self.holders.is_empty() {
+                // The set went with its last holder, and its expiry with it: what is added from
+                // here is all a new set will hold.
+                self.created = true;
+                self.deadlines = DeadlineChange::None;
+            } else {
+                self.deadlines = DeadlineChange::Unknown;
             }
         }
         if removed > 0 {
-            self.deadlines = DeadlineChange::Unknown;
+            for id in ids {
+                let key = self.grant_key(id.as_slice());
+                if let Some(since) = stats::ended(key) {
+                    // The latest removals matter: a release removes its holder last.
+                    let at = self.ended_len.min(ENDED - 1);
+                    self.ended[at] = (key, since);
+                    self.ended_len = at + 1;
+                }
+            }
         }
         removed
     }
 
     fn remove_owners(&mut self, ids: &[RedisString]) {
-        self.owners.zrem(ids);
+        if let Some(owners) = self.owners.get() {
+            owners.zrem(ids);
+        }
     }
 
     fn clear_owners(&mut self) {
-        self.owners.delete();
+        if let Some(owners) = self.owners.get() {
+            owners.delete();
+        }
     }
 
     fn put_weights(
@@ -416,11 +504,13 @@ impl Store for RedisStore<'_> {
         }
         // A new key gets its expiry with the holders': weights are only written by calls that
         // also add or remove a holder, or change a live holder's permits.
-        self.permits.hwrite(&sets, &deletes);
+        self.permits.write().hwrite(&sets, &deletes);
     }
 
     fn clear_weights(&mut self) {
-        self.permits.delete();
+        if let Some(permits) = self.permits.get() {
+            permits.delete();
+        }
     }
 
     fn expired_removed(&mut self, count: usize) {

@@ -9,6 +9,7 @@
 //! the command filter) is deferred to the timer, which fires right after the current command.
 
 use std::collections::BTreeSet;
+use std::os::raw::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use crate::queue::{Ask, Binding, Due, IdMap, Registry, SemKey, WaiterId, Wants};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
 use crate::server::events;
+pub use crate::server::hooks::Left;
 use crate::server::key::Access;
 use crate::server::memory as server_memory;
 use crate::server::{
@@ -500,9 +502,10 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     }
     let now_ms = clock_ms();
     answer_if_empty(store, sem, now_ms);
-    let next = store.next_deadline(now_ms);
+    // The next lease end matters only to a line still waited (a walk of the holders).
+    let next = is_waited(sem).then(|| store.next_deadline(now_ms));
     let due = with(|s| {
-        if s.registry.is_waited(sem) {
+        if let Some(next) = next.filter(|_| s.registry.is_waited(sem)) {
             s.registry.set_lease_end(sem, next);
         }
         s.registry.next_due_ms()
@@ -577,7 +580,7 @@ fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
         Outcome::Failed(_) if for_empty => &COUNTERS.empty_waits_cancelled,
         Outcome::Failed(_) => &COUNTERS.waits_cancelled,
     });
-    block::unblock(handle, Box::new(outcome));
+    block::unblock(handle, Box::into_raw(Box::new(outcome)).cast());
 }
 
 /// Stops the timer once nobody waits and nothing is left to do: an armed timer keeps
@@ -589,7 +592,7 @@ fn disarm_if_idle() {
 }
 
 /// The reply of an unblocked waiter.
-pub fn reply(outcome: &mut Outcome) -> RedisResult {
+fn reply(outcome: &mut Outcome) -> RedisResult {
     match outcome {
         Outcome::Granted {
             binding,
@@ -632,9 +635,23 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
     }
 }
 
+/// The reply hook: `data` is the `Outcome` that [`end_wait`] handed to the unblocked client.
+pub fn reply_hook(data: *mut c_void) -> RedisResult {
+    // SAFETY: `end_wait` hands over a boxed `Outcome`, which Redis keeps until the free hook
+    // and nothing else touches while the reply is made.
+    reply(unsafe { &mut *data.cast::<Outcome>() })
+}
+
+/// The free hook: `data` is the `Outcome` that [`end_wait`] handed over, now done with.
+pub fn free_hook(data: *mut c_void, disconnected: bool) {
+    // SAFETY: as for `reply_hook`; Redis calls the free hook once, last.
+    let outcome = unsafe { Box::from_raw(data.cast::<Outcome>()) };
+    free(*outcome, disconnected);
+}
+
 /// The end of an unblocked waiter. A new permit granted to a client that disconnected before
 /// its reply went out is given back.
-pub fn free(outcome: Outcome, _disconnected: bool) {
+fn free(outcome: Outcome, _disconnected: bool) {
     match outcome {
         Outcome::Granted {
             binding,
@@ -673,18 +690,9 @@ pub fn left(handle: usize) -> Left {
     // Whoever stood behind it may fit now.
     stats::count(&COUNTERS.waits_cancelled);
     for sem in waiter.sems() {
-        defer(Work::Serve(sem));
+        defer(Work::Serve(sem.clone()));
     }
     Left::ForPermits
-}
-
-/// What a waiter that left on its own was doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Left {
-    /// Already answered by the module (or not one of its waiters).
-    NotWaiting,
-    ForPermits,
-    ForEmpty,
 }
 
 /// `holder` of `sem` was granted again (renewed, or a new permit) by a command or a waiter's
@@ -864,7 +872,7 @@ pub fn on_timer(ctx: &Context) {
 fn time_up(id: WaiterId) -> Vec<SemKey> {
     let Some((sems, for_empty)) = with(|s| {
         let waiter = s.registry.waiter(id)?;
-        Some((waiter.sems(), waiter.for_empty()))
+        Some((waiter.sems().cloned().collect(), waiter.for_empty()))
     }) else {
         return Vec::new();
     };
@@ -1104,8 +1112,8 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: &Slice) {
         });
         for waiter in waiters {
             // A set waiter leaves its other lines too: whoever is behind it there may fit.
-            for other in waiter.sems().into_iter().filter(|other| other != sem) {
-                defer(Work::Serve(other));
+            for other in waiter.sems().filter(|&other| other != sem) {
+                defer(Work::Serve(other.clone()));
             }
             let for_empty = waiter.for_empty();
             end_wait(waiter.handle, Outcome::Failed(err.clone()), for_empty);

@@ -7,7 +7,7 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
 use crate::contenders::Contender;
-use crate::report::group_thousands;
+use crate::fmt::group_thousands;
 use crate::scenarios::UNCONTENDED_LIMIT;
 use crate::stats::Summary;
 use crate::BoxError;

@@ -10,6 +10,7 @@ use clap::{value_parser, Parser};
 use crate::contenders::Contender;
 use crate::handoff::HandoffContender;
 use crate::host::{self, HostPlan, HostState};
+use crate::instr::{self, InstrPlan, ModuleConfig};
 use crate::scale::ScaleSizes;
 use crate::scenarios::UNCONTENDED_LIMIT;
 
@@ -36,8 +37,10 @@ pub struct Args {
     /// every scenario), handoff (limit 1, clients passing one permit), scale
     /// (thousands of waiting clients, a storm of lease ends; needs a server
     /// with --maxclients 20000), host (what the module costs other commands,
-    /// in instructions under callgrind; needs --host-server and --module)
-    /// [default: all; host only when --host-server is given].
+    /// in instructions under callgrind; needs --host-server and --module),
+    /// instr (instructions per call of each command, under callgrind; needs
+    /// --instr-server and --module) [default: all; host only when
+    /// --host-server is given, instr only when --instr-server is].
     #[arg(long, value_delimiter = ',')]
     sets: Option<Vec<Set>>,
 
@@ -103,6 +106,35 @@ pub struct Args {
     #[arg(long)]
     host_cpu: Option<usize>,
 
+    /// The redis-server binary the instr set starts under callgrind with the
+    /// module (Debian's Redis 7.0 in scripts/bench).
+    #[arg(long)]
+    instr_server: Option<PathBuf>,
+
+    /// Module configurations the instr set loads, comma-separated: no-filter
+    /// (`command-filter 0`), filter (no module arguments) [default: both;
+    /// with --smoke: no-filter].
+    #[arg(long, value_delimiter = ',')]
+    instr_configs: Option<Vec<ModuleConfig>>,
+
+    /// Contenders of the instr set, comma-separated [default: all; with
+    /// --smoke: floor, plain, handoff-plain, blpop].
+    #[arg(long, value_delimiter = ',')]
+    instr_contenders: Option<Vec<instr::Contender>>,
+
+    /// Measured pairs (or calls) per instr contender.
+    #[arg(long, default_value_t = instr::FULL_PAIRS, value_parser = value_parser!(u64).range(1..=1_000_000))]
+    instr_pairs: u64,
+
+    /// Measured hand-offs per instr hand-off contender.
+    #[arg(long, default_value_t = instr::FULL_HANDOFFS, value_parser = value_parser!(u64).range(1..=100_000))]
+    instr_handoffs: u64,
+
+    /// Milliseconds the instr set's holder leaves the server to block the
+    /// waiter before it gives back.
+    #[arg(long, default_value_t = instr::SETTLE_MS, value_parser = value_parser!(u64).range(1..=10_000))]
+    instr_settle_ms: u64,
+
     /// Directory for results.md, results.tsv, handoff.tsv and the chart.
     #[arg(long, default_value = "target/bench")]
     out_dir: PathBuf,
@@ -137,10 +169,12 @@ pub enum Set {
     Scale,
     /// What the module costs the server's other commands, in instructions.
     Host,
+    /// What each command costs, in instructions per call.
+    Instr,
 }
 
 impl Set {
-    pub const ALL: [Set; 4] = [Set::Pairs, Set::Handoff, Set::Scale, Set::Host];
+    pub const ALL: [Set; 5] = [Set::Pairs, Set::Handoff, Set::Scale, Set::Host, Set::Instr];
 
     fn slug(self) -> &'static str {
         match self {
@@ -148,6 +182,7 @@ impl Set {
             Set::Handoff => "handoff",
             Set::Scale => "scale",
             Set::Host => "host",
+            Set::Instr => "instr",
         }
     }
 }
@@ -165,7 +200,9 @@ impl FromStr for Set {
         Set::ALL
             .into_iter()
             .find(|set| set.slug() == s)
-            .ok_or_else(|| format!("unknown set {s:?}; expected pairs, handoff, scale or host"))
+            .ok_or_else(|| {
+                format!("unknown set {s:?}; expected pairs, handoff, scale, host or instr")
+            })
     }
 }
 
@@ -187,6 +224,8 @@ pub struct Settings {
     pub scale: Option<ScaleSizes>,
     /// `None` when the host set is not run.
     pub host: Option<HostPlan>,
+    /// `None` when the instr set is not run.
+    pub instr: Option<InstrPlan>,
     pub out_dir: PathBuf,
     pub font: PathBuf,
     pub invoked_as: String,
@@ -233,6 +272,7 @@ impl Settings {
         // The host set needs servers to start; by default it runs when
         // scripts/bench names them, and asked for by name it insists.
         let host_asked = args.sets.as_ref().is_some_and(|s| s.contains(&Set::Host));
+        let instr_asked = args.sets.as_ref().is_some_and(|s| s.contains(&Set::Instr));
         let sets = args.sets.unwrap_or_else(|| Set::ALL.to_vec());
         let host = if !sets.contains(&Set::Host) || (args.host_server.is_empty() && !host_asked) {
             None
@@ -268,6 +308,53 @@ impl Settings {
                 cpu: args.host_cpu,
             })
         };
+        let instr = match (&args.instr_server, &args.module) {
+            _ if !sets.contains(&Set::Instr) => None,
+            (None, _) if !instr_asked => None,
+            (Some(server), Some(module)) => {
+                let mut configs = args.instr_configs.clone().unwrap_or_else(|| {
+                    if args.smoke {
+                        vec![ModuleConfig::NoFilter]
+                    } else {
+                        ModuleConfig::ALL.to_vec()
+                    }
+                });
+                configs.sort();
+                configs.dedup();
+                let mut contenders = args.instr_contenders.clone().unwrap_or_else(|| {
+                    if args.smoke {
+                        instr::Contender::SMOKE.to_vec()
+                    } else {
+                        instr::Contender::ALL.to_vec()
+                    }
+                });
+                contenders.sort();
+                contenders.dedup();
+                let (pairs, handoffs) = if args.smoke {
+                    (instr::SMOKE_PAIRS, instr::SMOKE_HANDOFFS)
+                } else {
+                    (args.instr_pairs, args.instr_handoffs)
+                };
+                Some(InstrPlan {
+                    server: server.clone(),
+                    module: module.clone(),
+                    configs,
+                    contenders,
+                    pairs,
+                    handoffs,
+                    settle: Duration::from_millis(args.instr_settle_ms),
+                    cpu: args.host_cpu,
+                    dir: out_dir.join("instr"),
+                })
+            }
+            _ => {
+                return Err(
+                    "--sets instr: needs --instr-server (a redis-server binary) and \
+                            --module (libredsem.so); scripts/bench passes both"
+                        .into(),
+                )
+            }
+        };
         if !sets.contains(&Set::Pairs) {
             contenders.clear();
         }
@@ -289,6 +376,7 @@ impl Settings {
             && handoff_contenders.is_empty()
             && scale.is_none()
             && host.is_none()
+            && instr.is_none()
         {
             return Err("nothing to run: no contender in any set".into());
         }
@@ -304,6 +392,7 @@ impl Settings {
             handoff_contenders,
             scale,
             host,
+            instr,
             out_dir,
             font: args.font,
             invoked_as,

@@ -19,8 +19,9 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
 use crate::contenders::Keys;
+use crate::sample::percentile;
 use crate::scenarios::{server_cpu_us, Server, DRAIN_GRACE};
-use crate::stats::{percentile, Spread};
+use crate::stats::Spread;
 use crate::BoxError;
 
 /// Lease of every hand-off holder: a holder keeps its permit for one round

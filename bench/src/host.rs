@@ -27,12 +27,13 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 
+use crate::callgrind::{server_version, Callgrind};
 use crate::contenders::Keys;
 use crate::resp::RawConn;
 use crate::scale;
@@ -58,9 +59,8 @@ const SHORT_WAIT: &str = "0.05";
 /// The list the `BLPOP` client waits on.
 const LIST: &str = "redsem-bench:host:list";
 const PROBE: &str = "redsem-bench:host:probe";
-/// A server under valgrind starts in seconds; a slow machine gets more.
+/// How long the module may take to reach a state.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-const DUMP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The module's state during one load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,7 +259,7 @@ async fn measure_server(
     for sets in holder_sets {
         let have = baselines.last().map_or(0, |(have, _)| *have);
         write_holder_sets(&mut control, have, sets).await?;
-        let count = plain.count(plan.requests).await?;
+        let count = count(&mut plain, plan.requests).await?;
         eprintln!(
             "[host] {version} ({tag}), no module, {sets} holder set(s): {:.0} \
              instructions/request",
@@ -270,7 +270,16 @@ async fn measure_server(
     drop(blpop);
     drop(plain);
 
-    let mut server = Callgrind::start(path, Some(&plan.module), &work.join("module"), plan.cpu)?;
+    // HOST_MODULE_ARGS: arguments after the module's path, such as `command-filter 0`.
+    let module_args: Vec<String> = std::env::var("HOST_MODULE_ARGS")
+        .map(|args| args.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
+    let mut server = Callgrind::start(
+        path,
+        Some((&plan.module, &module_args)),
+        &work.join("module"),
+        plan.cpu,
+    )?;
     let mut control = server.connect().await?;
     let mut blpop = Some(block_on_list(&mut control, server.port).await?);
     let mut waiters = Vec::new();
@@ -288,7 +297,7 @@ async fn measure_server(
                 add_waiters(&mut control, server.port, &mut waiters, state.waiters()).await?;
             }
         }
-        let count = server.count(plan.requests).await?;
+        let count = count(&mut server, plan.requests).await?;
         let without = &baselines
             .iter()
             .find(|(sets, _)| *sets == state.holder_sets())
@@ -316,237 +325,37 @@ async fn measure_server(
     })
 }
 
-/// A server binary running under callgrind on a free loopback port; killed
-/// (with valgrind) when dropped.
-struct Callgrind {
-    child: Child,
-    port: u16,
-    out_file: PathBuf,
-    dumps: u32,
-    dir: PathBuf,
-}
-
-impl Callgrind {
-    fn start(
-        server: &Path,
-        module: Option<&Path>,
-        dir: &Path,
-        cpu: Option<usize>,
-    ) -> Result<Self, BoxError> {
-        std::fs::create_dir_all(dir)?;
-        let port = free_port()?;
-        let out_file = dir.join("callgrind.out");
-        // taskset execs valgrind, which runs the server in the same process:
-        // the child's pid is the server's, as callgrind_control wants it.
-        let mut command = match cpu {
-            Some(cpu) => {
-                let mut c = Command::new("taskset");
-                c.arg("-c").arg(cpu.to_string()).arg("valgrind");
-                c
-            }
-            None => Command::new("valgrind"),
-        };
-        command
-            .arg("--tool=callgrind")
-            .arg("--dump-instr=no")
-            .arg(format!("--callgrind-out-file={}", out_file.display()))
-            .arg(format!("--log-file={}", dir.join("valgrind.log").display()))
-            .arg(server)
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir)
-            .arg("--logfile")
-            .arg(dir.join("server.log"));
-        if let Some(module) = module {
-            command.arg("--loadmodule").arg(module);
-            // HOST_MODULE_ARGS: arguments after the module's path, such as `command-filter 0`.
-            if let Ok(args) = std::env::var("HOST_MODULE_ARGS") {
-                command.args(args.split_whitespace());
-            }
-        }
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot run valgrind (is it installed?): {e}"))?;
-        Ok(Callgrind {
-            child,
-            port,
-            out_file,
-            dumps: 0,
-            dir: dir.to_path_buf(),
-        })
-    }
-
-    /// Waits until the server answers, and returns a connection to it.
-    async fn connect(&mut self) -> Result<MultiplexedConnection, BoxError> {
-        let started = Instant::now();
-        let client = redis::Client::open(("127.0.0.1", self.port))?;
-        loop {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                if redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .is_ok()
-                {
-                    return Ok(conn);
-                }
-            }
-            if let Some(status) = self.child.try_wait()? {
-                return Err(format!(
-                    "the server exited ({status}) before it answered; see the tail of its log:\n{}",
-                    self.log_tail()
-                )
-                .into());
-            }
-            if started.elapsed() > START_TIMEOUT {
-                return Err(format!("the server did not answer within {START_TIMEOUT:?}").into());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let mut tail = String::new();
-        for name in ["server.log", "valgrind.log"] {
-            let text = std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            for line in &lines[lines.len().saturating_sub(10)..] {
-                tail.push_str(line);
-                tail.push('\n');
-            }
-        }
-        tail
-    }
-
-    /// Runs the load between `callgrind_control -z` and `-d`, and reads the
-    /// instructions of that span from the dump.
-    async fn count(&mut self, requests: u64) -> Result<Count, BoxError> {
-        self.control("-z")?;
-        let mut benchmark = Command::new("redis-benchmark");
-        benchmark
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-t", TESTS, "-n", &requests.to_string()])
-            .args(["-c", &CLIENTS.to_string(), "-q"])
-            .stdin(Stdio::null());
-        let started = Instant::now();
-        let output = tokio::task::spawn_blocking(move || benchmark.output())
-            .await?
-            .map_err(|e| format!("cannot run redis-benchmark (is redis-tools installed?): {e}"))?;
-        let load = started.elapsed();
-        let text = String::from_utf8_lossy(&output.stdout);
-        let finished = text.matches("requests per second").count() as u64;
-        if !output.status.success() || finished != TEST_COUNT {
-            return Err(format!(
-                "redis-benchmark failed ({}, {finished} of {TEST_COUNT} tests finished): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            )
-            .into());
-        }
-        self.control("-d")?;
-        self.dumps += 1;
-        let dump = PathBuf::from(format!("{}.{}", self.out_file.display(), self.dumps));
-        Ok(Count {
-            instructions: read_totals(&dump).await?,
-            cron_instructions: cron_instructions(&dump)?,
-            requests: requests * TEST_COUNT,
-            load,
-        })
-    }
-
-    fn control(&self, flag: &str) -> Result<(), BoxError> {
-        let output = Command::new("callgrind_control")
-            .arg(flag)
-            .arg(self.child.id().to_string())
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run callgrind_control: {e}"))?;
-        if !output.status.success() {
-            return Err(format!(
-                "callgrind_control {flag} failed: {}{}",
-                String::from_utf8_lossy(&output.stdout).trim(),
-                String::from_utf8_lossy(&output.stderr).trim()
-            )
-            .into());
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Callgrind {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits for callgrind to finish writing a dump and returns its total.
-async fn read_totals(dump: &Path) -> Result<u64, BoxError> {
+/// Runs the load between zeroing and dumping the counts, and reads the instructions of that
+/// span.
+async fn count(server: &mut Callgrind, requests: u64) -> Result<Count, BoxError> {
+    server.zero()?;
+    let mut benchmark = Command::new("redis-benchmark");
+    benchmark
+        .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args(["-t", TESTS, "-n", &requests.to_string()])
+        .args(["-c", &CLIENTS.to_string(), "-q"])
+        .stdin(Stdio::null());
     let started = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(dump).unwrap_or_default();
-        if let Some(total) = text.lines().find_map(|l| l.strip_prefix("totals:")) {
-            return Ok(total.trim().parse()?);
-        }
-        if started.elapsed() > DUMP_TIMEOUT {
-            return Err(format!("no totals in {} after {DUMP_TIMEOUT:?}", dump.display()).into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The instructions inside `serverCron` and what it calls, from the dump's
-/// inclusive costs (`callgrind_annotate`, which ships with valgrind); `None`
-/// when the binary does not name the function.
-fn cron_instructions(dump: &Path) -> Result<Option<u64>, BoxError> {
-    let output = Command::new("callgrind_annotate")
-        .args(["--inclusive=yes", "--threshold=100"])
-        .arg(dump)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run callgrind_annotate: {e}"))?;
-    if !output.status.success() {
+    let output = tokio::task::spawn_blocking(move || benchmark.output())
+        .await?
+        .map_err(|e| format!("cannot run redis-benchmark (is redis-tools installed?): {e}"))?;
+    let load = started.elapsed();
+    let text = String::from_utf8_lossy(&output.stdout);
+    let finished = text.matches("requests per second").count() as u64;
+    if !output.status.success() || finished != TEST_COUNT {
         return Err(format!(
-            "callgrind_annotate failed: {}",
+            "redis-benchmark failed ({}, {finished} of {TEST_COUNT} tests finished): {}",
+            output.status,
             String::from_utf8_lossy(&output.stderr).trim()
         )
         .into());
     }
-    // "13,022,695 ( 1.97%)  ???:serverCron [/usr/bin/redis-server]"
-    let text = String::from_utf8_lossy(&output.stdout);
-    Ok(text.lines().find_map(|line| {
-        let (cost, rest) = line.trim_start().split_once(' ')?;
-        rest.split_whitespace()
-            .any(|word| word.rsplit(':').next() == Some("serverCron"))
-            .then(|| cost.replace(',', "").parse().ok())
-            .flatten()
-    }))
-}
-
-/// A port nobody listens on now; the server binds it a moment later.
-fn free_port() -> Result<u16, BoxError> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    Ok(listener.local_addr()?.port())
-}
-
-/// "Redis 7.0.15" or "Valkey 9.1.2", from `INFO server`.
-async fn server_version(control: &mut MultiplexedConnection) -> Result<String, BoxError> {
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(control)
-        .await?;
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(|v| v.trim().to_string())
-    };
-    Ok(match (field("valkey_version"), field("redis_version")) {
-        (Some(v), _) => format!("Valkey {v}"),
-        (None, Some(v)) => format!("Redis {v}"),
-        (None, None) => "unknown server".into(),
+    let dump = server.dump().await?;
+    Ok(Count {
+        instructions: dump.instructions,
+        cron_instructions: dump.cron_instructions,
+        requests: requests * TEST_COUNT,
+        load,
     })
 }
 

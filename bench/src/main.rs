@@ -6,13 +6,17 @@
 //! other commands on servers it starts itself, and writes a Markdown report,
 //! raw TSV rows and a PNG chart.
 
+mod callgrind;
 mod chart;
 mod cli;
 mod contenders;
+mod fmt;
 mod handoff;
 mod host;
+mod instr;
 mod report;
 mod resp;
+mod sample;
 mod scale;
 mod scenarios;
 mod stats;
@@ -101,7 +105,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
                     "[{}/{total}] {scenario} · rep {} · {contender}: {} pairs/s, {:.1} µs CPU/pair",
                     measurements.len() + 1,
                     rep + 1,
-                    report::group_thousands(m.pairs_per_sec().round() as u64),
+                    fmt::group_thousands(m.pairs_per_sec().round() as u64),
                     m.cpu_us_per_pair(),
                 );
                 measurements.push(m);
@@ -130,7 +134,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
                  {:.1} µs CPU/hand-off",
                 handoff_measurements.len() + 1,
                 rep + 1,
-                report::group_thousands(m.handoffs_per_sec().round() as u64),
+                fmt::group_thousands(m.handoffs_per_sec().round() as u64),
                 m.p50_us,
                 m.cpu_us_per_handoff(),
             );
@@ -161,6 +165,12 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         None => None,
     };
 
+    // The instr set too, one configuration after the other.
+    let instr_results = match settings.instr.clone() {
+        Some(plan) => Some(instr::run(plan).await?),
+        None => None,
+    };
+
     let summaries = stats::summarize(&measurements, &plan, &settings.contenders);
     let handoff_summaries = handoff::summarize(&handoff_measurements, &settings.handoff_contenders);
     let mut markdown = report::markdown(
@@ -174,6 +184,9 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     );
     if let Some(results) = &host_results {
         markdown.push_str(&report::host_section(results));
+    }
+    if let Some(results) = &instr_results {
+        markdown.push_str(&instr::section(results));
     }
     let md_path = settings.out_dir.join("results.md");
     std::fs::write(&md_path, &markdown)?;
@@ -203,6 +216,11 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     if let Some(results) = &host_results {
         let tsv_path = settings.out_dir.join("host.tsv");
         std::fs::write(&tsv_path, report::host_tsv(results))?;
+        written.push(tsv_path);
+    }
+    if let Some(results) = &instr_results {
+        let tsv_path = settings.out_dir.join("instr.tsv");
+        std::fs::write(&tsv_path, instr::tsv(results))?;
         written.push(tsv_path);
     }
     print!("{markdown}");

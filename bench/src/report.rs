@@ -7,6 +7,7 @@ use redis::aio::MultiplexedConnection;
 
 use crate::cli::Settings;
 use crate::contenders::Contender;
+use crate::fmt::group_thousands;
 use crate::handoff::{self, HandoffContender, HandoffMeasurement, HandoffSummary};
 use crate::host::{self, HostResults};
 use crate::scale::{self, ScaleResults};
@@ -1196,30 +1197,4 @@ fn percent(share: f64) -> String {
 fn signed_thousands(n: i64) -> String {
     let sign = if n < 0 { "−" } else { "" };
     format!("{sign}{}", group_thousands(n.unsigned_abs()))
-}
-
-/// 1000000 → "1,000,000".
-pub fn group_thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn groups_digits_by_thousands() {
-        assert_eq!(group_thousands(0), "0");
-        assert_eq!(group_thousands(999), "999");
-        assert_eq!(group_thousands(1_000), "1,000");
-        assert_eq!(group_thousands(1_000_000), "1,000,000");
-    }
 }

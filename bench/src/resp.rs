@@ -1,5 +1,6 @@
-//! Bare RESP connections for the scale set: thousands of sockets that each
-//! send one blocking command and read one reply. The redis crate's
+//! Bare RESP connections for the scale and instr sets: thousands of sockets
+//! that each send one blocking command and read one reply, or a few that send
+//! one command at a time. The redis crate's
 //! multiplexed connections (a driver task and buffers each) would weigh more
 //! on the load generator than the measurement needs.
 
@@ -11,13 +12,15 @@ use tokio::net::TcpStream;
 
 use crate::BoxError;
 
-/// The replies the scale set's commands get (no arrays among them).
+/// The replies the scale and instr sets' commands get.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
     Nil,
     Text(String),
     Int(i64),
     Error(String),
+    /// An array of scalars (`BLPOP`'s key and value).
+    Array(Vec<Reply>),
 }
 
 /// One client connection with its server-side id (for `CLIENT UNBLOCK`).
@@ -51,11 +54,33 @@ impl RawConn {
     }
 
     pub async fn read(&mut self) -> Result<Reply, BoxError> {
+        let text = self.line().await?;
+        match text.strip_prefix('*') {
+            Some(len) if len != "-1" => {
+                // Arrays of scalars only (BLPOP's, a ticket's): nothing here nests.
+                let len: usize = len.parse()?;
+                let mut items = Vec::with_capacity(len);
+                for _ in 0..len {
+                    let item = self.line().await?;
+                    items.push(self.scalar(&item).await?);
+                }
+                Ok(Reply::Array(items))
+            }
+            _ => self.scalar(&text).await,
+        }
+    }
+
+    async fn line(&mut self) -> Result<String, BoxError> {
         let mut line = Vec::with_capacity(64);
         if self.io.read_until(b'\n', &mut line).await? == 0 {
             return Err("the server closed a connection".into());
         }
-        let text = std::str::from_utf8(&line)?.trim_end_matches(['\r', '\n']);
+        Ok(std::str::from_utf8(&line)?
+            .trim_end_matches(['\r', '\n'])
+            .to_string())
+    }
+
+    async fn scalar(&mut self, text: &str) -> Result<Reply, BoxError> {
         let (kind, rest) = text.split_at(text.len().min(1));
         Ok(match kind {
             "+" => Reply::Text(rest.to_string()),

@@ -20,11 +20,11 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
 use crate::contenders::Keys;
+use crate::fmt::group_thousands;
 use crate::handoff::{self, HandoffContender, HandoffMeasurement};
-use crate::report::group_thousands;
 use crate::resp::{self, Ping, RawConn, Reply};
+use crate::sample::percentile;
 use crate::scenarios::{server_cpu_us, Server};
-use crate::stats::percentile;
 use crate::BoxError;
 
 /// Lease of the holders that keep the waited semaphores full: longer than

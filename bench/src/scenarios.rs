@@ -9,7 +9,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
 use crate::contenders::{Contender, Keys, Scripts};
-use crate::report::group_thousands;
+use crate::fmt::group_thousands;
 use crate::BoxError;
 
 /// Limit at which most attempts fail under 50 connections.
@@ -233,8 +233,8 @@ impl Bench {
             pairs: latencies_ns.len() as u64,
             acquired,
             elapsed,
-            p50_us: crate::stats::percentile(&latencies_ns, 0.50) / 1e3,
-            p99_us: crate::stats::percentile(&latencies_ns, 0.99) / 1e3,
+            p50_us: crate::sample::percentile(&latencies_ns, 0.50) / 1e3,
+            p99_us: crate::sample::percentile(&latencies_ns, 0.99) / 1e3,
             server_cpu_us: cpu_after - cpu_before,
             bytes_per_holder,
         })

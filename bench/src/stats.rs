@@ -4,15 +4,6 @@
 use crate::contenders::Contender;
 use crate::scenarios::{Measurement, Scenario};
 
-/// Nearest-rank percentile of sorted values; 0 when there are none.
-pub fn percentile(sorted: &[u64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1] as f64
-}
-
 /// Median of the repetitions, with the lowest and highest next to it.
 #[derive(Clone, Copy, Debug)]
 pub struct Spread {
@@ -103,15 +94,6 @@ pub fn find(summaries: &[Summary], scenario: Scenario, contender: Contender) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nearest_rank_percentiles() {
-        let values: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&values, 0.50), 50.0);
-        assert_eq!(percentile(&values, 0.99), 99.0);
-        assert_eq!(percentile(&[7], 0.99), 7.0);
-        assert_eq!(percentile(&[], 0.5), 0.0);
-    }
 
     #[test]
     fn spread_takes_middle_and_extremes() {

@@ -11,7 +11,7 @@ use redis_module::{raw, Context, RedisValue};
 
 use crate::error::SemError;
 use crate::server::guard;
-use crate::waiting::{self, Left};
+use crate::server::hooks::{hooks, Left};
 
 /// A blocked client, as the module holds it until it calls [`finish`] on it.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -77,17 +77,12 @@ pub fn block(ctx: &Context) -> Option<Blocked> {
     Some(Blocked(bc, Instant::now()))
 }
 
-/// Ends the wait with `outcome`, handed back to [`waiting::reply`] for the reply, and to
-/// [`waiting::free`] in any case.
-pub fn unblock(blocked: Blocked, outcome: Box<waiting::Outcome>) {
-    // SAFETY: a handle of a client still blocked by this module; Redis owns the outcome until
-    // it passes it to `on_free`.
-    unsafe {
-        raw::RedisModule_UnblockClient.unwrap()(
-            blocked.0.as_ptr(),
-            Box::into_raw(outcome).cast::<c_void>(),
-        );
-    }
+/// Ends the wait with `data` (a pointer the caller made, such as a `Box` turned raw), handed
+/// to the reply hook for the reply, and to the free hook in any case, which frees it.
+pub fn unblock(blocked: Blocked, data: *mut c_void) {
+    // SAFETY: a handle of a client still blocked by this module; Redis keeps `data` until it
+    // passes it to `on_free`.
+    unsafe { raw::RedisModule_UnblockClient.unwrap()(blocked.0.as_ptr(), data) };
 }
 
 /// Lets Redis free a handle whose client already got its answer or is gone (after
@@ -103,15 +98,13 @@ unsafe extern "C" fn on_reply(
     _argc: c_int,
 ) -> c_int {
     let context = Context::new(ctx);
-    // SAFETY: the private data is the outcome `unblock` handed over, alive until `on_free`.
-    let outcome = unsafe {
-        raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx).cast::<waiting::Outcome>()
-    };
+    // SAFETY: the private data `unblock` handed over, alive until `on_free`.
+    let data = unsafe { raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx) };
     let reply = guard(Err(SemError::Internal.into()), || {
-        // SAFETY: as above; nothing else uses the outcome while the callback runs.
-        match unsafe { outcome.as_mut() } {
-            Some(outcome) => waiting::reply(outcome),
-            None => Ok(RedisValue::Null),
+        if data.is_null() {
+            Ok(RedisValue::Null)
+        } else {
+            (hooks().reply)(data)
         }
     });
     context.reply(reply) as c_int
@@ -127,7 +120,7 @@ unsafe extern "C" fn on_unblock_request(
     // SAFETY: the context of the blocked client's timeout.
     let bc = unsafe { raw::RedisModule_GetBlockedClientHandle.unwrap()(ctx) };
     // (Redis skips this callback for a client the module already answered.)
-    let left = guard(Left::NotWaiting, || waiting::left(bc as usize));
+    let left = guard(Left::NotWaiting, || (hooks().left)(bc as usize));
     if left != Left::NotWaiting {
         finish(bc);
     }
@@ -148,15 +141,16 @@ unsafe extern "C" fn on_disconnect(
     _ctx: *mut raw::RedisModuleCtx,
     bc: *mut raw::RedisModuleBlockedClient,
 ) {
-    if guard(Left::NotWaiting, || waiting::left(bc as usize)) != Left::NotWaiting {
+    if guard(Left::NotWaiting, || (hooks().left)(bc as usize)) != Left::NotWaiting {
         finish(bc);
     }
 }
 
 unsafe extern "C" fn on_free(ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
-    // SAFETY: the outcome `unblock` handed over; Redis calls this once, last.
-    let outcome = unsafe { Box::from_raw(privdata.cast::<waiting::Outcome>()) };
     // SAFETY: the context Redis passes to free callbacks.
     let disconnected = unsafe { raw::RedisModule_BlockedClientDisconnected.unwrap()(ctx) } != 0;
-    guard((), || waiting::free(*outcome, disconnected));
+    // Redis calls this once, last, with what `unblock` handed over.
+    if !privdata.is_null() {
+        guard((), || (hooks().free)(privdata, disconnected));
+    }
 }

@@ -12,6 +12,7 @@
 
 use std::ffi::CString;
 use std::os::raw::c_int;
+use std::sync::OnceLock;
 
 use redis_module::raw;
 
@@ -39,11 +40,17 @@ fn key_flag_bits(flags: &[String]) -> u32 {
 /// The flags of `<name>` and of the derived keys, as `command`'s key specs and keys-position
 /// replies say.
 pub fn key_flags(command: Command) -> (u32, u32) {
-    let doc = docs::command(command.name());
-    (
-        key_flag_bits(&doc.key_specs[0].flags),
-        key_flag_bits(&doc.key_specs[1].flags),
-    )
+    // Read from commands.json once: every call that inserts its own keys asks.
+    static FLAGS: OnceLock<[(u32, u32); Command::ALL.len()]> = OnceLock::new();
+    FLAGS.get_or_init(|| {
+        Command::ALL.map(|command| {
+            let doc = docs::command(command.name());
+            (
+                key_flag_bits(&doc.key_specs[0].flags),
+                key_flag_bits(&doc.key_specs[1].flags),
+            )
+        })
+    })[command as usize]
 }
 
 /// The ACL category redsem adds where the server can (`RedisModule_AddACLCategory`).

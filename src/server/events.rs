@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis_module::raw;
 
 use crate::error::SemError;
-use crate::server::{clock_ms, guard};
-use crate::{fencing, waiting};
+use crate::server::guard;
+use crate::server::hooks::hooks;
 
 /// Subscribes to the events.
 pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
@@ -90,10 +90,7 @@ extern "C" fn on_loading(
     _data: *mut c_void,
 ) {
     if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
-        guard((), || {
-            fencing::take_floor(clock_ms());
-            waiting::recheck_all();
-        });
+        guard((), hooks().loading_ended);
     }
 }
 
@@ -103,13 +100,11 @@ extern "C" fn on_role_changed(
     subevent: u64,
     _data: *mut c_void,
 ) {
-    guard((), || {
-        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
-            fencing::take_floor(clock_ms());
-        } else if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
-            waiting::became_replica();
-        }
-    });
+    if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+        guard((), hooks().became_primary);
+    } else if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
+        guard((), hooks().became_replica);
+    }
 }
 
 extern "C" fn on_client_change(
@@ -124,7 +119,7 @@ extern "C" fn on_client_change(
     // SAFETY: for this event Redis passes a RedisModuleClientInfo (version 1 or later, whose
     // layout starts with version, flags, id).
     let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
-    guard((), || waiting::connection_closed(info.id));
+    guard((), || (hooks().connection_closed)(info.id));
 }
 
 extern "C" fn on_flush(
@@ -139,7 +134,7 @@ extern "C" fn on_flush(
     // SAFETY: for this event Redis passes a RedisModuleFlushInfo.
     let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
     guard((), || {
-        waiting::flushed((info.dbnum >= 0).then_some(info.dbnum))
+        (hooks().flushed)((info.dbnum >= 0).then_some(info.dbnum))
     });
 }
 
@@ -154,7 +149,9 @@ extern "C" fn on_swap(
     }
     // SAFETY: for this event Redis passes a RedisModuleSwapDbInfo.
     let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
-    guard((), || waiting::swapped(info.dbnum_first, info.dbnum_second));
+    guard((), || {
+        (hooks().swapped)(info.dbnum_first, info.dbnum_second)
+    });
 }
 
 extern "C" fn on_config_change(
@@ -202,7 +199,7 @@ extern "C" fn on_key_event(
     _event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    if waiting::queued_anywhere() && !key.is_null() && !OWN_WRITE.with(Cell::get) {
+    if !key.is_null() && !OWN_WRITE.with(Cell::get) && (hooks().follows_keys)() {
         let mut len = 0;
         // SAFETY: Redis passes the key's name, valid for the callback, and a context whose
         // selected database is the key's.
@@ -213,7 +210,7 @@ extern "C" fn on_key_event(
                 std::slice::from_raw_parts(ptr.cast::<u8>(), len),
             )
         };
-        guard((), || waiting::touched(db, name));
+        guard((), || (hooks().key_changed)(db, name));
     }
     raw::REDISMODULE_OK as c_int
 }

@@ -1,4 +1,4 @@
-//! `INFO sem`: the module's section of INFO, filled from `stats.rs`.
+//! `INFO sem`: the module's section of INFO, with the fields the info hook composes.
 
 use std::ffi::CString;
 use std::os::raw::c_int;
@@ -6,7 +6,7 @@ use std::os::raw::c_int;
 use redis_module::raw;
 
 use crate::server::guard;
-use crate::stats;
+use crate::server::hooks::hooks;
 
 /// Registers the INFO callback (replacing the crate's empty one).
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
@@ -23,14 +23,13 @@ extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
     if for_crash_report == 0 {
         guard((), || {
             if let Some(processed) = commands_processed() {
-                stats::note_commands_processed(processed);
+                (hooks().commands_processed)(processed);
             }
         });
     }
     // SAFETY: the INFO context Redis passes; the section name and field names are C strings
     // that live through each call. The section is the module's own ("sem").
-    let fields = guard(Vec::new(), stats::fields);
-    let distributions = guard(Vec::new(), stats::distributions);
+    let (fields, distributions) = guard((Vec::new(), Vec::new()), hooks().info);
     unsafe {
         raw::RedisModule_InfoAddSection.unwrap()(ctx, std::ptr::null_mut());
         for (name, value) in fields {
@@ -50,7 +49,7 @@ extern "C" fn fill(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
 }
 
 /// The server's `total_commands_processed`, which only `CONFIG RESETSTAT` lowers: how the
-/// module hears of that command without a command filter (see `stats::note_commands_processed`).
+/// module hears of that command without a command filter (`Hooks::commands_processed`).
 fn commands_processed() -> Option<u64> {
     // SAFETY: no context (the data is then freed by hand, below); the section "stats" holds no
     // module's fields, so no INFO callback runs inside this one.

@@ -1,7 +1,7 @@
 //! The server's memory settings as the module needs them: `maxmemory` and whether its policy
 //! evicts, read at load and again when `CONFIG SET` changes either (the config server event),
-//! so that admitting a waiter reads two atomics and one ratio; and the keys of semaphores the
-//! server evicts, counted and logged.
+//! so that admitting a waiter reads two atomics and one ratio; and evictions, handed to the
+//! `key_evicted` hook, the first of a semaphore's key logged.
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
@@ -10,11 +10,17 @@ use std::sync::Mutex;
 
 use redis_module::raw;
 
-use crate::keys::DERIVED;
-use crate::memory::Memory;
 use crate::server::guard;
-use crate::stats::{self, COUNTERS};
-use crate::waiting;
+use crate::server::hooks::hooks;
+
+/// The server's memory as the admission of a waiter sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// `maxmemory`, 0 when unset.
+    pub maxmemory: u64,
+    /// The memory the server counts against `maxmemory` now (0 when unset).
+    pub used: u64,
+}
 
 /// `maxmemory` in bytes, 0 when unset.
 static MAXMEMORY: AtomicU64 = AtomicU64::new(0);
@@ -99,15 +105,6 @@ pub fn concerns_memory(names: &[&[u8]]) -> bool {
     })
 }
 
-/// Whether an evicted key is a semaphore's: a derived key by its name, or a name somebody
-/// waits on. (A holder set nobody waits on is a sorted set like any other once it is gone.)
-fn is_semaphore_key(db: i32, key: &[u8]) -> bool {
-    DERIVED
-        .iter()
-        .any(|suffix| key.len() > suffix.len() && key.ends_with(suffix))
-        || waiting::waits_on(db, key)
-}
-
 extern "C" fn on_evicted(
     ctx: *mut raw::RedisModuleCtx,
     _type: c_int,
@@ -128,10 +125,9 @@ extern "C" fn on_evicted(
         )
     };
     guard((), || {
-        if !is_semaphore_key(db, name) {
+        if !(hooks().key_evicted)(db, name) {
             return;
         }
-        stats::count(&COUNTERS.evicted_keys);
         if !WARNED.swap(true, Ordering::Relaxed) {
             let policy = POLICY.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let message = format!(

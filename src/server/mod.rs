@@ -10,6 +10,7 @@ pub mod command_info;
 pub mod config;
 pub mod events;
 pub mod filter;
+pub mod hooks;
 pub mod info;
 pub mod key;
 pub mod memory;

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use redis_module::{raw, Context};
 
 use crate::server::guard;
-use crate::waiting;
+use crate::server::hooks::hooks;
 
 /// A context of the module's own, for arming the timer where Redis passes none (the command
 /// filter).
@@ -90,5 +90,5 @@ pub fn shutdown() {
 
 unsafe extern "C" fn fired(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     armed().take();
-    guard((), || waiting::on_timer(&Context::new(ctx)));
+    guard((), || (hooks().timer_fired)(&Context::new(ctx)));
 }
