@@ -6,7 +6,10 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::{error_of, first_ticket, run, server_ms, try_run, wait_until, zset, Server};
+use common::{
+    cluster_refuses_short_form, error_of, first_ticket, long_form, run, server_ms, server_version,
+    try_run, wait_until, zset, Server,
+};
 use redis::{Connection, Value};
 
 /// Everything the semaphore `name` keeps: both sorted sets, the counter, and each set's expiry.
@@ -579,10 +582,26 @@ fn cluster_mode_requires_a_hash_tag() {
             info.contains("cluster_state:ok")
         },
     );
+    // The form this server takes in Cluster: the short one where a command filter declares the
+    // keys, else the long one (the short is refused, naming it).
+    let (valkey, major, minor) = server_version(&mut c);
+    let long = cluster_refuses_short_form(valkey, major, minor, &[]);
+    let form = |args: &[&str]| -> Vec<String> {
+        match long {
+            true => long_form(args),
+            false => args.iter().map(|arg| arg.to_string()).collect(),
+        }
+    };
+    if long {
+        let err = error_of(&mut c, &["SEM.ACQUIREFAIR", "{jobs}", "1", "10"]);
+        assert!(err.contains("takes the long form"), "{err}");
+    }
     // Redis itself refuses a name whose derived keys fall in other slots.
-    let err = error_of(&mut c, &["SEM.ACQUIREFAIR", "jobs", "1", "10"]);
+    let args = form(&["SEM.ACQUIREFAIR", "jobs", "1", "10"]);
+    let err = error_of(&mut c, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(err.starts_with("CROSSSLOT"), "{err}");
-    let id: Option<String> = run(&mut c, &["SEM.ACQUIREFAIR", "{jobs}", "1", "10"]);
+    let args = form(&["SEM.ACQUIREFAIR", "{jobs}", "1", "10"]);
+    let id: Option<String> = run(&mut c, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(id.is_some());
     let slots: Vec<i64> = ["{jobs}", "{jobs}:owner", "{jobs}:counter"]
         .iter()
