@@ -1,0 +1,133 @@
+"""The floor a minimal C module reaches on a plain acquire/release pair and a hand-off, beside
+redsem, the non-fair Lua script and BLPOP, in instructions under callgrind: one connection per
+role, sequential round trips, a warm-up, then the operations between callgrind_control -z and
+-d; serverCron left out. Usage: bench/floor/measure (builds csem.so, then runs this)."""
+import os, socket, subprocess, sys, time, glob, re
+N = 1000
+def resp(*a):
+    return b"*%d\r\n" % len(a) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in (s if isinstance(s, bytes) else str(s).encode() for s in a))
+class Conn:
+    def __init__(s, port):
+        s.s = socket.create_connection(("127.0.0.1", port)); s.f = s.s.makefile("rb")
+    def call(s, *a):
+        s.s.sendall(resp(*a)); return s.read()
+    def read(s):
+        line = s.f.readline()
+        if line[:1] == b"$":
+            n = int(line[1:]); 
+            if n < 0: return None
+            d = s.f.read(n + 2); return d[:-2]
+        if line[:1] == b"*":
+            return [s.read() for _ in range(int(line[1:]))]
+        if line[:1] == b"-": raise RuntimeError(line)
+        return line.strip()
+def measure(server, modules, pair, label):
+    d = f"/tmp/cg-{label}"; os.makedirs(d, exist_ok=True)
+    for f in glob.glob(d + "/callgrind.out*"): os.remove(f)
+    port = 7900 + hash(label) % 90
+    args = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={d}/callgrind.out", server, "--port", str(port), "--save", "", "--appendonly", "no"]
+    for m in modules: args += ["--loadmodule"] + m
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try: c = Conn(port); c.call("PING"); break
+        except Exception: time.sleep(0.1)
+    setup = pair(c, None)
+    for i in range(200): pair(c, i)
+    subprocess.run(["callgrind_control", "-z", str(p.pid)], stdout=subprocess.DEVNULL)
+    for i in range(N): pair(c, i)
+    subprocess.run(["callgrind_control", "-d", str(p.pid)], stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    c.call("SHUTDOWN", "NOSAVE") if False else None
+    p.terminate(); p.wait()
+    dumps = sorted(glob.glob(d + "/callgrind.out.*"), key=os.path.getmtime)
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", dumps[-1]], capture_output=True, text=True).stdout
+    total = int(re.search(r"([\d,]+) \(100.0%\)\s+PROGRAM TOTALS", out).group(1).replace(",", ""))
+    m = re.search(r"^\s*([\d,]+) \([\d. ]+%\)\s+\?\?\?:serverCron ", out, re.M)
+    cron = int(m.group(1).replace(",", "")) if m else 0
+    return (total - cron) / N
+REDIS = os.environ.get("REDIS_SERVER", "redis-server")
+SEM = sys.argv[1]
+CSEM = sys.argv[2]
+LUA = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lua", "nonfair_acquire.lua")).read()
+sha = {}
+def floor(c, i):
+    if i is None: return
+    c.call("INCR", "k"); c.call("DECR", "k")
+def csem(c, i):
+    if i is None: return
+    assert c.call("CSEM.ACQUIRE", "s", 1000000, 60000, "i") == b"i"; c.call("CSEM.RELEASE", "s", "i")
+def lua(c, i):
+    if i is None:
+        sha["s"] = c.call("SCRIPT", "LOAD", LUA); return
+    now = int(time.time() * 1000)
+    c.call("EVALSHA", sha["s"], 1, "s", 1000000, "i", 60000, now); c.call("ZREM", "s", "i")
+def sem(c, i):
+    if i is None: return
+    assert c.call("SEM.ACQUIRE", "s", 1000000, 60, "ID", "i") == b"i"; c.call("SEM.RELEASE", "s", "i")
+rows = [
+  ("floor INCR+DECR", [], floor),
+  ("non-fair Lua script (EVALSHA) + ZREM", [], lua),
+  ("C module, no ACL check", [[CSEM, "0"]], csem),
+  ("C module, ACL check on 4 derived keys", [[CSEM, "1"]], csem),
+  ("redsem SEM.ACQUIRE + SEM.RELEASE", [[SEM]], sem),
+]
+res = {}
+if os.environ.get("PAIRS", "1") == "1":
+  for label, mods, fn in rows:
+      res[label] = measure(REDIS, mods, fn, label.split()[0] + str(len(res)))
+if res:
+  script = res["non-fair Lua script (EVALSHA) + ZREM"]
+  for label, v in res.items():
+    print(f"| {label} | {v:,.0f} | {v/script:.2f} × script |")
+
+# Hand-offs: limit 1, two connections; one waits, 20 ms later the other gives back.
+import threading
+H = 250
+def measure_handoff(server, modules, first, wait, give, label):
+    d = f"/tmp/cgh-{label}"; os.makedirs(d, exist_ok=True)
+    for f in glob.glob(d + "/callgrind.out*"): os.remove(f)
+    port = 7990 + hash(label) % 9
+    args = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={d}/callgrind.out", server, "--port", str(port), "--save", "", "--appendonly", "no"]
+    for m in modules: args += ["--loadmodule"] + m
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try: a = Conn(port); a.call("PING"); break
+        except Exception: time.sleep(0.1)
+    b = Conn(port)
+    conns = {"a": a, "b": b}
+    first(a, "a")
+    holder = "a"
+    def one():
+        nonlocal holder
+        other = "b" if holder == "a" else "a"
+        w = conns[other]
+        w.s.sendall(wait(other))
+        time.sleep(0.02)
+        give(conns[holder], holder)
+        got = w.read()
+        assert got is not None, got
+        holder = other
+    for _ in range(30): one()
+    subprocess.run(["callgrind_control", "-z", str(p.pid)], stdout=subprocess.DEVNULL)
+    for _ in range(H): one()
+    subprocess.run(["callgrind_control", "-d", str(p.pid)], stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    p.terminate(); p.wait()
+    dumps = sorted(glob.glob(d + "/callgrind.out.*"), key=os.path.getmtime)
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", dumps[-1]], capture_output=True, text=True).stdout
+    total = int(re.search(r"([\d,]+) \(100.0%\)\s+PROGRAM TOTALS", out).group(1).replace(",", ""))
+    m = re.search(r"^\s*([\d,]+) \([\d. ]+%\)\s+\?\?\?:serverCron ", out, re.M)
+    cron = int(m.group(1).replace(",", "")) if m else 0
+    return (total - cron) / H
+hrows = [
+  ("BLPOP tok 5 / RPUSH tok x", [], lambda c, me: None, lambda me: resp("BLPOP", "tok", 5), lambda c, me: c.call("RPUSH", "tok", "x")),
+  ("C module, no ACL check", [[CSEM, "0"]], lambda c, me: c.call("CSEM.ACQUIRE", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIRE", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),
+  ("C module, ACL check on 4 derived keys", [[CSEM, "1"]], lambda c, me: c.call("CSEM.ACQUIRE", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIRE", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),
+  ("redsem SEM.ACQUIRE ... WAIT 5 / SEM.RELEASE", [[SEM]], lambda c, me: c.call("SEM.ACQUIRE", "s", 1, 60, "ID", me), lambda me: resp("SEM.ACQUIRE", "s", 1, 60, "ID", me, "WAIT", 5), lambda c, me: c.call("SEM.RELEASE", "s", me)),
+]
+hres = {}
+for label, mods, first, wait, give in hrows:
+    hres[label] = measure_handoff(REDIS, mods, first, wait, give, "h" + str(len(hres)))
+blpop = hres["BLPOP tok 5 / RPUSH tok x"]
+for label, v in hres.items():
+    print(f"| hand-off: {label} | {v:,.0f} | {v/blpop:.2f} × BLPOP |")
