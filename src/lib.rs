@@ -100,6 +100,7 @@ fn hooks() -> Hooks {
         swapped: waiting::swapped,
         follows_keys: waiting::queued_anywhere,
         key_changed: waiting::touched,
+        slot_changed: waiting::recheck_all,
         key_evicted,
         commands_processed: stats::note_commands_processed,
         info: info_fields,

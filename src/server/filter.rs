@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis_module::raw;
 
 use crate::keys::{key_plan, with_derived, Command, KeyPlan};
-use crate::waiting;
+use crate::server::hooks::hooks;
 
 /// Whether insertions are limited to commands of real connections (Valkey 9 and later).
 static CONNECTIONS_ONLY: AtomicBool = AtomicBool::new(false);
@@ -170,10 +170,10 @@ unsafe fn from_connection(fctx: *mut raw::RedisModuleCommandFilterCtx) -> bool {
 /// `CLUSTER SETSLOT` while somebody waits: a slot change may take waited-on semaphores away.
 unsafe fn note_other_command(fctx: *mut raw::RedisModuleCommandFilterCtx, name: &[u8]) {
     if name.eq_ignore_ascii_case(b"CLUSTER")
-        && waiting::queued_anywhere()
+        && (hooks().follows_keys)()
         && arg(fctx, 1).is_some_and(|a| a.eq_ignore_ascii_case(b"SETSLOT"))
     {
-        waiting::recheck_all();
+        (hooks().slot_changed)();
     }
 }
 

@@ -41,10 +41,13 @@ pub struct Hooks {
     pub flushed: fn(db: Option<i32>),
     /// `SWAPDB a b`.
     pub swapped: fn(a: i32, b: i32),
-    /// Whether key changes matter now (anybody waits): asked before [`Hooks::key_changed`].
+    /// Whether anybody waits: asked before [`Hooks::key_changed`] and [`Hooks::slot_changed`].
     pub follows_keys: fn() -> bool,
     /// Another client deleted, renamed, moved, expired or evicted `key` of database `db`.
     pub key_changed: fn(db: i32, key: &[u8]),
+    /// `CLUSTER SETSLOT` while somebody waits: a slot change may take waited-on semaphores
+    /// away (Redis Cluster, where the command filter hears of it).
+    pub slot_changed: fn(),
     /// The server evicted `key` of database `db`: whether it was a semaphore's.
     pub key_evicted: fn(db: i32, key: &[u8]) -> bool,
     /// INFO is about to show the module's section, and the server has processed this many
