@@ -106,15 +106,7 @@ fn a_crash_before_the_first_save_never_repeats_a_ticket() {
 #[test]
 fn debug_reload_and_restarts_from_a_file_never_repeat_a_ticket() {
     // DEBUG RELOAD: the server saves, empties itself and loads the file again.
-    let args = [
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--enable-debug-command",
-        "yes",
-    ];
-    let server = Server::start_with(&args);
+    let server = Server::start_with(&DEBUG_ARGS);
     let mut conn = server.connection();
     let mut before = three_tickets(&mut conn, "lock");
     let reloading_ms = unix_ms_now();
@@ -131,7 +123,7 @@ fn debug_reload_and_restarts_from_a_file_never_repeat_a_ticket() {
     before.extend(three_tickets(&mut conn, "lock"));
     let dir = server.stop();
     let restarting_ms = unix_ms_now();
-    let restarted = Server::restart_in(&dir, &args);
+    let restarted = Server::restart_in(&dir, &DEBUG_ARGS);
     let mut conn = restarted.connection();
     let counter: u64 = run(&mut conn, &["GET", "lock:counter"]);
     assert_eq!(counter, before[3], "the file holds the counter of the SAVE");
@@ -170,15 +162,7 @@ fn a_module_loaded_at_runtime_takes_a_floor_at_once() {
 
 #[test]
 fn a_replicas_full_sync_leaves_the_primarys_tickets_alone() {
-    let args = [
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync",
-        "no",
-    ];
-    let primary = Server::start_with(&args);
+    let primary = Server::start_with(&PRIMARY_ARGS);
     let mut on_primary = primary.connection();
     let floor = info_sem(&mut on_primary)["sem_ticket_floor"];
     let before = three_tickets(&mut on_primary, "lock");

@@ -72,14 +72,7 @@ fn assert_no_empty_key(conn: &mut Connection) {
 }
 
 fn debug_server() -> Server {
-    Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--enable-debug-command",
-        "yes",
-    ])
+    Server::start_with(&DEBUG_ARGS)
 }
 
 #[test]

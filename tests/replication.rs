@@ -29,17 +29,6 @@ const SEM_COMMANDS: [&str; 5] = [
     "SEM.GET",
 ];
 
-/// The primary side of a replication setup: no persistence, and a disk-based full sync, which
-/// starts at once (a diskless one waits `repl-diskless-sync-delay`, 5 s by default).
-const PRIMARY_ARGS: [&str; 6] = [
-    "--save",
-    "",
-    "--appendonly",
-    "no",
-    "--repl-diskless-sync",
-    "no",
-];
-
 /// A server whose every write reaches the AOF before it replies.
 const AOF_ARGS: [&str; 6] = [
     "--save",

@@ -834,14 +834,7 @@ fn a_set_that_stops_waiting_leaves_every_line() {
 /// grant made by the timer reaches a replica as the primary made it.
 #[test]
 fn a_bound_waiting_set_comes_back_whole_and_replicates_exactly() {
-    let primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync",
-        "no",
-    ]);
+    let primary = Server::start_with(&PRIMARY_ARGS);
     let replica = start_replica_of(&primary);
     let mut p = primary.connection();
     let _: String = run(&mut p, &["SEM.ACQUIREFAIR", "u", "1", "30", "ID", "h"]);

@@ -23,16 +23,6 @@ const EVENTUALLY: Duration = Duration::from_secs(10);
 /// How late after a holder's deadline its permit may reach the next waiter.
 const LEASE_END_SLACK_MS: i64 = 50;
 
-/// The primary side of a replication setup: no persistence, and a full sync that starts at once.
-const PRIMARY_ARGS: [&str; 6] = [
-    "--save",
-    "",
-    "--appendonly",
-    "no",
-    "--repl-diskless-sync",
-    "no",
-];
-
 /// A server whose every write reaches the AOF before it replies.
 const AOF_ARGS: [&str; 6] = [
     "--save",

@@ -1353,17 +1353,6 @@ fn readers_and_a_writer_on_a_fair_semaphore() {
 // 7. Replicas and the AOF
 // ---------------------------------------------------------------------------------------------
 
-/// The primary side of a replication setup: no persistence, and a disk-based full sync, which
-/// starts at once.
-const PRIMARY_ARGS: [&str; 6] = [
-    "--save",
-    "",
-    "--appendonly",
-    "no",
-    "--repl-diskless-sync",
-    "no",
-];
-
 /// A server whose every write reaches the AOF before it replies.
 const AOF_ARGS: [&str; 6] = [
     "--save",

@@ -21,30 +21,38 @@ class Conn:
             return [s.read() for _ in range(int(line[1:]))]
         if line[:1] == b"-": raise RuntimeError(line)
         return line.strip()
-def measure(server, modules, pair, label):
-    d = f"/tmp/cg-{label}"; os.makedirs(d, exist_ok=True)
+def start(server, modules, label):
+    """A server under callgrind with `modules`, its dump directory, and a connection to it."""
+    d = f"/tmp/redsem-floor-{label}"; os.makedirs(d, exist_ok=True)
     for f in glob.glob(d + "/callgrind.out*"): os.remove(f)
-    port = 7900 + hash(label) % 90
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     args = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={d}/callgrind.out", server, "--port", str(port), "--save", "", "--appendonly", "no"]
     for m in modules: args += ["--loadmodule"] + m
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(200):
-        try: c = Conn(port); c.call("PING"); break
+        try:
+            c = Conn(port); c.call("PING"); return p, d, port, c
         except Exception: time.sleep(0.1)
-    setup = pair(c, None)
-    for i in range(200): pair(c, i)
+    raise RuntimeError(f"{server} did not start")
+def counted(p, d, n, run):
+    """Instructions per operation of `run` (n operations), serverCron left out."""
     subprocess.run(["callgrind_control", "-z", str(p.pid)], stdout=subprocess.DEVNULL)
-    for i in range(N): pair(c, i)
+    run()
     subprocess.run(["callgrind_control", "-d", str(p.pid)], stdout=subprocess.DEVNULL)
     time.sleep(0.5)
-    c.call("SHUTDOWN", "NOSAVE") if False else None
     p.terminate(); p.wait()
     dumps = sorted(glob.glob(d + "/callgrind.out.*"), key=os.path.getmtime)
     out = subprocess.run(["callgrind_annotate", "--inclusive=yes", dumps[-1]], capture_output=True, text=True).stdout
     total = int(re.search(r"([\d,]+) \(100.0%\)\s+PROGRAM TOTALS", out).group(1).replace(",", ""))
     m = re.search(r"^\s*([\d,]+) \([\d. ]+%\)\s+\?\?\?:serverCron ", out, re.M)
     cron = int(m.group(1).replace(",", "")) if m else 0
-    return (total - cron) / N
+    return (total - cron) / n
+def measure(server, modules, pair, label):
+    p, d, _, c = start(server, modules, label)
+    pair(c, None)
+    for i in range(200): pair(c, i)
+    return counted(p, d, N, lambda: [pair(c, i) for i in range(N)])
 REDIS = os.environ.get("REDIS_SERVER", "redis-server")
 SEM = sys.argv[1]
 CSEM = sys.argv[2]
@@ -81,20 +89,10 @@ if res:
     print(f"| {label} | {v:,.0f} | {v/script:.2f} × script |")
 
 # Hand-offs: limit 1, two connections; one waits, 20 ms later the other gives back.
-import threading
 H = 250
 def measure_handoff(server, modules, first, wait, give, label):
-    d = f"/tmp/cgh-{label}"; os.makedirs(d, exist_ok=True)
-    for f in glob.glob(d + "/callgrind.out*"): os.remove(f)
-    port = 7990 + hash(label) % 9
-    args = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={d}/callgrind.out", server, "--port", str(port), "--save", "", "--appendonly", "no"]
-    for m in modules: args += ["--loadmodule"] + m
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try: a = Conn(port); a.call("PING"); break
-        except Exception: time.sleep(0.1)
-    b = Conn(port)
-    conns = {"a": a, "b": b}
+    p, d, port, a = start(server, modules, label)
+    conns = {"a": a, "b": Conn(port)}
     first(a, "a")
     holder = "a"
     def one():
@@ -104,21 +102,10 @@ def measure_handoff(server, modules, first, wait, give, label):
         w.s.sendall(wait(other))
         time.sleep(0.02)
         give(conns[holder], holder)
-        got = w.read()
-        assert got is not None, got
+        assert w.read() is not None
         holder = other
     for _ in range(30): one()
-    subprocess.run(["callgrind_control", "-z", str(p.pid)], stdout=subprocess.DEVNULL)
-    for _ in range(H): one()
-    subprocess.run(["callgrind_control", "-d", str(p.pid)], stdout=subprocess.DEVNULL)
-    time.sleep(0.5)
-    p.terminate(); p.wait()
-    dumps = sorted(glob.glob(d + "/callgrind.out.*"), key=os.path.getmtime)
-    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", dumps[-1]], capture_output=True, text=True).stdout
-    total = int(re.search(r"([\d,]+) \(100.0%\)\s+PROGRAM TOTALS", out).group(1).replace(",", ""))
-    m = re.search(r"^\s*([\d,]+) \([\d. ]+%\)\s+\?\?\?:serverCron ", out, re.M)
-    cron = int(m.group(1).replace(",", "")) if m else 0
-    return (total - cron) / H
+    return counted(p, d, H, lambda: [one() for _ in range(H)])
 hrows = [
   ("BLPOP tok 5 / RPUSH tok x", [], lambda c, me: None, lambda me: resp("BLPOP", "tok", 5), lambda c, me: c.call("RPUSH", "tok", "x")),
   ("C module, no ACL check", [[CSEM, "0"]], lambda c, me: c.call("CSEM.ACQUIRE", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIRE", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),

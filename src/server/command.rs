@@ -11,6 +11,8 @@ use std::ptr;
 
 use redis_module::{raw, Context, RedisResult, RedisString};
 
+use crate::keys::{is_derived, with_derived};
+
 /// One argument of the current call, borrowed from Redis for the length of the call.
 pub struct Arg(ManuallyDrop<RedisString>);
 
@@ -243,25 +245,21 @@ fn derived_keys(name: &[u8], suffixes: &[&[u8]], mut add: impl FnMut(*mut raw::R
 unsafe fn is_key(key: *mut raw::RedisModuleString, name: &[u8], suffix: &[u8]) -> bool {
     let mut len = 0;
     let data = raw::RedisModule_StringPtrLen.unwrap()(key, &mut len);
-    let bytes = std::slice::from_raw_parts(data.cast::<u8>(), len);
-    len == name.len() + suffix.len() && bytes.starts_with(name) && bytes.ends_with(suffix)
+    is_derived(
+        std::slice::from_raw_parts(data.cast::<u8>(), len),
+        name,
+        suffix,
+    )
 }
 
-/// A new module string of `<name><suffix>`, assembled on the stack for names of usual length.
+/// A new module string of `<name><suffix>`.
 fn new_key(name: &[u8], suffix: &[u8]) -> *mut raw::RedisModuleString {
-    let len = name.len() + suffix.len();
-    let mut stack = [0u8; 128];
-    let mut heap = Vec::new();
-    let key = if len <= stack.len() {
-        &mut stack[..len]
-    } else {
-        heap.resize(len, 0);
-        &mut heap[..]
-    };
-    key[..name.len()].copy_from_slice(name);
-    key[name.len()..].copy_from_slice(suffix);
-    // SAFETY: a string no context owns; its owner frees it.
-    unsafe { raw::RedisModule_CreateString.unwrap()(ptr::null_mut(), key.as_ptr().cast(), len) }
+    with_derived(name, suffix, |key| {
+        // SAFETY: a string no context owns; its owner frees it.
+        unsafe {
+            raw::RedisModule_CreateString.unwrap()(ptr::null_mut(), key.as_ptr().cast(), key.len())
+        }
+    })
 }
 
 /// Where [`derived_keys`] keeps a name's strings: by a hash of the name.

@@ -31,6 +31,27 @@ pub struct Server {
     pub dir: PathBuf,
 }
 
+/// The primary side of a replication setup: no persistence, and a disk-based full sync, which
+/// starts at once (a diskless one waits `repl-diskless-sync-delay`, 5 s by default).
+pub const PRIMARY_ARGS: [&str; 6] = [
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--repl-diskless-sync",
+    "no",
+];
+
+/// No persistence, and `DEBUG` allowed (`DEBUG RELOAD`, `DEBUG SLEEP`).
+pub const DEBUG_ARGS: [&str; 6] = [
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--enable-debug-command",
+    "yes",
+];
+
 /// The module the tests load: `REDSEM_MODULE`, or the debug build `scripts/test` makes first.
 pub fn module_path() -> PathBuf {
     let path = std::env::var_os("REDSEM_MODULE").map_or_else(
