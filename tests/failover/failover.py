@@ -537,7 +537,7 @@ class Test:
     # -- phases -----------------------------------------------------------------------------
 
     def phase_stale_replica(self):
-        """P hands out 1-5; R2 paused; R1 promoted hands out 5 more; P and R1 die; R2 resumes
+        """P hands out five tickets (from its floor); R2 paused; R1 promoted hands out 5 more; P and R1 die; R2 resumes
         and is promoted: its tickets must be past R1's. Then a server restarted from R2's AOF as
         it was while paused (two terms old) must go past R2's. Without Sentinel."""
         phase = "stale replica promoted"
@@ -570,7 +570,8 @@ class Test:
         old.start()
         self.nodes.append(old)
         counter = old.client().get("job:counter")
-        self.check(counter == b"5", f"{phase}: the old AOF's counter is {counter}, not 5")
+        self.check(counter == str(first[-1]).encode(),
+                   f"{phase}: the old AOF's counter is {counter}, not P's fifth ticket {first[-1]}")
         fourth = [grant(old) for _ in range(5)]
         log(f"{phase}: P {first}, R1 {second}, R2 {third}, R2's old AOF {fourth}")
         tickets = first + second + third + fourth
