@@ -864,6 +864,9 @@ pub fn on_timer(ctx: &Context) {
     }
     if let Some(at) = with(|s| s.registry.next_due_ms()) {
         timer::arm(at, clock_ms());
+    } else if !queued_anywhere() {
+        // Nobody waits any more: other commands stop paying for the key events.
+        events::stop_following_keys(ctx.ctx);
     }
 }
 

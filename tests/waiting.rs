@@ -1702,3 +1702,37 @@ fn under_load_plain_waiters_stay_within_the_limit_and_all_get_served() {
 fn under_load_fair_waiters_get_tickets_in_grant_order() {
     load("SEM.ACQUIREFAIR");
 }
+
+/// Where the server can unsubscribe (Redis 8.2 and later), the module stops following key events
+/// once a timer run finds nobody waiting, and follows them again at the next wait: a waited
+/// semaphore that expires still serves its line at once.
+#[test]
+fn key_events_are_followed_again_after_nobody_waited() {
+    let server = Server::start();
+    let mut c = server.connection();
+    let _: String = run(&mut c, &["SEM.ACQUIRE", "s", "1", "600", "ID", "h"]);
+    // A wait that times out: the timer runs and finds nobody waiting any more.
+    let none: Option<String> = run(&mut c, &["SEM.ACQUIRE", "s", "1", "60", "WAIT", "0.05"]);
+    assert_eq!(none, None);
+    wait_until("the timer is stopped", Duration::from_secs(10), || {
+        info_sem(&mut c)["sem_armed_timers"] == 0
+    });
+    let waiter = Pending::send(
+        &server,
+        &["SEM.ACQUIRE", "s", "1", "60", "ID", "w", "WAIT", "30"],
+    );
+    wait_until("the client waits", Duration::from_secs(10), || {
+        info_sem(&mut c)["sem_waiters"] == 1
+    });
+    // The holder set expires long before the holder's lease or the wait's end.
+    let started = std::time::Instant::now();
+    let set: i64 = run(&mut c, &["PEXPIRE", "s", "100"]);
+    assert_eq!(set, 1);
+    let reply = waiter.reply().expect("granted");
+    assert_eq!(reply, redis::Value::BulkString(b"w".to_vec()));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "served after {:?}",
+        started.elapsed()
+    );
+}

@@ -14,7 +14,7 @@
 
 use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use redis_module::raw;
 
@@ -48,8 +48,10 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     }
 }
 
-/// Whether the module follows keyspace events (since the first wait of this load).
+/// Whether the module follows keyspace events (while anybody waits, or since the first wait on
+/// a server that cannot unsubscribe), and the classes it subscribed to.
 static FOLLOWING_KEYS: AtomicBool = AtomicBool::new(false);
+static CLASSES: AtomicI32 = AtomicI32::new(0);
 
 /// Starts following deletions, renames, moves, expiries and evictions of keys, once per load,
 /// when the first client waits: until then nothing needs them. Redis offers no way to stop
@@ -70,8 +72,36 @@ pub fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
     if status != raw::REDISMODULE_OK as c_int {
         return Err(SemError::Internal);
     }
+    CLASSES.store(classes, Ordering::Relaxed);
     FOLLOWING_KEYS.store(true, Ordering::Relaxed);
     Ok(())
+}
+
+/// Stops following keyspace events (a timer run found nobody waiting), where the server can
+/// (Redis 8.2 and later): every write's event costs other commands a walk of the subscribers.
+/// Redis 7 and Valkey cannot unsubscribe; there the subscription lasts. Only from the module's
+/// timer: the server walks its list of subscribers during a notification, and must not see it
+/// change. The next wait subscribes again.
+pub fn stop_following_keys(ctx: *mut raw::RedisModuleCtx) {
+    if !FOLLOWING_KEYS.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: a copy of the pointer the module API filled in at load.
+    let Some(unsubscribe) = (unsafe { raw::RedisModule_UnsubscribeFromKeyspaceEvents }) else {
+        return;
+    };
+    // SAFETY: the timer's context (the module is what Redis matches); the same classes and
+    // callback as the subscription.
+    let status = unsafe {
+        unsubscribe(
+            ctx,
+            CLASSES.load(Ordering::Relaxed) as c_int,
+            Some(on_key_event),
+        )
+    };
+    if status == raw::REDISMODULE_OK as c_int {
+        FOLLOWING_KEYS.store(false, Ordering::Relaxed);
+    }
 }
 
 /// Whether the module follows the generic class (deletions, renames, moves). Valkey 8 delivers
