@@ -2,9 +2,10 @@
 //! (loading ended, or it became a primary), it takes a fencing floor from the clock: fair tickets
 //! go on from there at least (`fencing.rs`). The waiting side
 //! hears of connections closing (BOUND permits), flushes and swapped databases, and this node
-//! becoming a replica: server events, which cost other commands nothing.
+//! becoming a replica: server events (the server walks its listeners twice per event-loop turn,
+//! which costs other commands a little: docs/performance.md).
 //!
-//! Once a client has waited, it also hears of keys deleted, renamed, moved, expired or evicted
+//! While a client waits, it also hears of keys deleted, renamed, moved, expired or evicted
 //! (keyspace events of the generic, expired and evicted classes): such a change to a waited
 //! semaphore serves its line at once, whatever the number of waiters. The classes of writes
 //! (string, hash, sorted set) are not followed: each event of a followed class costs the server
@@ -53,9 +54,10 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
 static FOLLOWING_KEYS: AtomicBool = AtomicBool::new(false);
 static CLASSES: AtomicI32 = AtomicI32::new(0);
 
-/// Starts following deletions, renames, moves, expiries and evictions of keys, once per load,
-/// when the first client waits: until then nothing needs them. Redis offers no way to stop
-/// following again. What is left out, and why: see the module comment.
+/// Starts following deletions, renames, moves, expiries and evictions of keys when a client
+/// waits (and the module does not follow them already): until then nothing needs them. Where
+/// the server can, a timer run that finds nobody waiting stops again (`stop_following_keys`).
+/// What is left out, and why: see the module comment.
 pub fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
     if FOLLOWING_KEYS.load(Ordering::Relaxed) {
         return Ok(());
