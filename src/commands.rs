@@ -38,7 +38,7 @@ pub extern "C" fn entry(
     argc: c_int,
 ) -> c_int {
     guard(raw::REDISMODULE_ERR as c_int, || {
-        run(ctx, argv, argc, dispatch)
+        waiting::scope(&Context::new(ctx), false, || run(ctx, argv, argc, dispatch))
     })
 }
 
@@ -333,6 +333,9 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             // identifier may be among them).
             after_write(&mut store, || call.sem(ctx));
             let bind_to = bound.then(|| client_id(ctx));
+            if bound {
+                waiting::follow_bound(ctx);
+            }
             waiting::after_grant(|| call.sem(ctx), id.as_slice(), renewed, bind_to);
             let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
             match ticket {

@@ -24,7 +24,7 @@ use crate::memory;
 use crate::queue::{Ask, Binding, Due, IdMap, Registry, SemKey, WaiterId, Wants};
 use crate::semaphore::{self, AcquireRequest, Acquired, Holder};
 use crate::server::block::{self, Blocked};
-use crate::server::events;
+use crate::server::events::{self, Needs};
 pub use crate::server::hooks::Left;
 use crate::server::key::Access;
 use crate::server::memory as server_memory;
@@ -113,15 +113,58 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `f` on the state. Never call into Redis inside: a callback could come back here.
 fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
-    let mut guard: MutexGuard<'_, Option<State>> = STATE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let state = guard.get_or_insert_with(State::default);
-    let result = f(state);
-    WAITERS.store(state.registry.total_waiters(), Ordering::Relaxed);
-    BINDINGS.store(state.registry.bound_count(), Ordering::Relaxed);
-    PENDING.store(state.work.len(), Ordering::Relaxed);
+    let (result, waiters, bindings) = {
+        let mut guard: MutexGuard<'_, Option<State>> = STATE
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = guard.get_or_insert_with(State::default);
+        let result = f(state);
+        let (waiters, bindings) = (state.registry.total_waiters(), state.registry.bound_count());
+        WAITERS.store(waiters, Ordering::Relaxed);
+        BINDINGS.store(bindings, Ordering::Relaxed);
+        PENDING.store(state.work.len(), Ordering::Relaxed);
+        (result, waiters, bindings)
+    };
+    if SCOPES.load(Ordering::Relaxed) == 0 && events::can_end(waiters > 0, bindings > 0) {
+        // Some events are not needed any more: the timer ends them right after this callback
+        // (never here: it may run inside the server's walk of its listeners).
+        timer::arm_now();
+    }
     result
+}
+
+/// Commands of the module and timer runs under way (a module's call from a keyspace event may
+/// run one inside another).
+static SCOPES: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs a command (`from_timer`: a timer run) that may end the last wait or BOUND permit; at its
+/// end the events nothing needs any more end, where the server walks none of its lists of
+/// listeners: the timer, and a command of a connection (a script's or a module's call may run
+/// from inside a walk: then the timer ends them right after).
+pub fn scope<T>(ctx: &Context, from_timer: bool, work: impl FnOnce() -> T) -> T {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            SCOPES.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    SCOPES.fetch_add(1, Ordering::Relaxed);
+    let leave = Leave;
+    let result = work();
+    drop(leave);
+    if SCOPES.load(Ordering::Relaxed) == 0 && events::can_end(queued_anywhere(), any_bindings()) {
+        if from_timer || block::from_connection(ctx) {
+            settle(ctx);
+        } else {
+            timer::arm_now();
+        }
+    }
+    result
+}
+
+/// A permit was granted BOUND to the caller's connection: follow connections closing.
+pub fn follow_bound(ctx: &Context) {
+    events::follow(ctx.ctx, Needs::Bound);
 }
 
 /// Forgets everything (a new load of the module; an unload is refused while anybody waits or
@@ -214,6 +257,7 @@ pub fn gauges() -> Vec<(&'static str, u64)> {
         ("waiting_for_empty", empty as u64),
         ("scheduled_wakeups", scheduled as u64),
         ("armed_timers", u64::from(timer::is_armed())),
+        ("event_subscriptions", events::subscriptions()),
         ("bound_holders", bound as u64),
         ("waiters_memory", blocked as u64 * per_waiter_bytes()),
         (
@@ -264,7 +308,10 @@ pub fn wait_set(
 ) -> Result<(), SemError> {
     let sems: Vec<SemKey> = parts.iter().map(|(sem, _)| sem.clone()).collect();
     check_room(&sems)?;
-    events::follow_keys(ctx.ctx)?;
+    events::follow_waits(ctx.ctx)?;
+    if parts.iter().any(|(_, ask)| ask.bound) {
+        events::follow(ctx.ctx, Needs::Bound);
+    }
     let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
     let key = blocked.key();
     let client = block::client_id(ctx);
@@ -330,7 +377,10 @@ fn block_caller(
     next_deadline: Option<i64>,
 ) -> Result<(), SemError> {
     check_room(std::slice::from_ref(&sem))?;
-    events::follow_keys(ctx.ctx)?;
+    events::follow_waits(ctx.ctx)?;
+    if ask.as_ref().is_some_and(|ask| ask.bound) {
+        events::follow(ctx.ctx, Needs::Bound);
+    }
     let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
     let key = blocked.key();
     let client = block::client_id(ctx);
@@ -776,7 +826,8 @@ pub fn became_replica() {
             for_empty,
         );
     }
-    timer::disarm();
+    // The timer, armed or not, finds nothing to do on a replica; it ends the events the
+    // waiting side followed (never from here: this runs in the server's walk of listeners).
 }
 
 /// `key` of database `db` changed by another hand than this module's (a write, expiry,
@@ -817,6 +868,10 @@ fn defer(work: Work) {
 /// left when the slice runs out goes on at the next turn of the event loop, after other
 /// clients are answered.
 pub fn on_timer(ctx: &Context) {
+    scope(ctx, true, || timer_run(ctx));
+}
+
+fn timer_run(ctx: &Context) {
     if !is_primary(ctx) {
         // A replica grants nothing; `became_replica` answered the waiters.
         with(|s| s.work.clear());
@@ -864,9 +919,19 @@ pub fn on_timer(ctx: &Context) {
     }
     if let Some(at) = with(|s| s.registry.next_due_ms()) {
         timer::arm(at, clock_ms());
-    } else if !queued_anywhere() {
-        // Nobody waits any more: other commands stop paying for the key events.
-        events::stop_following_keys(ctx.ctx);
+    }
+}
+
+/// Ends the events nothing needs now (see [`scope`]): other commands stop paying for them; and
+/// the timer once nothing is left for it.
+fn settle(ctx: &Context) {
+    let (waiting, bound) = (queued_anywhere(), any_bindings());
+    if !events::can_end(waiting, bound) {
+        return;
+    }
+    events::settle(ctx.ctx, waiting, bound);
+    if !waiting && !bound && !any_pending() && with(|s| s.registry.next_due_ms()).is_none() {
+        timer::disarm();
     }
 }
 

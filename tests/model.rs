@@ -65,7 +65,7 @@ use std::io::{BufWriter, Write};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{info_sem, server_kind, start_replica_of, Server};
+use common::{follows_key_events, info_sem, server_kind, start_replica_of, Server};
 use keyspace::{compare, parse_dump, show, show_keys, time_ms, Bytes, Dump, Value, DUMP_SCRIPT};
 use predict::{Observed, Verdict};
 use rng::Rng;
@@ -876,12 +876,12 @@ fn random_steps_match_the_model_and_keep_every_invariant() {
     );
     let started = Instant::now();
     let primary = Server::start_with(&PRIMARY_ARGS);
-    let (valkey, major) = server_kind(&mut primary.connection());
+    let (valkey, _) = server_kind(&mut primary.connection());
     // A standalone server: no command filter on any server.
     sem::UNFILTERED.store(true, std::sync::atomic::Ordering::Relaxed);
     sem::SCRIPT_ARITY_NAMES_REDIS.store(!valkey, std::sync::atomic::Ordering::Relaxed);
     sem::DELETIONS_FOLLOWED.store(
-        !(valkey && major == 8),
+        follows_key_events(&mut primary.connection()),
         std::sync::atomic::Ordering::Relaxed,
     );
     let replica = start_replica_of(&primary);

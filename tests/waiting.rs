@@ -953,10 +953,13 @@ fn client_unblock_ends_a_wait_with_nil_or_an_error() {
 fn deleting_the_keys_serves_the_head_on_an_empty_semaphore() {
     let server = Server::start();
     let mut conn = server.connection();
-    // Valkey 8: the module follows no deletions (src/server/events.rs); the line is served at
-    // the deleted holder's lease end, made short there.
-    let (valkey, major) = server_kind(&mut conn);
-    let lease = if valkey && major == 8 { "1" } else { "30" };
+    // Redis 7 and Valkey: the module follows no deletions (src/server/events.rs); the line is
+    // served at the deleted holder's lease end, made short there.
+    let lease = if follows_key_events(&mut conn) {
+        "30"
+    } else {
+        "1"
+    };
 
     // Plain: DEL of the holder set.
     let _: String = cmd(&mut conn, &format!("SEM.ACQUIRE d 1 {lease} ID h"));
@@ -1347,12 +1350,18 @@ fn nothing_is_written_while_writes_are_paused() {
 }
 
 /// Another client shortens the holder set's expiry (or memory pressure evicts it): its waiters
-/// are served when it goes, not at the last lease end.
+/// are served when it goes, not at the last lease end. (Where the module follows no key
+/// events: at the lease end; see src/server/events.rs.)
 #[test]
 fn a_holder_set_that_expires_early_serves_its_waiters() {
     let server = Server::start();
     let mut conn = server.connection();
-    let _: String = cmd(&mut conn, "SEM.ACQUIRE early 1 100 ID h");
+    let lease = if follows_key_events(&mut conn) {
+        "100"
+    } else {
+        "2"
+    };
+    let _: String = cmd(&mut conn, &format!("SEM.ACQUIRE early 1 {lease} ID h"));
     let waiter = queue(&server, &mut conn, "SEM.ACQUIRE early 1 30 ID w WAIT 10");
     let _: i64 = cmd(&mut conn, "PEXPIRE early 100");
     let done = waiter.finish();
@@ -1710,6 +1719,17 @@ fn under_load_fair_waiters_get_tickets_in_grant_order() {
 fn key_events_are_followed_again_after_nobody_waited() {
     let server = Server::start();
     let mut c = server.connection();
+    if !follows_key_events(&mut c) {
+        // Redis 7 and Valkey: no key events are followed (src/server/events.rs); a wait
+        // follows flushes and swapped databases only.
+        let _: String = run(&mut c, &["SEM.ACQUIRE", "s", "1", "600", "ID", "h"]);
+        let _waiter = Pending::send(&server, &["SEM.ACQUIRE", "s", "1", "60", "WAIT", "30"]);
+        wait_until("the client waits", Duration::from_secs(10), || {
+            info_sem(&mut c)["sem_waiters"] == 1
+        });
+        assert_eq!(info_sem(&mut c)["sem_event_subscriptions"], 3 + 2);
+        return;
+    }
     let _: String = run(&mut c, &["SEM.ACQUIRE", "s", "1", "600", "ID", "h"]);
     // A wait that times out: the timer runs and finds nobody waiting any more.
     let none: Option<String> = run(&mut c, &["SEM.ACQUIRE", "s", "1", "60", "WAIT", "0.05"]);
@@ -1735,4 +1755,86 @@ fn key_events_are_followed_again_after_nobody_waited() {
         "served after {:?}",
         started.elapsed()
     );
+}
+
+/// The server events only the waiting side needs (flushes, swapped databases, connections
+/// closing) cost every other command a walk of the listeners: the module follows them while
+/// somebody waits or holds a BOUND permit, ends them right after the command that ended the
+/// last wait or binding (before its reply), and follows them again for the next wait or BOUND
+/// permit, which are served as before.
+#[test]
+fn waiting_events_end_after_the_last_wait_and_come_back_with_the_next() {
+    let server = Server::start();
+    let mut conn = server.connection();
+    let subscriptions = |conn: &mut redis::Connection| info_sem(conn)["sem_event_subscriptions"];
+    let resting = subscriptions(&mut conn);
+    assert_eq!(resting, 3, "loading, role change and config change");
+    let keys = u64::from(follows_key_events(&mut conn));
+
+    // A wait that ends in a hand-off.
+    let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR fl 1 30 ID h");
+    let w = queue(&server, &mut conn, "SEM.ACQUIREFAIR fl 1 30 ID w WAIT 10");
+    assert_eq!(
+        subscriptions(&mut conn),
+        resting + 2 + keys,
+        "flush, swap, keys"
+    );
+    assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE fl h"), 1);
+    assert_eq!(subscriptions(&mut conn), resting);
+    assert_eq!(info_sem(&mut conn)["sem_armed_timers"], 0);
+    assert_eq!(w.reply(), id("w"));
+    // A wait ended by a script's release (a script may run inside the server's walk of its
+    // listeners: the timer ends the events, right after the command).
+    let w = queue(&server, &mut conn, "SEM.ACQUIREFAIR fl 1 30 ID w1 WAIT 10");
+    let released: i64 = run(
+        &mut conn,
+        &[
+            "EVAL",
+            "return redis.call('SEM.RELEASE', KEYS[1], 'w')",
+            "1",
+            "fl",
+        ],
+    );
+    assert_eq!(released, 1);
+    assert_eq!(subscriptions(&mut conn), resting);
+    assert_eq!(info_sem(&mut conn)["sem_armed_timers"], 0);
+    assert_eq!(w.reply(), id("w1"));
+    // A wait that times out.
+    let none: Option<String> = cmd(&mut conn, "SEM.ACQUIREFAIR fl 1 30 WAIT 0.05");
+    assert_eq!(none, None);
+    assert_eq!(subscriptions(&mut conn), resting);
+    assert_eq!(info_sem(&mut conn)["sem_armed_timers"], 0);
+
+    // The next wait follows flushes again.
+    let w = queue(&server, &mut conn, "SEM.ACQUIREFAIR fl 1 30 ID w2 WAIT 10");
+    let _: () = cmd(&mut conn, "FLUSHDB");
+    assert_eq!(w.reply(), id("w2"));
+    assert_eq!(subscriptions(&mut conn), resting);
+
+    // A BOUND permit follows connections closing, and flushes, until it is given back.
+    let mut bound = server.connection();
+    let _: String = cmd(&mut bound, "SEM.ACQUIRE b 2 60 ID x BOUND");
+    assert_eq!(subscriptions(&mut conn), resting + 3);
+    drop(bound);
+    wait_until("the permit is given back", EVENTUALLY, || {
+        holders(&mut conn, "b").is_empty()
+    });
+    assert_eq!(subscriptions(&mut conn), resting);
+    let mut bound = server.connection();
+    let _: String = cmd(&mut bound, "SEM.ACQUIRE b 2 60 ID y BOUND");
+    drop(bound);
+    wait_until("the permit is given back again", EVENTUALLY, || {
+        holders(&mut conn, "b").is_empty()
+    });
+    // A BOUND permit released by its holder ends them as well.
+    let _: String = cmd(&mut conn, "SEM.ACQUIRE b 2 60 ID z BOUND");
+    assert_eq!(subscriptions(&mut conn), resting + 3);
+    assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE b z"), 1);
+    assert_eq!(subscriptions(&mut conn), resting);
+    // A BOUND acquire that is refused follows nothing.
+    let _: String = cmd(&mut conn, "SEM.ACQUIRE full 1 60 ID z");
+    let refused: Option<String> = cmd(&mut conn, "SEM.ACQUIRE full 1 60 BOUND");
+    assert_eq!(refused, None);
+    assert_eq!(subscriptions(&mut conn), resting);
+    assert_eq!(info_sem(&mut conn)["sem_armed_timers"], 0);
 }

@@ -70,6 +70,8 @@ impl Callgrind {
             .arg(server)
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no"])
+            // The host set loads the module into a running server (MODULE LOAD).
+            .args(["--enable-module-command", "yes"])
             .arg("--dir")
             .arg(dir)
             .arg("--logfile")

@@ -106,6 +106,11 @@ pub struct Args {
     #[arg(long)]
     host_cpu: Option<usize>,
 
+    /// Loads per count of the host set, the median taken (the event loop's turns per request
+    /// move one load's count by about half a point) [default: 3; with --smoke: 1].
+    #[arg(long, value_parser = value_parser!(u32).range(1..=15))]
+    host_reps: Option<u32>,
+
     /// The redis-server binary the instr set starts under callgrind with the
     /// module (Debian's Redis 7.0 in scripts/bench).
     #[arg(long)]
@@ -306,6 +311,9 @@ impl Settings {
                     None => HostState::FULL.to_vec(),
                 },
                 cpu: args.host_cpu,
+                reps: args
+                    .host_reps
+                    .unwrap_or(if args.smoke { 1 } else { host::FULL_REPS }),
             })
         };
         let instr = match (&args.instr_server, &args.module) {

@@ -201,9 +201,13 @@ pub fn host_section(r: &HostResults) -> String {
         out,
         "\nHost: what the module costs the server's other commands, in instructions (callgrind \
          counts them exactly, whatever else the machine runs). Each server runs under \
-         `valgrind --tool=callgrind --dump-instr=no` with `--save '' --appendonly no`, once \
-         without the module and once with `--loadmodule {}`; `redis-benchmark -t {} -n {} -c {}` \
-         sends {} requests on keys of no semaphore, between `callgrind_control -z` and `-d`; \
+         `valgrind --tool=callgrind --dump-instr=no` with `--save '' --appendonly no`, first \
+         without the module, then, in the same process, after `MODULE LOAD {}` (so both sides \
+         share the random hash seeds that decide which names share a bucket, of the command \
+         table and of the keyspace, which separate processes do not: they differ by up to a \
+         point and a half); `redis-benchmark -t {} -n {} -c {}` sends {} requests on keys of no \
+         semaphore, between `callgrind_control -z` and `-d`, {} time(s) per count, the median \
+         taken (one load moves with how many requests each turn of the event loop finds); \
          instructions per request are the server's instructions in that span (every thread) \
          over the requests. Without the module one client waits in `BLPOP` on an empty list \
          during the load; with it, the same `BLPOP` client in the first two states, then the \
@@ -222,10 +226,9 @@ pub fn host_section(r: &HostResults) -> String {
          (with what it calls: the server's housekeeping, ten times a second; for every second \
          the load lasts under valgrind it adds under 1 instruction per request on Valkey, about \
          10 on Redis 7.0 and 70 on Redis 8.2, more with many clients connected), which grows \
-         with the load's wall time, not with its requests: counting it, as the last columns do, a busy machine moves the ratio by \
-         several percent between runs; without it, server processes still differ by about \
-         half a percent (each draws its own hash seed at start, which decides which names share \
-         a hash bucket). {} server(s) in {:.0} s.\n\n\
+         with the load's wall time, not with its requests: counting it, as the last columns do, \
+         a busy machine moves the ratio by several percent between runs. {} server(s) in {:.0} \
+         s.\n\n\
          | Server | Module state | baseline (no module) | instructions/request outside \
          serverCron, baseline | with module | ratio | target | | all instructions/request, \
          baseline | with module | ratio | load s, baseline / module |\n\
@@ -235,6 +238,7 @@ pub fn host_section(r: &HostResults) -> String {
         group_thousands(plan.requests),
         host::CLIENTS,
         group_thousands(plan.requests * host::TEST_COUNT),
+        plan.reps,
         group_thousands(host::MANY_WAITERS as u64),
         group_thousands(host::MANY_WAITERS as u64),
         host::LEASE_MS / 1_000,

@@ -284,6 +284,9 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
         return Ok(RedisValue::NoReply);
     }
     let bind_to = bound.then(|| client_id(ctx));
+    if bound {
+        waiting::follow_bound(ctx);
+    }
     let mut tickets = Vec::with_capacity(stores.len());
     for (i, store) in stores.iter_mut().enumerate() {
         let sem = || call.sem(ctx, i);

@@ -51,6 +51,17 @@ pub fn in_script(ctx: &Context) -> bool {
     flags & raw::REDISMODULE_CTX_FLAGS_LUA != 0
 }
 
+/// Whether the caller is a connection, not a script or a module's call, which run on temporary
+/// clients the server does not list.
+pub fn from_connection(ctx: &Context) -> bool {
+    // SAFETY: the command's own context; no client information is filled in.
+    unsafe {
+        let id = raw::RedisModule_GetClientId.unwrap()(ctx.ctx);
+        raw::RedisModule_GetClientInfoById.unwrap()(std::ptr::null_mut(), id)
+            == raw::REDISMODULE_OK as c_int
+    }
+}
+
 /// The id of the caller's connection (`CLIENT ID`).
 pub fn client_id(ctx: &Context) -> u64 {
     // SAFETY: the command's own context.

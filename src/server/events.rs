@@ -1,9 +1,13 @@
 //! Server events the module follows. When this node's data may be behind what clients were told
 //! (loading ended, or it became a primary), it takes a fencing floor from the clock: fair tickets
-//! go on from there at least (`fencing.rs`). The waiting side
-//! hears of connections closing (BOUND permits), flushes and swapped databases, and this node
-//! becoming a replica: server events (the server walks its listeners twice per event-loop turn,
-//! which costs other commands a little: docs/performance.md).
+//! go on from there at least (`fencing.rs`); this node becoming a replica answers the waiters; a
+//! `CONFIG SET` of the memory settings refreshes what the admission of waiters reads. Those three
+//! the module follows while it is loaded.
+//!
+//! The server walks its list of listeners twice per event-loop turn, whichever event fires: each
+//! one costs every other command a little (docs/performance.md). So what only the waiting side
+//! needs is followed only while it does: flushes and swapped databases while anybody waits or
+//! holds a BOUND permit, connections closing while a BOUND permit is held or waited for.
 //!
 //! While a client waits, it also hears of keys deleted, renamed, moved, expired or evicted
 //! (keyspace events of the generic, expired and evicted classes): such a change to a waited
@@ -11,11 +15,16 @@
 //! (string, hash, sorted set) are not followed: each event of a followed class costs the server
 //! a module context (about 600 instructions) on every such write anywhere. A `ZREM`, or an
 //! overwrite of a waited key by another client, is seen when the line is next served: at its
-//! next lease end or a waiter's timeout.
+//! next lease end or a waiter's timeout. (Only where the subscription can end again:
+//! `follows_key_events`.)
+//!
+//! Subscriptions end ([`settle`]) at the end of the command or timer run that ended the last
+//! wait or binding, never inside the server's walk of a list of listeners, which must not
+//! change under it (the waiting side decides where: `waiting::scope`).
 
 use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use redis_module::raw;
 
@@ -23,68 +32,191 @@ use crate::error::SemError;
 use crate::server::guard;
 use crate::server::hooks::hooks;
 
-/// Subscribes to the events.
+fn server_event(
+    ctx: *mut raw::RedisModuleCtx,
+    id: u64,
+    callback: raw::RedisModuleEventCallback,
+) -> bool {
+    let event = raw::RedisModuleEvent { id, dataver: 1 };
+    // SAFETY: a context of the module (the module is what Redis takes from it); the callback
+    // is a plain function, or none to unsubscribe.
+    let status = unsafe { raw::RedisModule_SubscribeToServerEvent.unwrap()(ctx, event, callback) };
+    status == raw::REDISMODULE_OK as i32
+}
+
+/// Subscribes to the events followed while the module is loaded (at load), and makes sure the
+/// server takes the others, so that following them later cannot fail.
 pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
-    let subscribe = |id: u64, callback: raw::RedisModuleEventCallback| {
-        let event = raw::RedisModuleEvent { id, dataver: 1 };
-        // SAFETY: called from OnLoad with its context; the callback is a plain function.
-        let status =
-            unsafe { raw::RedisModule_SubscribeToServerEvent.unwrap()(ctx, event, callback) };
-        status == raw::REDISMODULE_OK as i32
-    };
-    let subscribed = subscribe(raw::REDISMODULE_EVENT_LOADING, Some(on_loading))
-        && subscribe(
-            raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
-            Some(on_role_changed),
-        )
-        && subscribe(raw::REDISMODULE_EVENT_CLIENT_CHANGE, Some(on_client_change))
-        && subscribe(raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush))
-        && subscribe(raw::REDISMODULE_EVENT_SWAPDB, Some(on_swap))
-        && subscribe(raw::REDISMODULE_EVENT_CONFIG, Some(on_config_change));
     FOLLOWING_KEYS.store(false, Ordering::Relaxed);
-    if subscribed {
-        Ok(())
-    } else {
-        Err("the server refused the event subscriptions".into())
+    FOLLOWED.store(0, Ordering::Relaxed);
+    let for_good = [
+        (raw::REDISMODULE_EVENT_LOADING, Some(on_loading as Callback)),
+        (
+            raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+            Some(on_role_changed as Callback),
+        ),
+        (
+            raw::REDISMODULE_EVENT_CONFIG,
+            Some(on_config_change as Callback),
+        ),
+    ];
+    let subscribed = for_good
+        .into_iter()
+        .all(|(id, callback)| server_event(ctx, id, callback))
+        && [DATABASES, CONNECTIONS].into_iter().all(|group| {
+            events_of(group)
+                .iter()
+                .all(|&(id, callback)| server_event(ctx, id, Some(callback)))
+                && events_of(group)
+                    .iter()
+                    .all(|&(id, _)| server_event(ctx, id, None))
+        });
+    match subscribed {
+        true => Ok(()),
+        false => Err("the server refused the event subscriptions".into()),
     }
 }
 
-/// Whether the module follows keyspace events (while anybody waits, or since the first wait on
-/// a server that cannot unsubscribe), and the classes it subscribed to.
+type Callback =
+    unsafe extern "C" fn(*mut raw::RedisModuleCtx, raw::RedisModuleEvent, u64, *mut c_void);
+
+/// What the waiting side needs to hear of beyond the events followed for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// A client waits: flushes and swapped databases (and changes to keys: [`follow_waits`]).
+    Waiting,
+    /// A permit is BOUND to its connection, or asked for so: connections closing, flushes and
+    /// swapped databases.
+    Bound,
+}
+
+/// The server events followed for now, by the groups below.
+static FOLLOWED: AtomicU8 = AtomicU8::new(0);
+/// `FLUSHDB`/`FLUSHALL` and `SWAPDB`.
+const DATABASES: u8 = 1;
+/// Connections closing.
+const CONNECTIONS: u8 = 2;
+
+fn events_of(group: u8) -> &'static [(u64, Callback)] {
+    match group {
+        DATABASES => &[
+            (raw::REDISMODULE_EVENT_FLUSHDB, on_flush as Callback),
+            (raw::REDISMODULE_EVENT_SWAPDB, on_swap as Callback),
+        ],
+        _ => &[(
+            raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+            on_client_change as Callback,
+        )],
+    }
+}
+
+/// Starts following the server events `needs` asks for, if the module does not already (the
+/// server took them at load: see [`subscribe`]).
+pub fn follow(ctx: *mut raw::RedisModuleCtx, needs: Needs) {
+    let wanted = match needs {
+        Needs::Waiting => DATABASES,
+        Needs::Bound => DATABASES | CONNECTIONS,
+    };
+    let followed = FOLLOWED.load(Ordering::Relaxed);
+    let mut now = followed;
+    for group in [DATABASES, CONNECTIONS] {
+        if wanted & group != 0 && followed & group == 0 {
+            for &(id, callback) in events_of(group) {
+                server_event(ctx, id, Some(callback));
+            }
+            now |= group;
+        }
+    }
+    FOLLOWED.store(now, Ordering::Relaxed);
+}
+
+/// Starts following what a waiting client needs: changes to keys, flushes and swapped
+/// databases. Before the caller waits: an error changes nothing.
+pub fn follow_waits(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
+    follow_keys(ctx)?;
+    follow(ctx, Needs::Waiting);
+    Ok(())
+}
+
+/// Whether the module follows something it could stop following now (`waiting`: anybody
+/// waits; `bound`: anybody holds a BOUND permit), with [`settle`].
+pub fn can_end(waiting: bool, bound: bool) -> bool {
+    !waiting
+        && (FOLLOWING_KEYS.load(Ordering::Relaxed)
+            || (!bound && FOLLOWED.load(Ordering::Relaxed) != 0))
+}
+
+/// The module's subscriptions to server and keyspace events now (each costs other commands a
+/// little: the module comment).
+pub fn subscriptions() -> u64 {
+    let followed = FOLLOWED.load(Ordering::Relaxed);
+    let mut count = 3;
+    if followed & DATABASES != 0 {
+        count += 2;
+    }
+    if followed & CONNECTIONS != 0 {
+        count += 1;
+    }
+    count
+        + u64::from(FOLLOWING_KEYS.load(Ordering::Relaxed))
+        + u64::from(super::memory::follows_evictions())
+}
+
+/// Stops following what nobody needs now (`waiting`: anybody waits; `bound`: anybody holds a
+/// BOUND permit). Never inside a walk of the server's listeners (see the module comment).
+pub fn settle(ctx: *mut raw::RedisModuleCtx, waiting: bool, bound: bool) {
+    if !waiting {
+        stop_following_keys(ctx);
+    }
+    let followed = FOLLOWED.load(Ordering::Relaxed);
+    if waiting || bound || followed == 0 {
+        return;
+    }
+    for group in [DATABASES, CONNECTIONS] {
+        if followed & group != 0 {
+            for &(id, _) in events_of(group) {
+                server_event(ctx, id, None);
+            }
+        }
+    }
+    FOLLOWED.store(0, Ordering::Relaxed);
+}
+
+/// Whether the module follows keyspace events (while anybody waits).
 static FOLLOWING_KEYS: AtomicBool = AtomicBool::new(false);
-static CLASSES: AtomicI32 = AtomicI32::new(0);
+/// The classes followed: deletions, renames and moves; expiries; evictions.
+const KEY_CLASSES: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
+    | raw::REDISMODULE_NOTIFY_EXPIRED
+    | raw::REDISMODULE_NOTIFY_EVICTED) as c_int;
 
 /// Starts following deletions, renames, moves, expiries and evictions of keys when a client
-/// waits (and the module does not follow them already): until then nothing needs them. Where
-/// the server can, a timer run that finds nobody waiting stops again (`stop_following_keys`).
-/// What is left out, and why: see the module comment.
-pub fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
-    if FOLLOWING_KEYS.load(Ordering::Relaxed) {
+/// waits (and the module does not follow them already, or cannot: [`follows_key_events`]):
+/// until then nothing needs them. What is left out, and why: see the module comment.
+fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
+    if FOLLOWING_KEYS.load(Ordering::Relaxed) || !follows_key_events() {
         return Ok(());
     }
     // SAFETY: a command's context (the module pointer is what Redis takes from it); the
     // callback is a plain function.
-    let mut classes = raw::REDISMODULE_NOTIFY_EXPIRED | raw::REDISMODULE_NOTIFY_EVICTED;
-    if follows_generic_events() {
-        classes |= raw::REDISMODULE_NOTIFY_GENERIC;
-    }
     let status = unsafe {
-        raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(ctx, classes, Some(on_key_event))
+        raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(ctx, KEY_CLASSES, Some(on_key_event))
     };
     if status != raw::REDISMODULE_OK as c_int {
         return Err(SemError::Internal);
     }
-    CLASSES.store(classes, Ordering::Relaxed);
     FOLLOWING_KEYS.store(true, Ordering::Relaxed);
     Ok(())
 }
 
-/// Stops following keyspace events (a timer run found nobody waiting), where the server can
-/// (Redis 8.2 and later): every write's event costs other commands a walk of the subscribers.
-/// Redis 7 and Valkey cannot unsubscribe; there the subscription lasts. Only from the module's
-/// timer: the server walks its list of subscribers during a notification, and must not see it
-/// change. The next wait subscribes again.
-pub fn stop_following_keys(ctx: *mut raw::RedisModuleCtx) {
+/// Whether the server can end a keyspace subscription (Redis 8.2 and later).
+fn can_unfollow_keys() -> bool {
+    // SAFETY: a copy of the pointer the module API filled in at load.
+    unsafe { raw::RedisModule_UnsubscribeFromKeyspaceEvents }.is_some()
+}
+
+/// Stops following keyspace events (nobody waits): every write's event costs other commands a
+/// walk of the subscribers. The next wait subscribes again.
+fn stop_following_keys(ctx: *mut raw::RedisModuleCtx) {
     if !FOLLOWING_KEYS.load(Ordering::Relaxed) {
         return;
     }
@@ -92,27 +224,25 @@ pub fn stop_following_keys(ctx: *mut raw::RedisModuleCtx) {
     let Some(unsubscribe) = (unsafe { raw::RedisModule_UnsubscribeFromKeyspaceEvents }) else {
         return;
     };
-    // SAFETY: the timer's context (the module is what Redis matches); the same classes and
+    // SAFETY: a context of the module (the module is what Redis matches); the same classes and
     // callback as the subscription.
-    let status = unsafe {
-        unsubscribe(
-            ctx,
-            CLASSES.load(Ordering::Relaxed) as c_int,
-            Some(on_key_event),
-        )
-    };
+    let status = unsafe { unsubscribe(ctx, KEY_CLASSES, Some(on_key_event)) };
     if status == raw::REDISMODULE_OK as c_int {
         FOLLOWING_KEYS.store(false, Ordering::Relaxed);
     }
 }
 
-/// Whether the module follows the generic class (deletions, renames, moves). Valkey 8 delivers
-/// a keyspace event through the executing client and leaves that client in the event's
-/// database: with a subscriber, `MOVE key 5` or `COPY a b DB 5` would switch the caller's
-/// connection to database 5. There the module follows expiries and evictions only, and a
-/// deletion, rename or move is seen at the line's next lease end or a waiter's timeout.
-pub fn follows_generic_events() -> bool {
-    !(super::is_valkey() && super::valkey_major() == 8)
+/// Whether the module follows keyspace events at all: only where it can end the subscription
+/// again (Redis 8.2 and later). Redis 7 and Valkey cannot, and any subscriber at all costs each
+/// write of every client there about half a percent (Redis 7.0) to one (Valkey) more for the
+/// rest of the server's life (docs/performance.md), a tax one wait would leave behind; besides,
+/// Valkey 8 delivers a keyspace event through the executing client and leaves that client in
+/// the event's database (with a subscriber of the generic class, `MOVE key 5` or `COPY a b DB
+/// 5` would switch the caller's connection to database 5). There a waited semaphore's keys
+/// deleted, renamed, moved, expired early or evicted by another hand are seen at the line's
+/// next lease end or a waiter's timeout (an expiry at the lease end is one of those).
+fn follows_key_events() -> bool {
+    can_unfollow_keys()
 }
 
 extern "C" fn on_loading(

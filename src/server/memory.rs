@@ -90,6 +90,11 @@ pub fn refresh(ctx: *mut raw::RedisModuleCtx) {
     }
 }
 
+/// Whether the module follows evictions.
+pub fn follows_evictions() -> bool {
+    FOLLOWING_EVICTIONS.load(Ordering::Relaxed)
+}
+
 /// Forgets what an earlier load of the module knew.
 pub fn reset() {
     MAXMEMORY.store(0, Ordering::Relaxed);

@@ -246,11 +246,6 @@ pub fn is_valkey() -> bool {
     VALKEY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Valkey's major version, 0 on Redis.
-pub fn valkey_major() -> u32 {
-    VALKEY_MAJOR.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// Whether `RedisModule_GetCurrentUserName` checks for a client without a user: Redis 8.0 and
 /// later (redis#13619) and Valkey 9 answer NULL; Redis 7 and Valkey 8 dereference it.
 pub fn current_user_name_is_safe() -> bool {

@@ -68,6 +68,25 @@ pub fn arm(at_ms: i64, now_ms: i64) {
     }
 }
 
+/// Makes sure the timer fires right after the current command, in the same turn of the event
+/// loop (a timer due at once is run after the commands of this turn, before their replies go
+/// out), unless it is running now: then at the next turn.
+pub fn arm_now() {
+    let ctx = DETACHED.load(Ordering::Relaxed);
+    let mut armed = armed();
+    if ctx.is_null() || armed.is_some_and(|(_, at)| at == i64::MIN) {
+        return;
+    }
+    // SAFETY: the module's detached context, on the main thread; the ids are this module's.
+    unsafe {
+        if let Some((id, _)) = armed.take() {
+            raw::RedisModule_StopTimer.unwrap()(ctx, id, std::ptr::null_mut());
+        }
+        let id = raw::RedisModule_CreateTimer.unwrap()(ctx, 0, Some(fired), std::ptr::null_mut());
+        *armed = Some((id, i64::MIN));
+    }
+}
+
 /// Stops the timer: nothing is left to do (an armed timer keeps `MODULE UNLOAD` refused).
 pub fn disarm() {
     let mut armed = armed();

@@ -391,6 +391,15 @@ pub fn server_kind(conn: &mut redis::Connection) -> (bool, u32) {
 }
 
 /// The server's kind and version: (whether Valkey, major, minor), from `INFO server`.
+/// Whether the module follows keyspace events on this server (it does only where it can end the
+/// subscription again: Redis 8.2 and later; src/server/events.rs): there another client's
+/// deletion, rename, move or early expiry of a waited key serves its line at once, elsewhere at
+/// the line's next lease end or a waiter's timeout.
+pub fn follows_key_events(conn: &mut redis::Connection) -> bool {
+    let (valkey, major, minor) = server_version(conn);
+    !valkey && (major, minor) >= (8, 2)
+}
+
 pub fn server_version(conn: &mut redis::Connection) -> (bool, u32, u32) {
     let info: String = redis::cmd("INFO")
         .arg("server")

@@ -697,7 +697,7 @@ impl Run {
         if kind == "flush" && !matches!(reply_of(&replies[0]), Reply::Err(_)) {
             ep.flushed = true;
         }
-        // When the module does not follow deletions (Valkey 8), a wipe is seen when the line is
+        // When the module does not follow deletions (Redis 7, Valkey), a wipe is seen when the line is
         // next served: at its next lease end after the write or a waiter's timeout, whichever comes first.
         let wipe_later = if DELETIONS_FOLLOWED.load(Ordering::Relaxed) {
             0
