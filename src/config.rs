@@ -1,8 +1,9 @@
 //! The module's settings: `CONFIG SET/GET sem.<name>`, `loadmodule ... <name> <value>`, and
 //! `sem.<name>` lines in redis.conf. Read on the hot path as relaxed atomics.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 
+pub use crate::server::events::KeyEvents;
 use crate::types::MAX_LEASE_MS;
 
 /// One numeric setting: its name (after `sem.`), bounds, and current value (the default until
@@ -97,12 +98,25 @@ pub fn command_filter() -> bool {
     COMMAND_FILTER.load(Ordering::Relaxed)
 }
 
+/// `key-events auto|keyspace|server`, a module argument only (chosen at load): how the module
+/// hears of another client changing a waited semaphore's keys (`server/events.rs`).
+static KEY_EVENTS: AtomicU8 = AtomicU8::new(0);
+
+pub fn key_events() -> KeyEvents {
+    match KEY_EVENTS.load(Ordering::Relaxed) {
+        1 => KeyEvents::Keyspace,
+        2 => KeyEvents::Server,
+        _ => KeyEvents::Auto,
+    }
+}
+
 /// Puts every setting back to its default (a new load must not inherit an earlier load's).
 pub fn reset() {
     for setting in SETTINGS {
         setting.value.store(setting.default, Ordering::Relaxed);
     }
     COMMAND_FILTER.store(true, Ordering::Relaxed);
+    KEY_EVENTS.store(0, Ordering::Relaxed);
 }
 
 /// The longest lease allowed now, in milliseconds.
@@ -125,6 +139,16 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
                 _ => return Err("command-filter must be 1 (yes) or 0 (no)".into()),
             };
             COMMAND_FILTER.store(on, Ordering::Relaxed);
+            continue;
+        }
+        if name.eq_ignore_ascii_case("key-events") {
+            let value = match pair[1].to_ascii_lowercase().as_slice() {
+                b"auto" => 0,
+                b"keyspace" => 1,
+                b"server" => 2,
+                _ => return Err("key-events must be auto, keyspace or server".into()),
+            };
+            KEY_EVENTS.store(value, Ordering::Relaxed);
             continue;
         }
         let setting = SETTINGS
@@ -166,6 +190,11 @@ mod tests {
         assert!(!command_filter());
         apply_module_args(&[b"command-filter", b"1"]).unwrap();
         assert!(command_filter());
+        assert!(apply_module_args(&[b"key-events", b"sometimes"]).is_err());
+        apply_module_args(&[b"key-events", b"SERVER"]).unwrap();
+        assert_eq!(key_events(), KeyEvents::Server);
+        apply_module_args(&[b"key-events", b"auto"]).unwrap();
+        assert_eq!(key_events(), KeyEvents::Auto);
         apply_module_args(&[b"sem.max-waiters", b"77"]).unwrap();
         assert_eq!(MAX_WAITERS.get(), 77);
         MAX_WAITERS.set(MAX_WAITERS.default).unwrap();

@@ -50,6 +50,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     waiting::reset();
     server::memory::reset();
     server::hooks::install(hooks());
+    let version = server::server_version(ctx.ctx);
     let module_args: Vec<&[u8]> = args.iter().map(|arg| arg.as_slice()).collect();
     let registered = config::apply_module_args(&module_args)
         .and_then(|()| server::config::register(ctx.ctx))
@@ -63,14 +64,14 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         .and_then(|()| server::timer::init(ctx.ctx))
         .and_then(|()| server::info::register(ctx.ctx))
         .and_then(|()| {
-            let (valkey, major, minor) = server::server_version(ctx.ctx);
+            let (valkey, major, minor) = version;
             let mode = match config::command_filter() && server::is_cluster(ctx.ctx) {
                 true => server::filter::mode_for(valkey, major, minor),
                 false => server::filter::Mode::None,
             };
             server::filter::register(ctx.ctx, mode)
         })
-        .and_then(|()| server::events::subscribe(ctx.ctx));
+        .and_then(|()| server::events::subscribe(ctx.ctx, version, config::key_events()));
     server::memory::refresh(ctx.ctx);
     if let Err(reason) = registered {
         ctx.log_warning(&format!("redsem: {reason}"));
@@ -98,7 +99,7 @@ fn hooks() -> Hooks {
         connection_closed: waiting::connection_closed,
         flushed: waiting::flushed,
         swapped: waiting::swapped,
-        follows_keys: waiting::queued_anywhere,
+        follows_keys: waiting::follows_foreign_changes,
         key_changed: waiting::touched,
         slot_changed: waiting::recheck_all,
         key_evicted,
@@ -117,6 +118,7 @@ fn key_evicted(db: i32, key: &[u8]) -> bool {
         || waiting::waits_on(db, key);
     if ours {
         stats::count(&stats::COUNTERS.evicted_keys);
+        waiting::touched(db, key);
     }
     ours
 }

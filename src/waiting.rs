@@ -178,6 +178,12 @@ pub fn queued_anywhere() -> bool {
     WAITERS.load(Ordering::Relaxed) > 0
 }
 
+/// Whether another hand's change to a key may concern a waiter: somebody waits, and no command
+/// of the module or timer run is under way (those serve the lines they write themselves).
+pub fn follows_foreign_changes() -> bool {
+    queued_anywhere() && SCOPES.load(Ordering::Relaxed) == 0
+}
+
 /// Waiters of `sem`, without taking the lock when nobody waits anywhere.
 pub fn queued(sem: &SemKey) -> usize {
     if WAITERS.load(Ordering::Relaxed) == 0 {
@@ -857,10 +863,11 @@ pub fn touched(db: i32, key: &[u8]) {
     }
 }
 
+/// Hands `work` to the timer, which does it right after the current command, in the same turn
+/// of the event loop: before the server reads another command.
 fn defer(work: Work) {
     with(|s| s.work.insert(work));
-    let now = clock_ms();
-    timer::arm(now, now);
+    timer::arm_now();
 }
 
 /// The module's timer fired: end the waits that are over, serve the semaphores whose lease

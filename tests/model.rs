@@ -65,7 +65,7 @@ use std::io::{BufWriter, Write};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{follows_key_events, info_sem, server_kind, start_replica_of, Server};
+use common::{info_sem, server_kind, start_replica_of, Server};
 use keyspace::{compare, parse_dump, show, show_keys, time_ms, Bytes, Dump, Value, DUMP_SCRIPT};
 use predict::{Observed, Verdict};
 use rng::Rng;
@@ -880,10 +880,6 @@ fn random_steps_match_the_model_and_keep_every_invariant() {
     // A standalone server: no command filter on any server.
     sem::UNFILTERED.store(true, std::sync::atomic::Ordering::Relaxed);
     sem::SCRIPT_ARITY_NAMES_REDIS.store(!valkey, std::sync::atomic::Ordering::Relaxed);
-    sem::DELETIONS_FOLLOWED.store(
-        follows_key_events(&mut primary.connection()),
-        std::sync::atomic::Ordering::Relaxed,
-    );
     let replica = start_replica_of(&primary);
     let mut run = Run::new(&primary, profile.seed);
     run.background_rate = profile.background;

@@ -127,14 +127,7 @@ fn a_bound_connection_closing_a_delete_and_a_flush_wake_it() {
     assert_eq!(killed, 1);
     one(pending);
 
-    // Redis 7 and Valkey: the module follows no deletions (src/server/events.rs); the wait is
-    // answered at the deleted holder's lease end, made short there.
-    let lease = if follows_key_events(&mut c) {
-        "30"
-    } else {
-        "1"
-    };
-    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "del", "1", lease]);
+    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "del", "1", "30"]);
     let pending = wait_empty(&server, &mut c, "del", "10");
     let deleted: i64 = run(&mut c, &["DEL", "del"]);
     assert_eq!(deleted, 1);

@@ -953,13 +953,7 @@ fn client_unblock_ends_a_wait_with_nil_or_an_error() {
 fn deleting_the_keys_serves_the_head_on_an_empty_semaphore() {
     let server = Server::start();
     let mut conn = server.connection();
-    // Redis 7 and Valkey: the module follows no deletions (src/server/events.rs); the line is
-    // served at the deleted holder's lease end, made short there.
-    let lease = if follows_key_events(&mut conn) {
-        "30"
-    } else {
-        "1"
-    };
+    let lease = "30";
 
     // Plain: DEL of the holder set.
     let _: String = cmd(&mut conn, &format!("SEM.ACQUIRE d 1 {lease} ID h"));
@@ -1350,17 +1344,12 @@ fn nothing_is_written_while_writes_are_paused() {
 }
 
 /// Another client shortens the holder set's expiry (or memory pressure evicts it): its waiters
-/// are served when it goes, not at the last lease end. (Where the module follows no key
-/// events: at the lease end; see src/server/events.rs.)
+/// are served when it goes, not at the last lease end.
 #[test]
 fn a_holder_set_that_expires_early_serves_its_waiters() {
     let server = Server::start();
     let mut conn = server.connection();
-    let lease = if follows_key_events(&mut conn) {
-        "100"
-    } else {
-        "2"
-    };
+    let lease = "100";
     let _: String = cmd(&mut conn, &format!("SEM.ACQUIRE early 1 {lease} ID h"));
     let waiter = queue(&server, &mut conn, "SEM.ACQUIRE early 1 30 ID w WAIT 10");
     let _: i64 = cmd(&mut conn, "PEXPIRE early 100");
@@ -1712,24 +1701,15 @@ fn under_load_fair_waiters_get_tickets_in_grant_order() {
     load("SEM.ACQUIREFAIR");
 }
 
-/// Where the server can unsubscribe (Redis 8.2 and later), the module stops following key events
-/// once a timer run finds nobody waiting, and follows them again at the next wait: a waited
-/// semaphore that expires still serves its line at once.
+/// Where the server can end them (Redis 8.2 and later: keyspace events; Valkey 8.1 to 9.0: the
+/// key server event), the module stops following changes to keys once a timer run finds nobody
+/// waiting, and follows them again at the next wait; elsewhere it keeps following them from the
+/// first wait on. Either way a waited semaphore that expires still serves its line at once.
 #[test]
 fn key_events_are_followed_again_after_nobody_waited() {
     let server = Server::start();
     let mut c = server.connection();
-    if !follows_key_events(&mut c) {
-        // Redis 7 and Valkey: no key events are followed (src/server/events.rs); a wait
-        // follows flushes and swapped databases only.
-        let _: String = run(&mut c, &["SEM.ACQUIRE", "s", "1", "600", "ID", "h"]);
-        let _waiter = Pending::send(&server, &["SEM.ACQUIRE", "s", "1", "60", "WAIT", "30"]);
-        wait_until("the client waits", Duration::from_secs(10), || {
-            info_sem(&mut c)["sem_waiters"] == 1
-        });
-        assert_eq!(info_sem(&mut c)["sem_event_subscriptions"], 3 + 2);
-        return;
-    }
+    let for_good = key_watch(&mut c, &[]) == Some(KeyWatch::KeyspaceForGood);
     let _: String = run(&mut c, &["SEM.ACQUIRE", "s", "1", "600", "ID", "h"]);
     // A wait that times out: the timer runs and finds nobody waiting any more.
     let none: Option<String> = run(&mut c, &["SEM.ACQUIRE", "s", "1", "60", "WAIT", "0.05"]);
@@ -1737,6 +1717,11 @@ fn key_events_are_followed_again_after_nobody_waited() {
     wait_until("the timer is stopped", Duration::from_secs(10), || {
         info_sem(&mut c)["sem_armed_timers"] == 0
     });
+    assert_eq!(
+        info_sem(&mut c)["sem_event_subscriptions"],
+        3 + u64::from(for_good),
+        "loading, role change, config change (and keys, for good)"
+    );
     let waiter = Pending::send(
         &server,
         &["SEM.ACQUIRE", "s", "1", "60", "ID", "w", "WAIT", "30"],
@@ -1769,7 +1754,10 @@ fn waiting_events_end_after_the_last_wait_and_come_back_with_the_next() {
     let subscriptions = |conn: &mut redis::Connection| info_sem(conn)["sem_event_subscriptions"];
     let resting = subscriptions(&mut conn);
     assert_eq!(resting, 3, "loading, role change and config change");
-    let keys = u64::from(follows_key_events(&mut conn));
+    // Followed for the rest of the load from the first wait on, where the server cannot end
+    // them (src/server/events.rs).
+    let for_good = u64::from(key_watch(&mut conn, &[]) == Some(KeyWatch::KeyspaceForGood));
+    let keys = 1;
 
     // A wait that ends in a hand-off.
     let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR fl 1 30 ID h");
@@ -1780,6 +1768,7 @@ fn waiting_events_end_after_the_last_wait_and_come_back_with_the_next() {
         "flush, swap, keys"
     );
     assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE fl h"), 1);
+    let resting = resting + for_good;
     assert_eq!(subscriptions(&mut conn), resting);
     assert_eq!(info_sem(&mut conn)["sem_armed_timers"], 0);
     assert_eq!(w.reply(), id("w"));

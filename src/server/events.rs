@@ -9,14 +9,29 @@
 //! needs is followed only while it does: flushes and swapped databases while anybody waits or
 //! holds a BOUND permit, connections closing while a BOUND permit is held or waited for.
 //!
-//! While a client waits, it also hears of keys deleted, renamed, moved, expired or evicted
-//! (keyspace events of the generic, expired and evicted classes): such a change to a waited
-//! semaphore serves its line at once, whatever the number of waiters. The classes of writes
-//! (string, hash, sorted set) are not followed: each event of a followed class costs the server
-//! a module context (about 600 instructions) on every such write anywhere. A `ZREM`, or an
-//! overwrite of a waited key by another client, is seen when the line is next served: at its
-//! next lease end or a waiter's timeout. (Only where the subscription can end again:
-//! `follows_key_events`.)
+//! While a client waits, it also hears of another client deleting, renaming, moving, expiring or
+//! evicting a waited semaphore's keys ([`KeyWatch`]): such a change serves its line right after
+//! the command that made it, or as the server's expiry cycle removes the key, whatever the
+//! number of waiters. How depends on the server, each the cheapest for other commands that
+//! reaches every waiter (figures in docs/performance.md):
+//! - Redis 8.2 and later: keyspace events of the generic, expired and evicted classes, while
+//!   anybody waits (the server can end the subscription).
+//! - Redis 7.0 to 8.1 and Valkey 9.1 and later: the same keyspace events from the first wait on,
+//!   for the rest of the load: those servers cannot end a subscription, and it costs every write
+//!   a walk of one subscriber (about half a percent), less than the key server event costs
+//!   while anybody waits (one module context for every overwritten key anywhere, 1.5 to 2.6
+//!   percent of the host set's load).
+//! - Valkey 8.1 to 9.0: the key server event (deleted, expired, evicted, overwritten) while
+//!   anybody waits. Their keyspace events run the module on the calling connection and leave it
+//!   in the event's database (`MOVE key 5` would switch the caller to database 5;
+//!   valkey-io/valkey#4024). There an overwrite of a waited key with another type answers its
+//!   waiters with `WRONGTYPE` at once too.
+//!
+//! The classes of writes (string, hash, sorted set) are not followed: each event of a followed
+//! class costs the server a module context (about 600 instructions) on every such write
+//! anywhere. A `ZREM`, or (but for the key server event) an overwrite of a waited key by another
+//! client, is seen when the line is next served: at its next lease end or a waiter's timeout.
+//! `key-events keyspace|server` (a module argument) chooses for a server that offers both.
 //!
 //! Subscriptions end ([`settle`]) at the end of the command or timer run that ended the last
 //! wait or binding, never inside the server's walk of a list of listeners, which must not
@@ -45,10 +60,17 @@ fn server_event(
 }
 
 /// Subscribes to the events followed while the module is loaded (at load), and makes sure the
-/// server takes the others, so that following them later cannot fail.
-pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+/// server takes the others, so that following them later cannot fail. `server`: whether Valkey,
+/// its major and minor version; `prefer`: the `key-events` module argument.
+pub fn subscribe(
+    ctx: *mut raw::RedisModuleCtx,
+    server: (bool, u32, u32),
+    prefer: KeyEvents,
+) -> Result<(), String> {
     FOLLOWING_KEYS.store(false, Ordering::Relaxed);
     FOLLOWED.store(0, Ordering::Relaxed);
+    let watch = choose(server, prefer, can_unfollow_keys(), key_event_supported())?;
+    WATCH.store(watch as u8, Ordering::Relaxed);
     let for_good = [
         (raw::REDISMODULE_EVENT_LOADING, Some(on_loading as Callback)),
         (
@@ -71,9 +93,94 @@ pub fn subscribe(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
                     .iter()
                     .all(|&(id, _)| server_event(ctx, id, None))
         });
-    match subscribed {
+    let keys_taken = watch != KeyWatch::KeyEvent
+        || (server_event(ctx, raw::REDISMODULE_EVENT_KEY, Some(on_key_server_event))
+            && server_event(ctx, raw::REDISMODULE_EVENT_KEY, None));
+    match subscribed && keys_taken {
         true => Ok(()),
         false => Err("the server refused the event subscriptions".into()),
+    }
+}
+
+/// What the `key-events` module argument asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyEvents {
+    /// The cheapest way this server offers ([`choose`]).
+    Auto,
+    /// Keyspace events.
+    Keyspace,
+    /// The key server event (Redis 7.2 and later, Valkey).
+    Server,
+}
+
+/// How the module hears of another client's change to a waited semaphore's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyWatch {
+    /// Keyspace events, followed while anybody waits (the server can end them).
+    KeyspaceWhileWaiting = 0,
+    /// Keyspace events, from the first wait on for the rest of the load.
+    KeyspaceForGood = 1,
+    /// The key server event, followed while anybody waits.
+    KeyEvent = 2,
+}
+
+static WATCH: AtomicU8 = AtomicU8::new(0);
+
+fn watch() -> KeyWatch {
+    match WATCH.load(Ordering::Relaxed) {
+        1 => KeyWatch::KeyspaceForGood,
+        2 => KeyWatch::KeyEvent,
+        _ => KeyWatch::KeyspaceWhileWaiting,
+    }
+}
+
+/// How to follow changes to waited keys on a server (`server`: whether Valkey, major, minor)
+/// that can end a keyspace subscription or not, and has the key server event or not: see the
+/// module comment.
+pub fn choose(
+    server: (bool, u32, u32),
+    prefer: KeyEvents,
+    can_unfollow_keys: bool,
+    key_event: bool,
+) -> Result<KeyWatch, String> {
+    let (valkey, major, minor) = server;
+    // valkey-io/valkey#4024: from 8.1 until 9.1, a keyspace event's callback runs on the calling
+    // connection and leaves it in the event's database.
+    let keyspace_moves_caller = valkey && ((8, 1)..(9, 1)).contains(&(major, minor));
+    let keyspace = match can_unfollow_keys {
+        true => KeyWatch::KeyspaceWhileWaiting,
+        false => KeyWatch::KeyspaceForGood,
+    };
+    match prefer {
+        KeyEvents::Server if key_event => Ok(KeyWatch::KeyEvent),
+        KeyEvents::Server => Err("key-events server needs Redis 7.2 or later, or Valkey".into()),
+        KeyEvents::Keyspace if keyspace_moves_caller => Err(
+            "key-events keyspace: this server's keyspace events switch the calling connection's \
+             database (valkey-io/valkey#4024); use auto or server"
+                .into(),
+        ),
+        KeyEvents::Keyspace => Ok(keyspace),
+        KeyEvents::Auto if keyspace_moves_caller && key_event => Ok(KeyWatch::KeyEvent),
+        KeyEvents::Auto if keyspace_moves_caller => {
+            Err("this server's keyspace events switch the calling connection's database".into())
+        }
+        KeyEvents::Auto => Ok(keyspace),
+    }
+}
+
+/// Whether the server has the key server event (Redis 7.2 and later, Valkey).
+fn key_event_supported() -> bool {
+    // SAFETY: a copy of the pointer the module API filled in at load; a plain query.
+    unsafe {
+        raw::RedisModule_IsSubEventSupported.is_some_and(|supported| {
+            supported(
+                raw::RedisModuleEvent {
+                    id: raw::REDISMODULE_EVENT_KEY,
+                    dataver: 1,
+                },
+                raw::REDISMODULE_SUBEVENT_KEY_DELETED,
+            ) != 0
+        })
     }
 }
 
@@ -142,7 +249,7 @@ pub fn follow_waits(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
 /// waits; `bound`: anybody holds a BOUND permit), with [`settle`].
 pub fn can_end(waiting: bool, bound: bool) -> bool {
     !waiting
-        && (FOLLOWING_KEYS.load(Ordering::Relaxed)
+        && ((FOLLOWING_KEYS.load(Ordering::Relaxed) && watch() != KeyWatch::KeyspaceForGood)
             || (!bound && FOLLOWED.load(Ordering::Relaxed) != 0))
 }
 
@@ -182,7 +289,7 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, waiting: bool, bound: bool) {
     FOLLOWED.store(0, Ordering::Relaxed);
 }
 
-/// Whether the module follows keyspace events (while anybody waits).
+/// Whether the module follows changes to keys ([`KeyWatch`]).
 static FOLLOWING_KEYS: AtomicBool = AtomicBool::new(false);
 /// The classes followed: deletions, renames and moves; expiries; evictions.
 const KEY_CLASSES: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
@@ -190,18 +297,28 @@ const KEY_CLASSES: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
     | raw::REDISMODULE_NOTIFY_EVICTED) as c_int;
 
 /// Starts following deletions, renames, moves, expiries and evictions of keys when a client
-/// waits (and the module does not follow them already, or cannot: [`follows_key_events`]):
-/// until then nothing needs them. What is left out, and why: see the module comment.
+/// waits (and the module does not follow them already): until then nothing needs them. What is
+/// followed where, and why: see the module comment.
 fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
-    if FOLLOWING_KEYS.load(Ordering::Relaxed) || !follows_key_events() {
+    if FOLLOWING_KEYS.load(Ordering::Relaxed) {
         return Ok(());
     }
-    // SAFETY: a command's context (the module pointer is what Redis takes from it); the
-    // callback is a plain function.
-    let status = unsafe {
-        raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(ctx, KEY_CLASSES, Some(on_key_event))
+    let followed = match watch() {
+        // Taken at load ([`subscribe`]).
+        KeyWatch::KeyEvent => {
+            server_event(ctx, raw::REDISMODULE_EVENT_KEY, Some(on_key_server_event))
+        }
+        // SAFETY: a command's context (the module pointer is what Redis takes from it); the
+        // callback is a plain function.
+        KeyWatch::KeyspaceWhileWaiting | KeyWatch::KeyspaceForGood => unsafe {
+            raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(
+                ctx,
+                KEY_CLASSES,
+                Some(on_key_event),
+            ) == raw::REDISMODULE_OK as c_int
+        },
     };
-    if status != raw::REDISMODULE_OK as c_int {
+    if !followed {
         return Err(SemError::Internal);
     }
     FOLLOWING_KEYS.store(true, Ordering::Relaxed);
@@ -214,35 +331,30 @@ fn can_unfollow_keys() -> bool {
     unsafe { raw::RedisModule_UnsubscribeFromKeyspaceEvents }.is_some()
 }
 
-/// Stops following keyspace events (nobody waits): every write's event costs other commands a
-/// walk of the subscribers. The next wait subscribes again.
+/// Stops following changes to keys (nobody waits), where the server can end that: every
+/// write's event costs other commands a walk of the subscribers. The next wait follows again.
 fn stop_following_keys(ctx: *mut raw::RedisModuleCtx) {
     if !FOLLOWING_KEYS.load(Ordering::Relaxed) {
         return;
     }
-    // SAFETY: a copy of the pointer the module API filled in at load.
-    let Some(unsubscribe) = (unsafe { raw::RedisModule_UnsubscribeFromKeyspaceEvents }) else {
-        return;
+    let ended = match watch() {
+        KeyWatch::KeyspaceForGood => false,
+        KeyWatch::KeyEvent => server_event(ctx, raw::REDISMODULE_EVENT_KEY, None),
+        KeyWatch::KeyspaceWhileWaiting => {
+            // SAFETY: a copy of the pointer the module API filled in at load.
+            let Some(unsubscribe) = (unsafe { raw::RedisModule_UnsubscribeFromKeyspaceEvents })
+            else {
+                return;
+            };
+            // SAFETY: a context of the module (the module is what Redis matches); the same
+            // classes and callback as the subscription.
+            let status = unsafe { unsubscribe(ctx, KEY_CLASSES, Some(on_key_event)) };
+            status == raw::REDISMODULE_OK as c_int
+        }
     };
-    // SAFETY: a context of the module (the module is what Redis matches); the same classes and
-    // callback as the subscription.
-    let status = unsafe { unsubscribe(ctx, KEY_CLASSES, Some(on_key_event)) };
-    if status == raw::REDISMODULE_OK as c_int {
+    if ended {
         FOLLOWING_KEYS.store(false, Ordering::Relaxed);
     }
-}
-
-/// Whether the module follows keyspace events at all: only where it can end the subscription
-/// again (Redis 8.2 and later). Redis 7 and Valkey cannot, and any subscriber at all costs each
-/// write of every client there about half a percent (Redis 7.0) to one (Valkey) more for the
-/// rest of the server's life (docs/performance.md), a tax one wait would leave behind; besides,
-/// Valkey 8 delivers a keyspace event through the executing client and leaves that client in
-/// the event's database (with a subscriber of the generic class, `MOVE key 5` or `COPY a b DB
-/// 5` would switch the caller's connection to database 5). There a waited semaphore's keys
-/// deleted, renamed, moved, expired early or evicted by another hand are seen at the line's
-/// next lease end or a waiter's timeout (an expiry at the lease end is one of those).
-fn follows_key_events() -> bool {
-    can_unfollow_keys()
 }
 
 extern "C" fn on_loading(
@@ -375,4 +487,65 @@ extern "C" fn on_key_event(
         guard((), || (hooks().key_changed)(db, name));
     }
     raw::REDISMODULE_OK as c_int
+}
+
+extern "C" fn on_key_server_event(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    data: *mut c_void,
+) {
+    if data.is_null() || !(hooks().follows_keys)() {
+        return;
+    }
+    // SAFETY: for this event Redis passes a RedisModuleKeyInfo (version 1: the key, open for
+    // the callback); its name is valid while the key is.
+    let (db, name) = unsafe {
+        let key = (*data.cast::<raw::RedisModuleKeyInfoV1>()).key;
+        let name = raw::RedisModule_GetKeyNameFromModuleKey.unwrap()(key);
+        if name.is_null() {
+            return;
+        }
+        let mut len = 0;
+        let ptr = raw::RedisModule_StringPtrLen.unwrap()(name, &mut len);
+        (
+            raw::RedisModule_GetDbIdFromModuleKey.unwrap()(key),
+            std::slice::from_raw_parts(ptr.cast::<u8>(), len),
+        )
+    };
+    guard((), || (hooks().key_changed)(db, name));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_server_follows_keys_the_cheapest_way_that_reaches_every_waiter() {
+        use KeyEvents::*;
+        use KeyWatch::*;
+        // (valkey, major, minor), prefer, can unfollow keyspace, has the key event -> choice
+        type Row = ((bool, u32, u32), KeyEvents, bool, bool, Option<KeyWatch>);
+        let table: [Row; 12] = [
+            ((false, 7, 0), Auto, false, false, Some(KeyspaceForGood)),
+            ((false, 7, 0), Server, false, false, None),
+            ((false, 7, 2), Auto, false, true, Some(KeyspaceForGood)),
+            ((false, 7, 2), Server, false, true, Some(KeyEvent)),
+            ((false, 8, 2), Auto, true, true, Some(KeyspaceWhileWaiting)),
+            ((false, 8, 2), Server, true, true, Some(KeyEvent)),
+            ((true, 8, 0), Auto, false, true, Some(KeyspaceForGood)),
+            ((true, 8, 1), Auto, false, true, Some(KeyEvent)),
+            ((true, 8, 1), Keyspace, false, true, None),
+            ((true, 9, 0), Auto, false, true, Some(KeyEvent)),
+            ((true, 9, 1), Auto, false, true, Some(KeyspaceForGood)),
+            ((true, 9, 1), Server, false, true, Some(KeyEvent)),
+        ];
+        for (server, prefer, unfollow, key_event, expected) in table {
+            assert_eq!(
+                choose(server, prefer, unfollow, key_event).ok(),
+                expected,
+                "{server:?} {prefer:?}"
+            );
+        }
+    }
 }

@@ -390,16 +390,42 @@ pub fn server_kind(conn: &mut redis::Connection) -> (bool, u32) {
     (valkey, major)
 }
 
-/// The server's kind and version: (whether Valkey, major, minor), from `INFO server`.
-/// Whether the module follows keyspace events on this server (it does only where it can end the
-/// subscription again: Redis 8.2 and later; src/server/events.rs): there another client's
-/// deletion, rename, move or early expiry of a waited key serves its line at once, elsewhere at
-/// the line's next lease end or a waiter's timeout.
-pub fn follows_key_events(conn: &mut redis::Connection) -> bool {
-    let (valkey, major, minor) = server_version(conn);
-    !valkey && (major, minor) >= (8, 2)
+/// How the module hears of another client's change to a waited key (src/server/events.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyWatch {
+    /// Keyspace events while anybody waits (Redis 8.2 and later).
+    KeyspaceWhileWaiting,
+    /// Keyspace events from the first wait on, for good (Redis 7.0 to 8.1, Valkey 9.1 and
+    /// later).
+    KeyspaceForGood,
+    /// The key server event while anybody waits (Valkey 8.1 to 9.0, or `key-events server`).
+    KeyEvent,
 }
 
+/// How the module follows changes to keys on this server, loaded with `module_args`; `None`
+/// where those arguments make it refuse to load.
+pub fn key_watch(conn: &mut redis::Connection, module_args: &[&str]) -> Option<KeyWatch> {
+    let (valkey, major, minor) = server_version(conn);
+    let version = (major, minor);
+    let key_event = valkey || version >= (7, 2);
+    let moves_caller = valkey && ((8, 1)..(9, 1)).contains(&version);
+    let keyspace = match !valkey && version >= (8, 2) {
+        true => KeyWatch::KeyspaceWhileWaiting,
+        false => KeyWatch::KeyspaceForGood,
+    };
+    let prefer = module_args
+        .windows(2)
+        .find(|pair| pair[0] == "key-events")
+        .map_or("auto", |pair| pair[1]);
+    match prefer {
+        "server" => key_event.then_some(KeyWatch::KeyEvent),
+        "keyspace" => (!moves_caller).then_some(keyspace),
+        _ if moves_caller => Some(KeyWatch::KeyEvent),
+        _ => Some(keyspace),
+    }
+}
+
+/// The server's kind and version: (whether Valkey, major, minor), from `INFO server`.
 pub fn server_version(conn: &mut redis::Connection) -> (bool, u32, u32) {
     let info: String = redis::cmd("INFO")
         .arg("server")

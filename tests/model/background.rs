@@ -33,12 +33,11 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::sync::atomic::Ordering;
 use std::thread::{self, sleep, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::keyspace::{show, show_keys, time_ms, Bytes, Dump, Value};
-use super::sem::{counter_key, deadline_ms, limit_key, owner_key, permits_key, DELETIONS_FOLLOWED};
+use super::sem::{counter_key, deadline_ms, limit_key, owner_key, permits_key};
 use super::steps::NAMES;
 use super::wire::{cmd, pipeline, reply_of, show_command, Reply};
 use super::Run;
@@ -697,14 +696,8 @@ impl Run {
         if kind == "flush" && !matches!(reply_of(&replies[0]), Reply::Err(_)) {
             ep.flushed = true;
         }
-        // When the module does not follow deletions (Redis 7, Valkey), a wipe is seen when the line is
-        // next served: at its next lease end after the write or a waiter's timeout, whichever comes first.
-        let wipe_later = if DELETIONS_FOLLOWED.load(Ordering::Relaxed) {
-            0
-        } else {
-            let waiting: Vec<usize> = pending.iter().chain(&empties).copied().collect();
-            next_serve_in(ep, &name, &waiting, t1)
-        };
+        // Every server serves a wiped line at once (src/server/events.rs).
+        let wipe_later = 0;
         match kind {
             // The waiters at the head of the line that fit an empty semaphore are granted at
             // once (as long as its kind is theirs), their leases starting no earlier.

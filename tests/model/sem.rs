@@ -403,11 +403,6 @@ pub fn parse_permits(field: &[u8], value: &[u8]) -> Option<u64> {
 /// arity check of the short form.
 pub static UNFILTERED: AtomicBool = AtomicBool::new(true);
 
-/// Whether the module follows deletions at once (Redis 8.2 and later: see
-/// src/server/events.rs); where it does not, a waiter learns of one at the line's next lease
-/// end or a timeout.
-pub static DELETIONS_FOLLOWED: AtomicBool = AtomicBool::new(true);
-
 /// What a call means when a script makes it.
 pub fn interpret_in_script(args: &[Bytes]) -> Interp {
     if !UNFILTERED.load(Ordering::Relaxed) {
