@@ -8,6 +8,7 @@ pub mod state;
 pub mod stream;
 
 use std::collections::BTreeSet;
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ struct Launch {
     config_file: Option<PathBuf>,
     /// Arguments to the module, after its path.
     module_args: Vec<String>,
+    /// Start without the module.
+    no_module: bool,
 }
 
 pub struct Server {
@@ -114,8 +117,29 @@ impl Server {
         let launch = Launch {
             config_file: Some(config_file),
             module_args: module_args.iter().map(|a| a.to_string()).collect(),
+            no_module: false,
         };
         Server::start_in(dir, port, &launch, extra)
+    }
+
+    /// A server without the module (`--enable-module-command yes`: a test may `MODULE LOAD` it
+    /// later, as [`module_path`] gives it), no persistence: what the client packages' scripts
+    /// run on.
+    pub fn start_without_module() -> Server {
+        let port = free_port();
+        let launch = Launch {
+            no_module: true,
+            ..Launch::default()
+        };
+        let extra = [
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--enable-module-command",
+            "yes",
+        ];
+        Server::start_in(scratch_dir(port), port, &launch, &extra)
     }
 
     /// Starts again in the same directory (to reload an AOF or RDB), on a new port.
@@ -132,8 +156,10 @@ impl Server {
             .arg(port.to_string())
             .args(["--bind", "127.0.0.1", "--dir"])
             .arg(&dir)
-            .arg("--loadmodule")
-            .arg(module_path())
+            .args(match launch.no_module {
+                true => vec![],
+                false => vec![OsString::from("--loadmodule"), module_path().into()],
+            })
             .args(&launch.module_args)
             .args(extra)
             .stdout(Stdio::from(log.try_clone().expect("log handle")))
