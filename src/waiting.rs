@@ -28,6 +28,7 @@ use crate::server::events::{self, Needs};
 pub use crate::server::hooks::Left;
 use crate::server::key::Access;
 use crate::server::memory as server_memory;
+use crate::server::names as server_names;
 use crate::server::{
     clock_ms, cluster_can_serve, is_primary, is_valkey, select_db, timer, writes_paused,
 };
@@ -121,7 +122,7 @@ fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
         let result = f(state);
         let (waiters, bindings) = (state.registry.total_waiters(), state.registry.bound_count());
         if waiters == 0 && WAITERS.load(Ordering::Relaxed) != 0 {
-            names::clear();
+            server_names::forget_all();
         }
         WAITERS.store(waiters, Ordering::Relaxed);
         BINDINGS.store(bindings, Ordering::Relaxed);
@@ -326,7 +327,7 @@ pub fn wait_set(
     let client = block::client_id(ctx);
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
     for sem in &sems {
-        names::mark(sem.db, &sem.name);
+        server_names::watch(sem.db, &sem.name);
     }
     let due = with(|s| {
         let id = s
@@ -397,7 +398,7 @@ fn block_caller(
     let key = blocked.key();
     let client = block::client_id(ctx);
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
-    names::mark(sem.db, &sem.name);
+    server_names::watch(sem.db, &sem.name);
     let due = with(|s| {
         let id = match ask {
             Some(ask) => s
@@ -851,29 +852,13 @@ pub fn touched(db: i32, key: &[u8]) {
     if !queued_anywhere() {
         return;
     }
-    // Most keys are nobody's semaphore: the filter answers for them without a lock or an
-    // allocation (the key server event brings every overwritten key of the server here).
-    let mut names: [Option<&[u8]>; 5] = [None; 5];
-    let mut found = 0;
-    // Every derived key's suffix ends in one of these.
-    let derived = matches!(key.last(), Some(b'r' | b's' | b't'));
-    for name in std::iter::once(Some(key)).chain(
+    let names = std::iter::once(key).chain(
         [OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX, LIMIT_SUFFIX]
             .iter()
-            .map(|suffix| key.strip_suffix(*suffix).filter(|_| derived)),
-    ) {
-        if let Some(name) = name.filter(|name| names::may_be_waited(db, name)) {
-            names[found] = Some(name);
-            found += 1;
-        }
-    }
-    if found == 0 {
-        return;
-    }
+            .filter_map(|suffix| key.strip_suffix(*suffix)),
+    );
     let waited: Vec<SemKey> = with(|s| {
         names
-            .into_iter()
-            .flatten()
             .map(|name| SemKey {
                 db,
                 name: name.to_vec(),
@@ -888,69 +873,6 @@ pub fn touched(db: i32, key: &[u8]) {
 
 /// Hands `work` to the timer, which does it right after the current command, in the same turn
 /// of the event loop: before the server reads another command.
-/// The semaphores somebody waits on, as a filter of their names' hashes readable without the
-/// lock: a name it does not hold is nobody's waited semaphore; one it holds may be (the
-/// registry tells). Set when a client starts to wait, cleared when nobody waits any more.
-mod names {
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    const WORDS: usize = 64;
-    static BITS: [AtomicU64; WORDS] = [const { AtomicU64::new(0) }; WORDS];
-
-    /// A hash of the database, the name's length and its first and last eight bytes: a
-    /// handful of instructions whatever the length.
-    fn bit(db: i32, name: &[u8]) -> (usize, u64) {
-        let word = |bytes: &[u8]| {
-            let mut buf = [0u8; 8];
-            buf[..bytes.len()].copy_from_slice(bytes);
-            u64::from_le_bytes(buf)
-        };
-        let head = word(&name[..name.len().min(8)]);
-        let tail = word(&name[name.len().saturating_sub(8)..]);
-        let mut hash = (db as u32 as u64) ^ ((name.len() as u64) << 32);
-        for part in [head, tail] {
-            hash = (hash ^ part).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            hash ^= hash >> 29;
-        }
-        let index = (hash % (WORDS as u64 * 64)) as usize;
-        (index / 64, 1 << (index % 64))
-    }
-
-    pub fn mark(db: i32, name: &[u8]) {
-        let (word, mask) = bit(db, name);
-        BITS[word].fetch_or(mask, Ordering::Relaxed);
-    }
-
-    pub fn may_be_waited(db: i32, name: &[u8]) -> bool {
-        let (word, mask) = bit(db, name);
-        BITS[word].load(Ordering::Relaxed) & mask != 0
-    }
-
-    pub fn clear() {
-        for word in &BITS {
-            word.store(0, Ordering::Relaxed);
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn a_marked_name_may_be_waited_and_a_cleared_filter_holds_none() {
-            clear();
-            mark(0, b"jobs");
-            assert!(may_be_waited(0, b"jobs"));
-            let others = (0..200)
-                .filter(|i| may_be_waited(0, format!("other{i}").as_bytes()))
-                .count();
-            assert!(others < 10, "{others} of 200 other names pass");
-            clear();
-            assert!(!may_be_waited(0, b"jobs"));
-        }
-    }
-}
-
 fn defer(work: Work) {
     with(|s| s.work.insert(work));
     timer::arm_now();

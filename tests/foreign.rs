@@ -216,7 +216,7 @@ fn an_evicted_holder_set_serves_its_line() {
 }
 
 /// Another client overwrites a waited holder set with a string. Where the module follows the
-/// key server event (Valkey 8.1 to 9.0 by default; Redis 7.2 and later and Valkey with
+/// key server event (Redis 7.2 to 8.1 and Valkey by default; Redis 8.2 and later with
 /// `key-events server`), the waiters are answered `WRONGTYPE` at once; elsewhere at their
 /// timeout (src/server/events.rs). The other client's value stays.
 #[test]

@@ -1701,10 +1701,10 @@ fn under_load_fair_waiters_get_tickets_in_grant_order() {
     load("SEM.ACQUIREFAIR");
 }
 
-/// Where the server can end them (Redis 8.2 and later: keyspace events; Valkey 8.1 to 9.0: the
-/// key server event), the module stops following changes to keys once a timer run finds nobody
-/// waiting, and follows them again at the next wait; elsewhere it keeps following them from the
-/// first wait on. Either way a waited semaphore that expires still serves its line at once.
+/// Where the server can end them (Redis 8.2 and later: keyspace events; Redis 7.2 to 8.1 and
+/// Valkey: the key server event), the module stops following changes to keys once a timer run
+/// finds nobody waiting, and follows them again at the next wait; on Redis 7.0 it keeps
+/// following them from the first wait on. Either way a waited semaphore that expires still serves its line at once.
 #[test]
 fn key_events_are_followed_again_after_nobody_waited() {
     let server = Server::start();

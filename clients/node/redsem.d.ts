@@ -1,5 +1,5 @@
-// Types of redsem.js: permits of redsem semaphores (the Redis module `sem`) for ioredis and
-// node-redis. The clients are described by what the permit uses of them, so this file needs
+// Types of redsem.js: permits of redsem semaphores (the Redis module `sem`, or its Lua script
+// where the server has no module) for ioredis and node-redis. The clients are described by what the permit uses of them, so this file needs
 // neither library's types and accepts either's client.
 
 /** An ioredis client (`new Redis()`), as far as a permit uses it. */
@@ -32,7 +32,7 @@ export interface PermitOptions {
   fair?: boolean;
   /** Permits taken at once, all or none. */
   count?: number | null;
-  /** Given back when the permit's connection closes. */
+  /** Given back when the permit's connection closes. Needs the module (else ModuleRequired). */
   bound?: boolean;
   /** The holder's identifier (default: a new UUID v4); it names one permit. */
   id?: string | null;
@@ -49,6 +49,12 @@ export class SemaphoreError extends Error {}
 export class NotAcquired extends SemaphoreError {}
 /** The permit ran out before it was given back: the work it guarded may have overlapped. */
 export class PermitLost extends SemaphoreError {}
+/**
+ * The server has no redsem module, and what was asked needs it (`bound`, a set of semaphores,
+ * waitEmpty, any call through an ioredis client with a `keyPrefix`): rejected before anything
+ * was sent. Its `name` is "ModuleRequired".
+ */
+export class ModuleRequired extends SemaphoreError {}
 /** Fewer replicas than `durableReplicas` acknowledged the grant in time; it was given back. */
 export class NotDurable extends SemaphoreError {
   constructor(message: string, acked: number, wanted: number);
@@ -149,7 +155,10 @@ export function withPermit<T>(
   work: (permit: Permit) => Promise<T> | T,
 ): Promise<T>;
 
-/** Takes permits of several semaphores at once, all or none; rejects with NotAcquired. */
+/**
+ * Takes permits of several semaphores at once, all or none; rejects with NotAcquired. Needs the
+ * module (else ModuleRequired).
+ */
 export function acquireAll(
   redis: Client,
   semaphores: readonly SetSemaphore[],
@@ -158,7 +167,8 @@ export function acquireAll(
 
 /**
  * Runs `work(permits)` holding every permit of the set and gives them back afterwards; rejects
- * with the work's error, or with PermitLost if a permit ran out during the work.
+ * with the work's error, or with PermitLost if a permit ran out during the work. Needs the
+ * module (else ModuleRequired).
  */
 export function withPermits<T>(
   redis: Client,
@@ -170,6 +180,7 @@ export function withPermits<T>(
 /**
  * Waits, on a connection of its own, until the semaphore `name` has no live holder: true once
  * it has none, false when `timeout` seconds pass first (Infinity: no limit; 0 looks once).
+ * Needs the module (else ModuleRequired).
  */
 export function waitEmpty(redis: Client, name: string, timeout: number): Promise<boolean>;
 

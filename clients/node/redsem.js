@@ -9,8 +9,15 @@
 //
 // The identifier is made here (a UUID v4) unless `id` gives one, so when the client resends an
 // acquire after a reconnection it renews the same holder rather than taking a second permit.
+//
+// Without the module (a managed Redis that loads none), the same operations run as the Lua
+// script redsem.lua over the very keys the module keeps: each client object asks the server
+// once (COMMAND INFO SEM.ACQUIRE) and remembers. BOUND, sets and waitEmpty need the module and
+// reject with ModuleRequired before anything is sent.
 
-const { randomUUID } = require("node:crypto");
+const { createHash, randomUUID } = require("node:crypto");
+const fs = require("node:fs");
+const path = require("node:path");
 const { performance } = require("node:perf_hooks");
 
 class SemaphoreError extends Error {
@@ -35,6 +42,16 @@ class NotDurable extends SemaphoreError {
     this.acked = acked;
     this.wanted = wanted;
   }
+}
+
+/**
+ * The server has no redsem module, and what was asked needs it (BOUND, a set of semaphores,
+ * waitEmpty, any call through an ioredis client with a keyPrefix): nothing was sent.
+ */
+class ModuleRequired extends SemaphoreError {}
+
+function moduleRequired(what) {
+  return new ModuleRequired(`${what} needs the redsem module loaded in the server`);
 }
 
 /** Seconds as the module reads them: digits and up to 3 decimals. */
@@ -90,16 +107,21 @@ function acquireArgs(name, opts, id) {
 function adapt(redis) {
   if (redis && typeof redis.call === "function" && typeof redis.duplicate === "function") {
     return {
+      raw: redis,
       call: (...args) => redis.call(...args),
       // ioredis connects a duplicate by itself, and queues commands until it has.
       duplicate: async (override) => adapt(redis.duplicate(override)),
       close: () => redis.quit().catch(() => redis.disconnect()),
       destroy: () => redis.disconnect(),
       commandTimeout: redis.options && redis.options.commandTimeout,
+      // ioredis prefixes the keys of the commands it knows (EVALSHA's, BLPOP's), not the names
+      // passed to the module's commands.
+      keyPrefix: redis.options && redis.options.keyPrefix,
     };
   }
   if (redis && typeof redis.sendCommand === "function" && typeof redis.duplicate === "function") {
     return {
+      raw: redis,
       // node-redis sends strings and buffers only.
       call: (...args) =>
         redis.sendCommand(args.map((arg) => (Buffer.isBuffer(arg) ? arg : String(arg)))),
@@ -131,6 +153,124 @@ function adapt(redis) {
   throw new TypeError("redis must be an ioredis client or a connected node-redis client");
 }
 
+/**
+ * The script's source and SHA-1: redsem.lua beside this file (npm pack copies it there from
+ * the repository's clients/scripts/redsem.lua, the one source), else that source itself when
+ * running from a checkout of the repository. Read once, when first needed.
+ */
+let script = null;
+
+function loadScript() {
+  if (script) return script;
+  const places = [
+    path.join(__dirname, "redsem.lua"),
+    path.join(__dirname, "..", "scripts", "redsem.lua"),
+  ];
+  for (const place of places) {
+    let source;
+    try {
+      source = fs.readFileSync(place);
+    } catch (err) {
+      if (err.code === "ENOENT") continue;
+      throw err;
+    }
+    script = { source, sha: createHash("sha1").update(source).digest("hex") };
+    return script;
+  }
+  throw new Error(`redsem-client: its script redsem.lua is missing (${places.join(", ")})`);
+}
+
+/** The server's answer to "is the module loaded?", per client object: a promise of a boolean. */
+const backends = new WeakMap();
+
+/**
+ * Finds out once per client object whether its server has the module (COMMAND INFO answers
+ * [nil] for a command it does not know) and marks the adapter: `module` true or false.
+ * A failed question is asked again next time.
+ */
+async function detect(conn) {
+  if (conn.module !== undefined) return conn;
+  let known = backends.get(conn.raw);
+  if (!known) {
+    known = Promise.resolve(conn.call("COMMAND", "INFO", "SEM.ACQUIRE")).then(
+      (reply) => Array.isArray(reply) && reply.length > 0 && reply[0] != null,
+    );
+    backends.set(conn.raw, known);
+    known.catch(() => {
+      if (backends.get(conn.raw) === known) backends.delete(conn.raw);
+    });
+  }
+  conn.module = await known;
+  if (!conn.module && conn.keyPrefix) {
+    // The script's keys would be prefixed where the module's names are not: other keys.
+    throw moduleRequired("an ioredis keyPrefix");
+  }
+  return conn;
+}
+
+/** The module's commands the script runs (as its OP, without the SEM. prefix). */
+const SCRIPTED = new Set([
+  "SEM.ACQUIRE",
+  "SEM.ACQUIREFAIR",
+  "SEM.REFRESH",
+  "SEM.RELEASE",
+  "SEM.GET",
+  "SEM.LIMIT",
+]);
+
+/**
+ * Sends a command of the module, `[SEM.X, name, ...args]`, on a detected connection: as it is
+ * with the module, else as the script's op X over the semaphore's keys. SEM.ACQUIRE and
+ * SEM.ACQUIREFAIR answer `[reply, retry_ms]` through the script.
+ */
+function semCall(conn, args) {
+  if (conn.module) return conn.call(...args);
+  const command = String(args[0]).toUpperCase();
+  if (!SCRIPTED.has(command)) return Promise.reject(moduleRequired(command));
+  return runScript(conn, args[1], [command.slice("SEM.".length), ...args.slice(2)]);
+}
+
+/** The keys of a semaphore besides its name, in the order the script takes them. */
+const KEY_SUFFIXES = ["owner", "counter", "permits", "limit", "wake"];
+
+/** EVALSHA of the script over the six keys of `name`; EVAL (which loads it) on NOSCRIPT. */
+async function runScript(conn, name, opArgs) {
+  const { source, sha } = loadScript();
+  const keys = [name, ...KEY_SUFFIXES.map((suffix) => `${name}:${suffix}`)];
+  try {
+    return await conn.call("EVALSHA", sha, keys.length, ...keys, ...opArgs);
+  } catch (err) {
+    if (!(err && typeof err.message === "string" && err.message.startsWith("NOSCRIPT"))) throw err;
+  }
+  return conn.call("EVAL", source, keys.length, ...keys, ...opArgs);
+}
+
+/** The longest a waiter without the module blocks before it asks again (a lease may end). */
+const RECHECK_MS = 1000;
+
+/**
+ * SEM.ACQUIRE / SEM.ACQUIREFAIR through the script, waiting as the module would: after a
+ * refusal, BLPOP on `<name>:wake` (a release, an expiry removed or a limit raised pushes a
+ * token there) for at most the time left, the next lease end and a second, then again.
+ * Resolves with the module's reply (null: not granted) and when the granting try was sent.
+ */
+async function scriptAcquire(conn, name, opts, id) {
+  const command = opts.fair ? "SEM.ACQUIREFAIR" : "SEM.ACQUIRE";
+  const args = [command, name, opts.limit, seconds(opts.lease), "ID", id];
+  if (opts.count != null) args.push("COUNT", opts.count);
+  if (opts.fair) args.push("WITHTICKET");
+  const end = opts.wait ? performance.now() + opts.wait * 1000 : 0; // Infinity: no end
+  for (;;) {
+    const sent = performance.now();
+    const [reply, retryMs] = await semCall(conn, args);
+    if (reply != null) return { reply, sent };
+    const left = end - performance.now();
+    if (!(left > 0)) return { reply: null, sent };
+    const next = retryMs > 0 ? Math.min(Number(retryMs), RECHECK_MS) : RECHECK_MS;
+    await conn.call("BLPOP", `${name}:wake`, seconds(Math.min(left, next) / 1000));
+  }
+}
+
 /** The connection a permit uses: its own when it waits or binds, else the caller's. */
 async function connectionFor(client, opts) {
   if (!opts.wait && !opts.bound && !opts.durableReplicas) return { conn: client, own: false };
@@ -142,14 +282,16 @@ async function connectionFor(client, opts) {
 }
 
 /** A new connection for a command that may block `blockMs` in the server. */
-function ownConnection(client, blockMs) {
+async function ownConnection(client, blockMs) {
   // An ioredis commandTimeout must outlast the server's wait.
   const override = {};
   const timeout = client.commandTimeout;
   if (timeout) {
     override.commandTimeout = Number.isFinite(blockMs) ? timeout + blockMs : undefined;
   }
-  return client.duplicate(override);
+  const own = await client.duplicate(override);
+  own.module = client.module; // the same server
+  return own;
 }
 
 const asyncDispose = Symbol.asyncDispose || Symbol.for("nodejs.asyncDispose");
@@ -203,7 +345,7 @@ class Held {
     if (this._released) throw new SemaphoreError("the permit was already released");
     const sent = performance.now();
     const args = this._refreshArgs();
-    const reply = await this._conn.call(...args);
+    const reply = await semCall(this._conn, args);
     if (reply === this._wanted) {
       this._confirmedUntil = sent + this.lease * 1000;
       this._armDeadline();
@@ -238,7 +380,7 @@ class Held {
     const args = this._releaseArgs();
     let reply;
     try {
-      reply = await this._conn.call(...args);
+      reply = await semCall(this._conn, args);
     } catch (err) {
       this._markLost(`the release failed: ${err.message}`);
       throw err;
@@ -337,7 +479,7 @@ class Permit extends Held {
     if (!Number.isInteger(count) || count < 1 || count >= this.count) {
       throw new RangeError(`count must be from 1 to ${this.count - 1}; use release() for all`);
     }
-    const reply = await this._conn.call("SEM.RELEASE", this.name, this.id, "COUNT", count);
+    const reply = await semCall(this._conn, ["SEM.RELEASE", this.name, this.id, "COUNT", count]);
     if (reply === 1) {
       this.count -= count;
       return true;
@@ -395,17 +537,26 @@ class PermitSet extends Held {
  *
  * `redis` is an ioredis client or a connected node-redis client. A permit that waits, binds or
  * asks for replicas uses a connection of its own (`redis.duplicate()`), closed at its release;
- * the others use `redis`.
+ * the others use `redis`. Without the module the script does the same over the same keys, and
+ * waits with BLPOP on `<name>:wake` on the permit's own connection; `bound` rejects with
+ * ModuleRequired.
  */
 async function acquire(redis, name, options = {}) {
   const opts = checkOptions(name, options);
   const id = opts.id != null ? opts.id : randomUUID();
-  const { conn, own } = await connectionFor(adapt(redis), opts);
+  const client = await detect(adapt(redis));
+  if (!client.module && opts.bound) throw moduleRequired("BOUND");
+  const { conn, own } = await connectionFor(client, opts);
   let permit;
   try {
-    const sent = performance.now();
-    const reply = await conn.call(...acquireArgs(name, opts, id));
-    if (reply === null) {
+    let sent = performance.now();
+    let reply;
+    if (conn.module) {
+      reply = await conn.call(...acquireArgs(name, opts, id));
+    } else {
+      ({ reply, sent } = await scriptAcquire(conn, name, opts, id));
+    }
+    if (reply == null) {
       const waited = opts.wait ? ` within ${opts.wait} s` : "";
       throw new NotAcquired(`no permit of ${name} (limit ${opts.limit}) was granted${waited}`);
     }
@@ -514,7 +665,9 @@ function acquireAllArgs(sems, opts, id) {
 async function acquireAll(redis, semaphores, options = {}) {
   const { sems, opts } = checkSetOptions(semaphores, options);
   const id = opts.id != null ? opts.id : randomUUID();
-  const { conn, own } = await connectionFor(adapt(redis), opts);
+  const client = await detect(adapt(redis));
+  if (!client.module) throw moduleRequired("SEM.ACQUIREALL");
+  const { conn, own } = await connectionFor(client, opts);
   let permits;
   try {
     const sent = performance.now();
@@ -560,13 +713,16 @@ async function withPermits(redis, semaphores, options, work) {
  * Waits until the semaphore `name` has no live holder (SEM.WAITEMPTY): true once it has none
  * (at once if it has none now), false when `timeout` seconds pass first (Infinity: no limit;
  * 0 looks once). It takes nothing. It blocks its connection, so it opens one of its own.
+ * Without the module it rejects with ModuleRequired.
  */
 async function waitEmpty(redis, name, timeout) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
   if (!(timeout >= 0)) throw new TypeError("timeout must be a number of seconds (Infinity: no limit)");
   // The server reads 0 as "no limit": a timeout of 0 looks for at most a millisecond instead.
   const arg = timeout === Infinity ? "0" : timeout > 0 ? seconds(timeout) : "0.001";
-  const conn = await ownConnection(adapt(redis), timeout === Infinity ? Infinity : Number(arg) * 1000);
+  const client = await detect(adapt(redis));
+  if (!client.module) throw moduleRequired("SEM.WAITEMPTY");
+  const conn = await ownConnection(client, timeout === Infinity ? Infinity : Number(arg) * 1000);
   let reply;
   try {
     reply = await conn.call("SEM.WAITEMPTY", name, arg);
@@ -587,7 +743,7 @@ const MAX_LIMIT = 4294967295;
  */
 async function storedLimit(redis, name) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
-  const reply = await adapt(redis).call("SEM.LIMIT", name);
+  const reply = await semCall(await detect(adapt(redis)), ["SEM.LIMIT", name]);
   return reply == null ? null : Number(reply);
 }
 
@@ -601,7 +757,7 @@ async function setLimit(redis, name, limit) {
   if (!Number.isInteger(limit) || limit < 0 || limit > MAX_LIMIT) {
     throw new TypeError(`limit must be an integer from 0 to ${MAX_LIMIT} (0 pauses)`);
   }
-  await adapt(redis).call("SEM.LIMIT", name, limit);
+  await semCall(await detect(adapt(redis)), ["SEM.LIMIT", name, limit]);
 }
 
 /**
@@ -610,7 +766,7 @@ async function setLimit(redis, name, limit) {
  */
 async function clearLimit(redis, name) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
-  return (await adapt(redis).call("SEM.LIMIT", name, "CLEAR")) === 1;
+  return (await semCall(await detect(adapt(redis)), ["SEM.LIMIT", name, "CLEAR"])) === 1;
 }
 
 module.exports = {
@@ -628,4 +784,5 @@ module.exports = {
   NotAcquired,
   PermitLost,
   NotDurable,
+  ModuleRequired,
 };

@@ -16,22 +16,24 @@
 //! reaches every waiter (figures in docs/performance.md):
 //! - Redis 8.2 and later: keyspace events of the generic, expired and evicted classes, while
 //!   anybody waits (the server can end the subscription).
-//! - Redis 7.0 to 8.1 and Valkey 9.1 and later: the same keyspace events from the first wait on,
-//!   for the rest of the load: those servers cannot end a subscription, and it costs every write
-//!   a walk of one subscriber (about half a percent), less than the key server event costs
-//!   while anybody waits (one module context for every overwritten key anywhere, 1.5 to 2.6
-//!   percent of the host set's load).
-//! - Valkey 8.1 to 9.0: the key server event (deleted, expired, evicted, overwritten) while
-//!   anybody waits. Their keyspace events run the module on the calling connection and leave it
-//!   in the event's database (`MOVE key 5` would switch the caller to database 5;
-//!   valkey-io/valkey#4024). There an overwrite of a waited key with another type answers its
-//!   waiters with `WRONGTYPE` at once too.
+//! - Redis 7.2 to 8.1 and Valkey: the key server event (deleted, expired, evicted, overwritten)
+//!   while anybody waits. They cannot end a keyspace subscription, which costs every write of
+//!   every client a walk of the subscribers for the rest of the load (about one percent on
+//!   Valkey 9.1); Valkey 8.1 to 9.0 would also leave the connection of a `MOVE key 5` in
+//!   database 5 (their keyspace events run on the calling connection: valkey-io/valkey#4024).
+//!   The key event costs a module context for every key deleted, expired or overwritten
+//!   anywhere while somebody waits; the names filter (`names.rs`) keeps the module's part of it
+//!   to a hash and a load. An overwrite of a waited key with another type answers its waiters
+//!   `WRONGTYPE` at once there too.
+//! - Redis 7.0 (no key event, no end to a keyspace subscription): the keyspace events of the
+//!   generic, expired and evicted classes from the first wait on, for the rest of the load.
 //!
 //! The classes of writes (string, hash, sorted set) are not followed: each event of a followed
 //! class costs the server a module context (about 600 instructions) on every such write
 //! anywhere. A `ZREM`, or (but for the key server event) an overwrite of a waited key by another
 //! client, is seen when the line is next served: at its next lease end or a waiter's timeout.
-//! `key-events keyspace|server` (a module argument) chooses for a server that offers both.
+//! `key-events keyspace|server` (a module argument) chooses otherwise where the server offers
+//! both (keyspace events never on Valkey 8.1 to 9.0).
 //!
 //! Subscriptions end ([`settle`]) at the end of the command or timer run that ended the last
 //! wait or binding, never inside the server's walk of a list of listeners, which must not
@@ -160,11 +162,9 @@ pub fn choose(
                 .into(),
         ),
         KeyEvents::Keyspace => Ok(keyspace),
-        KeyEvents::Auto if keyspace_moves_caller && key_event => Ok(KeyWatch::KeyEvent),
-        KeyEvents::Auto if keyspace_moves_caller => {
-            Err("this server's keyspace events switch the calling connection's database".into())
-        }
-        KeyEvents::Auto => Ok(keyspace),
+        KeyEvents::Auto if can_unfollow_keys => Ok(KeyWatch::KeyspaceWhileWaiting),
+        KeyEvents::Auto if key_event => Ok(KeyWatch::KeyEvent),
+        KeyEvents::Auto => Ok(KeyWatch::KeyspaceForGood),
     }
 }
 
@@ -484,7 +484,9 @@ extern "C" fn on_key_event(
                 std::slice::from_raw_parts(ptr.cast::<u8>(), len),
             )
         };
-        guard((), || (hooks().key_changed)(db, name));
+        if super::names::may_concern(db, name) {
+            guard((), || (hooks().key_changed)(db, name));
+        }
     }
     raw::REDISMODULE_OK as c_int
 }
@@ -495,7 +497,7 @@ extern "C" fn on_key_server_event(
     _subevent: u64,
     data: *mut c_void,
 ) {
-    if data.is_null() || !(hooks().follows_keys)() {
+    if data.is_null() {
         return;
     }
     // SAFETY: for this event Redis passes a RedisModuleKeyInfo (version 1: the key, open for
@@ -513,7 +515,10 @@ extern "C" fn on_key_server_event(
             std::slice::from_raw_parts(ptr.cast::<u8>(), len),
         )
     };
-    guard((), || (hooks().key_changed)(db, name));
+    // Nearly every key the server reports is no waited semaphore's: the filter answers first.
+    if super::names::may_concern(db, name) && (hooks().follows_keys)() {
+        guard((), || (hooks().key_changed)(db, name));
+    }
 }
 
 #[cfg(test)]
@@ -529,16 +534,16 @@ mod tests {
         let table: [Row; 12] = [
             ((false, 7, 0), Auto, false, false, Some(KeyspaceForGood)),
             ((false, 7, 0), Server, false, false, None),
-            ((false, 7, 2), Auto, false, true, Some(KeyspaceForGood)),
+            ((false, 7, 2), Auto, false, true, Some(KeyEvent)),
             ((false, 7, 2), Server, false, true, Some(KeyEvent)),
             ((false, 8, 2), Auto, true, true, Some(KeyspaceWhileWaiting)),
             ((false, 8, 2), Server, true, true, Some(KeyEvent)),
-            ((true, 8, 0), Auto, false, true, Some(KeyspaceForGood)),
+            ((true, 8, 0), Auto, false, true, Some(KeyEvent)),
             ((true, 8, 1), Auto, false, true, Some(KeyEvent)),
             ((true, 8, 1), Keyspace, false, true, None),
             ((true, 9, 0), Auto, false, true, Some(KeyEvent)),
-            ((true, 9, 1), Auto, false, true, Some(KeyspaceForGood)),
-            ((true, 9, 1), Server, false, true, Some(KeyEvent)),
+            ((true, 9, 1), Auto, false, true, Some(KeyEvent)),
+            ((true, 9, 1), Keyspace, false, true, Some(KeyspaceForGood)),
         ];
         for (server, prefer, unfollow, key_event, expected) in table {
             assert_eq!(

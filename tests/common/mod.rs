@@ -421,10 +421,10 @@ pub fn server_kind(conn: &mut redis::Connection) -> (bool, u32) {
 pub enum KeyWatch {
     /// Keyspace events while anybody waits (Redis 8.2 and later).
     KeyspaceWhileWaiting,
-    /// Keyspace events from the first wait on, for good (Redis 7.0 to 8.1, Valkey 9.1 and
-    /// later).
+    /// Keyspace events from the first wait on, for good (Redis 7.0; `key-events keyspace` on
+    /// Redis 7.2 to 8.1 and Valkey but 8.1 to 9.0).
     KeyspaceForGood,
-    /// The key server event while anybody waits (Valkey 8.1 to 9.0, or `key-events server`).
+    /// The key server event while anybody waits (Redis 7.2 to 8.1, Valkey).
     KeyEvent,
 }
 
@@ -446,7 +446,8 @@ pub fn key_watch(conn: &mut redis::Connection, module_args: &[&str]) -> Option<K
     match prefer {
         "server" => key_event.then_some(KeyWatch::KeyEvent),
         "keyspace" => (!moves_caller).then_some(keyspace),
-        _ if moves_caller => Some(KeyWatch::KeyEvent),
+        _ if keyspace == KeyWatch::KeyspaceWhileWaiting => Some(keyspace),
+        _ if key_event => Some(KeyWatch::KeyEvent),
         _ => Some(keyspace),
     }
 }

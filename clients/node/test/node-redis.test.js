@@ -1,7 +1,7 @@
 "use strict";
 // Tests of redsem-client with node-redis (the `redis` package) against a real redis-server: the
 // same permits as with ioredis, through node-redis's own calls (sendCommand, duplicate,
-// connect, close).
+// connect, close). With REDSEM_BACKEND=scripts the server has no module (see server.js).
 
 const assert = require("node:assert/strict");
 const fs = require("node:fs");
@@ -22,6 +22,15 @@ const {
   PermitLost,
 } = require("redsem-client");
 const { startServer } = require("./server");
+const {
+  SCRIPTS,
+  assertModuleRequired,
+  assertTickets,
+  callsSince,
+  commandCalls,
+  firstTicket,
+  semArgs,
+} = require("./helpers");
 
 let server;
 let redis;
@@ -40,9 +49,11 @@ beforeEach(async () => {
   await redis.flushAll();
 });
 
-const live = (name) => redis.sendCommand(["SEM.GET", name]);
-// The server's fencing floor: a fresh name's first fair ticket, then one up per grant.
-const floor = async () => Number(/sem_ticket_floor:(\d+)/.exec(await redis.info("sem"))[1]);
+const live = (name) => redis.sendCommand(semArgs(["SEM.GET", name]).map(String));
+// A fresh name's first fair ticket from now on: the module's fencing floor, then one up per
+// grant; through the script, at least the server's clock (helpers.js).
+const floor = async () => firstTicket(SCRIPTS ? "" : await redis.info("sem"), await redis.time());
+const calls = async () => commandCalls(await redis.info("commandstats"));
 const clients = async () => (await redis.clientList()).length;
 
 async function waitUntil(what, condition, limitMs = 5000) {
@@ -88,8 +99,8 @@ test("node-redis: fair tickets come back as numbers", async () => {
   const opts = { limit: 2, lease: 30, fair: true };
   const f = await floor();
   const result = await withPermit(redis, "printers", opts, async (permit) => {
-    assert.equal(permit.ticket, f);
-    assert.equal(await redis.zScore("printers:owner", permit.id), f);
+    assertTickets([permit.ticket], f, [f]);
+    assert.equal(await redis.zScore("printers:owner", permit.id), permit.ticket);
     return "done";
   });
   assert.equal(result, "done");
@@ -134,6 +145,17 @@ test("node-redis: refresh keeps a short lease alive; a removed permit is lost", 
 });
 
 test("node-redis: a bound permit is given back when its connection closes", async () => {
+  if (SCRIPTS) {
+    await storedLimit(redis, "jobs"); // the client has asked whether the module is there
+    const connected = await clients();
+    const before = await calls();
+    await assertModuleRequired(acquire(redis, "jobs", { limit: 1, bound: true }), "BOUND");
+    const waiting = acquire(redis, "jobs", { limit: 1, bound: true, wait: 1 });
+    await assertModuleRequired(waiting, "BOUND");
+    assert.deepEqual(callsSince(before, await calls()), {}, "nothing was sent");
+    assert.equal(await clients(), connected, "no connection was opened");
+    return;
+  }
   const permit = await acquire(redis, "jobs", { limit: 1, lease: 3, bound: true });
   assert.equal(await live("jobs"), 1);
   await redis.sendCommand(["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
@@ -144,6 +166,18 @@ test("node-redis: a bound permit is given back when its connection closes", asyn
 
 test("node-redis: sets, tickets, a waiting set, a lost set and waitEmpty", async () => {
   const pair = [{ name: "gpu", limit: 1 }, { name: "licence", limit: 5, count: 2 }];
+  if (SCRIPTS) {
+    await storedLimit(redis, "gpu"); // the client has asked whether the module is there
+    const connected = await clients();
+    const before = await calls();
+    await assertModuleRequired(acquireAll(redis, pair, { fair: true }), "SEM.ACQUIREALL");
+    await assertModuleRequired(acquireAll(redis, pair, { wait: 10 }), "SEM.ACQUIREALL");
+    await assertModuleRequired(waitEmpty(redis, "gpu", 10), "SEM.WAITEMPTY");
+    assert.deepEqual(callsSince(before, await calls()), {}, "nothing was sent");
+    assert.equal(await clients(), connected, "no connection was opened");
+    assert.deepEqual([await redis.exists("gpu"), await redis.exists("licence")], [0, 0]);
+    return;
+  }
   const f = await floor();
   const permits = await acquireAll(redis, pair, { lease: 0.6, fair: true });
   assert.deepEqual(permits.tickets, [f, f]);

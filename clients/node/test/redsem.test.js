@@ -1,5 +1,7 @@
 "use strict";
-// Tests of redsem-client with ioredis against a real redis-server with the module loaded (test/server.js).
+// Tests of redsem-client with ioredis against a real redis-server with the module loaded
+// (test/server.js), or without it (REDSEM_BACKEND=scripts): then the package runs its script,
+// and what needs the module must reject with ModuleRequired.
 
 const assert = require("node:assert/strict");
 const fs = require("node:fs");
@@ -23,6 +25,16 @@ const {
   PermitLost,
 } = require("redsem-client");
 const { startServer } = require("./server");
+const {
+  SCRIPTS,
+  SCRIPT_SHA,
+  assertModuleRequired,
+  assertTickets,
+  callsSince,
+  commandCalls,
+  firstTicket,
+  semArgs,
+} = require("./helpers");
 
 let server;
 let redis;
@@ -41,9 +53,11 @@ beforeEach(async () => {
   await redis.flushall();
 });
 
-const live = (name) => redis.call("SEM.GET", name);
-// The server's fencing floor: a fresh name's first fair ticket, then one up per grant.
-const floor = async () => Number(/sem_ticket_floor:(\d+)/.exec(await redis.info("sem"))[1]);
+const live = (name) => redis.call(...semArgs(["SEM.GET", name]));
+// A fresh name's first fair ticket from now on: the module's fencing floor, then one up per
+// grant; through the script, at least the server's clock (helpers.js).
+const floor = async () => firstTicket(SCRIPTS ? "" : await redis.info("sem"), await redis.time());
+const calls = async () => commandCalls(await redis.info("commandstats"));
 
 async function waitUntil(what, condition, limitMs = 5000) {
   const deadline = Date.now() + limitMs;
@@ -64,16 +78,35 @@ test("the README's example, as written there, on the test server", async () => {
   const AsyncFunction = (async () => {}).constructor;
   const printed = [];
   const console = { log: (...args) => printed.push(util.format(...args)) }; // as console.log prints
-  for (const block of blocks) {
-    assert.ok(block.includes("new Redis(6379)"));
-    const code = block.replace("new Redis(6379)", `new Redis(${server.port})`);
-    await new AsyncFunction("require", "console", code)(require, console);
+  // The clients the examples make, closed here should an example fail halfway.
+  const made = [];
+  class TestRedis extends Redis {
+    constructor(...args) {
+      super(...args);
+      made.push(this);
+    }
+  }
+  const required = (id) => (id === "ioredis" ? TestRedis : require(id));
+  const f = await floor();
+  try {
+    for (const [i, block] of blocks.entries()) {
+      assert.ok(block.includes("new Redis(6379)"));
+      const code = block.replace("new Redis(6379)", `new Redis(${server.port})`);
+      const run = new AsyncFunction("require", "console", code)(required, console);
+      // The second takes a set and waits for empty, which scripts cannot do.
+      if (SCRIPTS && i === 1) await assertModuleRequired(run, "SEM.ACQUIREALL");
+      else await run;
+    }
+  } finally {
+    for (const client of made) client.disconnect();
   }
   assert.ok(printed.some((line) => line.startsWith("working on 3 as")), printed.join("\n"));
-  const f = await floor();
-  assert.ok(printed.some((line) => line.endsWith(`has ticket ${f}`)), printed.join("\n"));
-  assert.ok(printed.includes(`holding gpu,licence with tickets ${f},${f}`), printed.join("\n"));
-  assert.ok(printed.includes("drained: true"), printed.join("\n"));
+  const ticket = Number(/has ticket (\d+)$/m.exec(printed.join("\n"))[1]);
+  assertTickets([ticket], f, [f]);
+  if (!SCRIPTS) {
+    assert.ok(printed.includes(`holding gpu,licence with tickets ${f},${f}`), printed.join("\n"));
+    assert.ok(printed.includes("drained: true"), printed.join("\n"));
+  }
   assert.ok(printed.includes("paused; stored limit: 0"), printed.join("\n"));
   assert.ok(printed.includes("cleared: true stored limit: null"), printed.join("\n"));
   for (const name of ["jobs", "printers", "gpu", "licence", "deploys", "reports"]) {
@@ -193,13 +226,14 @@ test("fair permits carry growing tickets", async () => {
   const f = await floor();
   const first = await acquire(redis, "printers", opts);
   const second = await acquire(redis, "printers", opts);
-  assert.deepEqual([first.ticket, second.ticket], [f, f + 1]);
-  assert.equal(Number(await redis.zscore("printers:owner", second.id)), f + 1);
+  assertTickets([first.ticket, second.ticket], f, [f, f + 1]);
+  assert.equal(Number(await redis.zscore("printers:owner", second.id)), second.ticket);
+  assert.equal(Number(await redis.get("printers:counter")), second.ticket);
   await assert.rejects(acquire(redis, "printers", { limit: 2, lease: 30 }), /fair holders/);
   await first.release();
   await second.release();
   const third = await acquire(redis, "printers", opts);
-  assert.equal(third.ticket, f + 2);
+  assertTickets([first.ticket, second.ticket, third.ticket], f, [f, f + 1, f + 2]);
   await third.release();
 });
 
@@ -222,6 +256,15 @@ test("a given identifier is used", async () => {
 });
 
 test("a bound permit is given back when its connection closes", async () => {
+  if (SCRIPTS) {
+    await storedLimit(redis, "jobs"); // the client has asked whether the module is there
+    const before = await calls();
+    await assertModuleRequired(acquire(redis, "jobs", { limit: 1, bound: true }), "BOUND");
+    const waiting = acquire(redis, "jobs", { limit: 1, bound: true, wait: 1 });
+    await assertModuleRequired(waiting, "BOUND");
+    assert.deepEqual(callsSince(before, await calls()), {}, "nothing was sent");
+    return;
+  }
   const permit = await acquire(redis, "jobs", { limit: 1, lease: 3, bound: true });
   assert.equal(await live("jobs"), 1);
   // As if the holder's process died: its connection closes, and the server gives the permit
@@ -256,7 +299,7 @@ test("durableReplicas waits for replicas; a grant they missed is given back", as
     const refused = await acquire(r, "jobs", opts).catch((err) => err);
     assert.ok(refused instanceof NotDurable, String(refused));
     assert.deepEqual([refused.acked, refused.wanted], [1, 2]);
-    assert.equal(await r.call("SEM.GET", "jobs"), 0);
+    assert.equal(await r.call(...semArgs(["SEM.GET", "jobs"])), 0);
   } finally {
     await r.quit();
     await replicaR.quit();
@@ -270,7 +313,17 @@ const pair = [
   { name: "licence", limit: 5, count: 3 },
 ];
 
+/** Through the script: `acquireAll` (and so every set test) rejects, having sent nothing. */
+async function setNeedsModule(run) {
+  await storedLimit(redis, "gpu"); // the client has asked whether the module is there
+  const before = await calls();
+  await assertModuleRequired(run(), "SEM.ACQUIREALL");
+  assert.deepEqual(callsSince(before, await calls()), {}, "nothing was sent");
+  assert.deepEqual([await redis.exists("gpu"), await redis.exists("licence")], [0, 0]);
+}
+
 test("a set is granted whole and given back whole", async () => {
+  if (SCRIPTS) return setNeedsModule(() => acquireAll(redis, pair, { lease: 30 }));
   const permits = await acquireAll(redis, pair, { lease: 30 });
   assert.deepEqual(permits.names, ["gpu", "licence"]);
   assert.deepEqual(permits.counts, [1, 3]);
@@ -287,7 +340,8 @@ test("one full semaphore refuses the set, and nothing is held", async () => {
   const holder = await acquire(redis, "licence", { limit: 1, lease: 30 });
   const started = Date.now();
   const sets = [{ name: "gpu", limit: 2 }, { name: "licence", limit: 1 }];
-  await assert.rejects(acquireAll(redis, sets, { lease: 30 }), NotAcquired);
+  if (SCRIPTS) await assertModuleRequired(acquireAll(redis, sets, { lease: 30 }), "SEM.ACQUIREALL");
+  else await assert.rejects(acquireAll(redis, sets, { lease: 30 }), NotAcquired);
   assert.ok(Date.now() - started < 1000);
   assert.equal(await redis.exists("gpu"), 0);
   assert.equal(await live("licence"), 1);
@@ -297,6 +351,7 @@ test("one full semaphore refuses the set, and nothing is held", async () => {
 });
 
 test("a fair set carries one ticket per semaphore", async () => {
+  if (SCRIPTS) return setNeedsModule(() => withPermits(redis, pair, { fair: true }, () => {}));
   const f = await floor();
   const single = await acquire(redis, "licence", { limit: 5, lease: 30, fair: true });
   assert.equal(single.ticket, f);
@@ -308,6 +363,7 @@ test("a fair set carries one ticket per semaphore", async () => {
 });
 
 test("a waiting set is granted when a member is freed, on its own connection", async () => {
+  if (SCRIPTS) return setNeedsModule(() => acquireAll(redis, pair, { lease: 30, wait: 10 }));
   const holder = await acquire(redis, "licence", { limit: 5, lease: 30, count: 3 });
   await assert.rejects(acquireAll(redis, pair, { wait: 0.2 }), NotAcquired);
   const waiting = acquireAll(redis, pair, { lease: 30, wait: 10 });
@@ -323,6 +379,7 @@ test("a waiting set is granted when a member is freed, on its own connection", a
 });
 
 test("refresh keeps a set alive; a member removed by another client loses the set", async () => {
+  if (SCRIPTS) return setNeedsModule(() => withPermits(redis, pair, { lease: 0.6 }, () => {}));
   await withPermits(redis, pair, { lease: 0.6 }, async (permits) => {
     await sleep(2000); // more than three leases
     assert.equal(permits.lost, false);
@@ -343,6 +400,15 @@ test("refresh keeps a set alive; a member removed by another client loses the se
 });
 
 test("waitEmpty: true once the holders leave, false at the timeout", async () => {
+  if (SCRIPTS) {
+    await storedLimit(redis, "jobs"); // the client has asked whether the module is there
+    const before = await calls();
+    for (const timeout of [10, 0, Infinity]) {
+      await assertModuleRequired(waitEmpty(redis, "jobs", timeout), "SEM.WAITEMPTY");
+    }
+    assert.deepEqual(callsSince(before, await calls()), {}, "nothing was sent");
+    return;
+  }
   assert.equal(await waitEmpty(redis, "jobs", 10), true); // no holder: at once
   const holder = await acquire(redis, "jobs", { limit: 3, lease: 30 });
   const started = Date.now();
@@ -362,7 +428,9 @@ test("an operator's limit is stored, used by every acquire instead of its own, a
   await setLimit(redis, "jobs", 0); // pauses
   assert.equal(await storedLimit(redis, "jobs"), 0);
   await assert.rejects(acquire(redis, "jobs", { limit: 10 }), NotAcquired);
-  await assert.rejects(acquireAll(redis, [{ name: "jobs", limit: 10 }]), NotAcquired);
+  const set = acquireAll(redis, [{ name: "jobs", limit: 10 }]);
+  if (SCRIPTS) await assertModuleRequired(set, "SEM.ACQUIREALL");
+  else await assert.rejects(set, NotAcquired);
   assert.equal(await live("jobs"), 0);
   await setLimit(redis, "jobs", 2);
   assert.equal(await storedLimit(redis, "jobs"), 2);
@@ -384,4 +452,41 @@ test("an operator's limit is stored, used by every acquire instead of its own, a
   }
   await assert.rejects(storedLimit(redis, ""), TypeError);
   assert.equal(await redis.exists("jobs:limit"), 0);
+});
+
+test("the backend is asked once per client; then only its own commands are sent", async () => {
+  const client = new Redis({ port: server.port });
+  try {
+    const before = await calls();
+    await withPermit(client, "jobs", { limit: 2, lease: 30, fair: true }, async (permit) => {
+      await permit.refresh();
+    });
+    await withPermit(client, "jobs", { limit: 2, lease: 30, wait: 1 }, () => {});
+    await setLimit(client, "jobs", 3);
+    assert.equal(await storedLimit(client, "jobs"), 3);
+    assert.equal(await clearLimit(client, "jobs"), true);
+    const sent = callsSince(before, await calls());
+    assert.equal(sent["command|info"], 1, JSON.stringify(sent));
+    delete sent["command|info"];
+    if (SCRIPTS) {
+      // EVALSHA of the repository's script, which the package carries unchanged (EVAL once if
+      // it was not loaded yet: NOSCRIPT); the commands the script runs are counted too.
+      assert.deepEqual(await redis.script("EXISTS", SCRIPT_SHA), [1]);
+      assert.ok(sent.evalsha >= 8 && !(sent.eval > 1), JSON.stringify(sent));
+      assert.ok(!Object.keys(sent).some((command) => command.startsWith("sem.")));
+    } else {
+      // With the module, the wire is as before: the module's commands, no script (the module's
+      // own calls, such as GET, are counted too).
+      const ours = Object.keys(sent).filter((command) => /^(sem\.|eval)/.test(command));
+      assert.deepEqual(Object.fromEntries(ours.map((command) => [command, sent[command]])), {
+        "sem.acquirefair": 1,
+        "sem.refresh": 1,
+        "sem.release": 2,
+        "sem.acquire": 1,
+        "sem.limit": 3,
+      });
+    }
+  } finally {
+    await client.quit();
+  }
 });

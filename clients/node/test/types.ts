@@ -11,12 +11,14 @@ import {
   waitEmpty,
   withPermit,
   withPermits,
+  ModuleRequired,
   NotAcquired,
   NotDurable,
   Permit,
   PermitLost,
   PermitOptions,
   PermitSet,
+  SemaphoreError,
   SetSemaphore,
 } from "redsem-client";
 
@@ -75,6 +77,10 @@ export const missingSetLimit: SetSemaphore = { name: "gpu" };
 export function errors(err: unknown): string {
   if (err instanceof NotDurable) return `${err.acked} of ${err.wanted}`;
   if (err instanceof NotAcquired || err instanceof PermitLost) return err.message;
+  if (err instanceof ModuleRequired) {
+    const base: SemaphoreError = err;
+    return base.name;
+  }
   return "";
 }
 

@@ -1,10 +1,15 @@
-"""Tests of the redsem package against a real redis-server with the module loaded.
+"""Tests of the redsem package against a real redis-server with the module loaded, or without
+it (REDSEM_BACKEND=scripts): then the servers start without the module (with
+enable-module-command, so a test may MODULE LOAD it), every test runs through the script, and
+the tests of what only the module does assert ModuleRequired instead.
 
 REDSEM_MODULE names the module (default: target/debug/libredsem.so of the repository),
 REDIS_SERVER the server binary (default: redis-server). Run: pip install clients/python, then python -m pytest clients/python/tests
 """
 
 import asyncio
+import hashlib
+import importlib.resources
 import inspect
 import math
 import os
@@ -28,10 +33,12 @@ from redis.retry import Retry
 from redsem import (
     AsyncSemaphore,
     AsyncSemaphoreSet,
+    ModuleRequired,
     NotAcquired,
     NotDurable,
     PermitLost,
     Semaphore,
+    SemaphoreError,
     SemaphoreSet,
     acquire_all,
     acquire_all_async,
@@ -48,6 +55,11 @@ from redsem import (
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = os.environ.get("REDSEM_MODULE") or str(ROOT / "target/debug/libredsem.so")
 REDIS_SERVER = os.environ.get("REDIS_SERVER") or "redis-server"
+BACKEND = os.environ.get("REDSEM_BACKEND") or "module"
+assert BACKEND in ("module", "scripts"), f"REDSEM_BACKEND={BACKEND}: module or scripts"
+# Every server of the suite runs without the module: the package goes through the script.
+SCRIPTS = BACKEND == "scripts"
+SUFFIXES = ("", ":owner", ":counter", ":permits", ":limit", ":wake")
 
 
 def free_port() -> int:
@@ -57,16 +69,22 @@ def free_port() -> int:
 
 
 class Server:
-    """A redis-server with the module loaded, on a free loopback port, in a scratch directory."""
+    """A redis-server on a free loopback port, in a scratch directory: with the module loaded,
+    or (``module=False``, the default with REDSEM_BACKEND=scripts) without it and with
+    enable-module-command, so that a test may MODULE LOAD it."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, module: bool = not SCRIPTS) -> None:
         assert os.path.exists(MODULE), f"{MODULE} is missing: build the module (cargo build)"
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="redsem-py-")
         self.log = open(os.path.join(self.dir, "redis.log"), "wb")
         command = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1"]
         command += ["--save", "", "--appendonly", "no", "--dir", self.dir]
-        command += ["--loadmodule", MODULE, *extra]
+        if module:
+            command += ["--loadmodule", MODULE]
+        else:
+            command += ["--enable-module-command", "yes"]
+        command += extra
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         probe = redis.Redis(port=self.port)
         deadline = time.monotonic() + 20
@@ -93,6 +111,9 @@ class Server:
 @pytest.fixture(scope="session")
 def server():
     s = Server()
+    probe = redis.Redis(port=s.port)
+    assert has_module(probe) is not SCRIPTS, f"REDSEM_BACKEND={BACKEND}, and the module is not so"
+    probe.close()
     yield s
     s.stop()
 
@@ -105,14 +126,100 @@ def r(server):
     client.close()
 
 
+@pytest.fixture(scope="session")
+def plain_server(server):
+    """A server without the module: the suite's own with REDSEM_BACKEND=scripts, else one more."""
+    if SCRIPTS:
+        yield server
+        return
+    s = Server(module=False)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def plain(plain_server):
+    client = redis.Redis(port=plain_server.port)
+    client.flushall()
+    yield client
+    client.close()
+
+
+def script_source() -> bytes:
+    """The script as the installed package ships it."""
+    return importlib.resources.files("redsem").joinpath("redsem.lua").read_bytes()
+
+
+def has_module(r) -> bool:
+    return r.execute_command("COMMAND INFO", "SEM.ACQUIRE")[0] is not None
+
+
+def sem(r, op, name, *args):
+    """SEM.<op> name args..., or the same through the script where the module is not loaded."""
+    if has_module(r):
+        return r.execute_command(f"SEM.{op}", name, *args)
+    return r.eval(script_source(), 6, *[name + suffix for suffix in SUFFIXES], op, *args)
+
+
 def floor(r) -> int:
-    """The server's fencing floor: a fresh name's first fair ticket, then one up per grant."""
-    return int(r.info("sem")["sem_ticket_floor"])
+    """With the module, the server's fencing floor: a fresh name's first fair ticket, then one
+    up per grant. Without it, the server's clock in microseconds (milliseconds x 1000): every
+    fair ticket the script hands out from now on is at least this."""
+    if has_module(r):
+        return int(r.info("sem")["sem_ticket_floor"])
+    seconds, micros = r.time()
+    return (seconds * 1000 + micros // 1000) * 1000
+
+
+def assert_tickets(tickets, f, scripts=SCRIPTS):
+    """Fair tickets of one name, in grant order, from a floor ``f``: with the module ``f``,
+    ``f + 1``, ...; through the script, each above the last and the first at least ``f``
+    (each is max(counter + 1, the clock in microseconds))."""
+    tickets = list(tickets)
+    if scripts:
+        assert tickets[0] >= f, (tickets, f)
+        assert all(a < b for a, b in zip(tickets, tickets[1:])), tickets
+    else:
+        assert tickets == list(range(f, f + len(tickets)))
 
 
 def live(r, name) -> int:
-    """Permits in use, as the server counts them."""
-    return r.execute_command("SEM.GET", name)
+    """Permits in use, as the server counts them (SEM.GET, or the script's GET)."""
+    return sem(r, "GET", name)
+
+
+def sent_calls(r) -> dict:
+    """How many times each command was run, from INFO commandstats (``evalsha``, ``sem.acquire``,
+    ``command|info``, ...)."""
+    stats = r.info("commandstats")
+    return {key[len("cmdstat_"):]: value["calls"] for key, value in stats.items()}
+
+
+SEMAPHORE_COMMANDS = ("eval", "evalsha", "blpop", "sem.")
+
+
+def semaphore_calls(r) -> int:
+    """Scripts, BLPOPs and SEM.* commands run so far."""
+    return sum(n for cmd, n in sent_calls(r).items() if cmd.startswith(SEMAPHORE_COMMANDS))
+
+
+def assert_module_required(r, what, call):
+    """``call()`` raises ModuleRequired for ``what``, having sent nothing for a semaphore."""
+    before = semaphore_calls(r)
+    with pytest.raises(ModuleRequired) as raised:
+        call()
+    assert str(raised.value) == f"{what} needs the redsem module loaded in the server"
+    assert isinstance(raised.value, SemaphoreError)
+    assert semaphore_calls(r) == before
+
+
+async def assert_module_required_async(r, what, call):
+    """As assert_module_required, for a coroutine function (``r`` a sync client)."""
+    before = semaphore_calls(r)
+    with pytest.raises(ModuleRequired) as raised:
+        await call()
+    assert str(raised.value) == f"{what} needs the redsem module loaded in the server"
+    assert semaphore_calls(r) == before
 
 
 def wait_until(what, condition, limit=5.0):
@@ -123,20 +230,29 @@ def wait_until(what, condition, limit=5.0):
 
 
 def test_the_readme_examples(r, server, capsys):
-    """The Python examples of clients/README.md, as written there, on the test server."""
+    """The Python examples of clients/README.md, as written there, on the test server (without
+    the module, the ones that use BOUND or sets raise ModuleRequired)."""
     readme = ROOT / "clients/README.md"
     blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
     assert len(blocks) == 4
-    for block in blocks:
+    f = floor(r)
+    for i, block in enumerate(blocks):
         assert "port=6379" in block
-        exec(compile(block.replace("port=6379", f"port={server.port}"), str(readme), "exec"), {})
+        code = compile(block.replace("port=6379", f"port={server.port}"), str(readme), "exec")
+        if SCRIPTS and i in (1, 2):  # BOUND; acquire_all and wait_empty
+            with pytest.raises(ModuleRequired):
+                exec(code, {})
+        else:
+            exec(code, {})
     printed = capsys.readouterr().out
     assert "working on 2 as" in printed
-    f = floor(r)
-    assert f"has ticket {f}" in printed
-    assert "4 GPU slots held; lost: False" in printed
-    assert f"tickets ({f}, {f})" in printed
-    assert "drained: True" in printed
+    tickets = [int(t) for t in re.findall(r"has ticket (\d+)", printed)]
+    assert len(tickets) == 1
+    assert_tickets(tickets, f)
+    if not SCRIPTS:
+        assert "4 GPU slots held; lost: False" in printed
+        assert f"tickets ({f}, {f})" in printed
+        assert "drained: True" in printed
     assert "paused; stored limit: 0" in printed
     assert "cleared: True stored limit: None" in printed
     names = ("jobs", "printers", "gpus", "gpu", "licence", "deploys", "reports")
@@ -293,10 +409,10 @@ def test_fair_permits_carry_growing_tickets(r):
     sem = Semaphore(r, "printers", limit=2, lease=30, fair=True)
     with sem as first:
         with sem as second:
-            assert (first.ticket, second.ticket) == (f, f + 1)
-            assert r.zscore("printers:owner", second.id) == f + 1
+            assert_tickets([first.ticket, second.ticket], f)
+            assert r.zscore("printers:owner", second.id) == second.ticket
     with sem as third:
-        assert third.ticket == f + 2
+        assert_tickets([first.ticket, second.ticket, third.ticket], f)
     with pytest.raises(redis.ResponseError, match="fair holders"):
         with sem, Semaphore(r, "printers", limit=2, lease=30):
             pass
@@ -321,6 +437,11 @@ def test_a_given_identifier_is_used(r):
 
 
 def test_a_bound_permit_is_given_back_when_its_connection_closes(r):
+    if SCRIPTS:
+        sem = Semaphore(r, "jobs", limit=1, lease=3, bound=True)
+        assert_module_required(r, "BOUND", sem.acquire)
+        assert not r.exists("jobs")
+        return
     with pytest.raises(PermitLost):
         with Semaphore(r, "jobs", limit=1, lease=3, bound=True) as permit:
             assert live(r, "jobs") == 1
@@ -333,6 +454,10 @@ def test_a_bound_permit_is_given_back_when_its_connection_closes(r):
 
 
 def test_a_bound_permit_is_given_back_when_its_process_dies(r, server):
+    if SCRIPTS:
+        sem = Semaphore(r, "jobs", limit=1, lease=30, bound=True, wait=5)
+        assert_module_required(r, "BOUND", lambda: sem.__enter__())
+        return
     script = (
         "import time, redis, redsem\n"
         f"r = redis.Redis(port={server.port})\n"
@@ -381,14 +506,16 @@ def test_durable_replicas():
 
 
 def test_async_grant_limit_wait_and_release(server):
+    rs = redis.Redis(port=server.port)
+
     async def main():
         r = redis.asyncio.Redis(port=server.port)
         await r.flushall()
-        f = int((await r.info("sem"))["sem_ticket_floor"])
+        f = floor(rs)
         sem = AsyncSemaphore(r, "jobs", limit=2, lease=30, fair=True)
         async with sem as first, sem as second:
-            assert (first.ticket, second.ticket) == (f, f + 1)
-            assert await r.execute_command("SEM.GET", "jobs") == 2
+            assert_tickets([first.ticket, second.ticket], f)
+            assert live(rs, "jobs") == 2
             started = time.monotonic()
             with pytest.raises(NotAcquired):
                 async with AsyncSemaphore(r, "jobs", limit=2, lease=30, fair=True, wait=0.3):
@@ -401,12 +528,13 @@ def test_async_grant_limit_wait_and_release(server):
 
             leaving = asyncio.ensure_future(leave_soon())
             async with AsyncSemaphore(r, "jobs", limit=2, lease=30, fair=True, wait=10) as third:
-                assert third.ticket == f + 2
+                assert_tickets([first.ticket, second.ticket, third.ticket], f)
             await leaving
-        assert await r.execute_command("SEM.GET", "jobs") == 0
+        assert live(rs, "jobs") == 0
         await r.aclose()
 
     asyncio.run(main())
+    rs.close()
 
 
 def test_async_refresh_keeps_the_lease_and_reports_a_loss(server):
@@ -424,24 +552,33 @@ def test_async_refresh_keeps_the_lease_and_reports_a_loss(server):
                 while not permit.lost:
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.01)
-        assert await r.execute_command("SEM.GET", "jobs") == 0
+        assert live(rs, "jobs") == 0
         await r.aclose()
 
+    rs = redis.Redis(port=server.port)
     asyncio.run(main())
+    rs.close()
 
 
 def test_async_bound_and_count(server):
+    rs = redis.Redis(port=server.port)
+
     async def main():
         r = redis.asyncio.Redis(port=server.port)
         await r.flushall()
-        async with AsyncSemaphore(r, "gpus", limit=4, lease=30, count=3, bound=True) as permit:
-            assert await r.execute_command("SEM.GET", "gpus") == 3
+        bound = AsyncSemaphore(r, "gpus", limit=4, lease=30, count=3, bound=True)
+        if SCRIPTS:  # BOUND needs the module; the rest is tested unbound
+            await assert_module_required_async(rs, "BOUND", bound.acquire)
+            bound = AsyncSemaphore(r, "gpus", limit=4, lease=30, count=3)
+        async with bound as permit:
+            assert live(rs, "gpus") == 3
             assert await permit.release_some(1) is True
-            assert await r.execute_command("SEM.GET", "gpus") == 2
-        assert await r.execute_command("SEM.GET", "gpus") == 0
+            assert live(rs, "gpus") == 2
+        assert live(rs, "gpus") == 0
         await r.aclose()
 
     asyncio.run(main())
+    rs.close()
 
 
 def test_wait_without_limit(r):
@@ -460,6 +597,11 @@ def test_bad_options_are_refused_before_any_command(r):
 
 
 def test_a_set_is_granted_whole_and_given_back_whole(r):
+    if SCRIPTS:
+        call = lambda: acquire_all(r, [("gpu", 2), ("licence", 5, 3)], lease=30)  # noqa: E731
+        assert_module_required(r, "SEM.ACQUIREALL", call)
+        assert not r.exists("gpu") and not r.exists("licence")
+        return
     with acquire_all(r, [("gpu", 2), ("licence", 5, 3)], lease=30) as permits:
         assert permits.names == ("gpu", "licence") and permits.counts == (1, 3)
         assert permits.tickets is None and not permits.lost
@@ -473,8 +615,12 @@ def test_a_set_is_granted_whole_and_given_back_whole(r):
 def test_one_full_semaphore_refuses_the_set_and_nothing_is_held(r):
     with Semaphore(r, "licence", limit=1, lease=30):
         started = time.monotonic()
-        with pytest.raises(NotAcquired, match="licence"):
-            acquire_all(r, [("gpu", 2), ("licence", 1)], lease=30)
+        if SCRIPTS:
+            call = lambda: acquire_all(r, [("gpu", 2), ("licence", 1)], lease=30)  # noqa: E731
+            assert_module_required(r, "SEM.ACQUIREALL", call)
+        else:
+            with pytest.raises(NotAcquired, match="licence"):
+                acquire_all(r, [("gpu", 2), ("licence", 1)], lease=30)
         assert time.monotonic() - started < 1
         assert live(r, "gpu") == 0 and not r.exists("gpu")
         assert live(r, "licence") == 1
@@ -487,8 +633,11 @@ def test_one_full_semaphore_refuses_the_set_and_nothing_is_held(r):
 def test_a_fair_set_carries_one_ticket_per_semaphore(r):
     f = floor(r)
     with Semaphore(r, "licence", limit=5, lease=30, fair=True) as single:
-        assert single.ticket == f
+        assert_tickets([single.ticket], f)
         sem = SemaphoreSet(r, [("gpu", 1), ("licence", 5)], lease=30, fair=True)
+        if SCRIPTS:
+            assert_module_required(r, "SEM.ACQUIREALL", lambda: sem.__enter__())
+            return
         with sem as permits:
             assert permits.tickets == (f, f + 1)
             assert r.zscore("licence:owner", permits.id) == f + 1
@@ -498,6 +647,11 @@ def test_a_fair_set_carries_one_ticket_per_semaphore(r):
 
 def test_a_waiting_set_is_granted_when_a_member_is_freed(r):
     holder = Semaphore(r, "licence", limit=1, lease=30).acquire()
+    if SCRIPTS:
+        call = lambda: acquire_all(r, [("gpu", 1), ("licence", 1)], wait=10)  # noqa: E731
+        assert_module_required(r, "SEM.ACQUIREALL", call)
+        assert holder.release() is True
+        return
     with pytest.raises(NotAcquired):
         acquire_all(r, [("gpu", 1), ("licence", 1)], wait=0.2)
     assert live(r, "gpu") == 0
@@ -511,6 +665,10 @@ def test_a_waiting_set_is_granted_when_a_member_is_freed(r):
 
 
 def test_refresh_keeps_a_set_alive(r):
+    if SCRIPTS:
+        call = lambda: acquire_all(r, [("gpu", 1), ("licence", 2)], lease=0.6)  # noqa: E731
+        assert_module_required(r, "SEM.ACQUIREALL", call)
+        return
     with acquire_all(r, [("gpu", 1), ("licence", 2)], lease=0.6) as permits:
         time.sleep(2.0)  # more than three leases
         assert not permits.lost
@@ -519,6 +677,10 @@ def test_refresh_keeps_a_set_alive(r):
 
 
 def test_a_set_is_lost_when_one_member_is_removed(r):
+    if SCRIPTS:
+        sem = SemaphoreSet(r, [("gpu", 1), ("licence", 2)], lease=0.6)
+        assert_module_required(r, "SEM.ACQUIREALL", sem.acquire)
+        return
     with pytest.raises(PermitLost, match="SEM.REFRESHALL answered 1 of 2"):
         with acquire_all(r, [("gpu", 1), ("licence", 2)], lease=0.6) as permits:
             r.delete("licence")
@@ -529,6 +691,10 @@ def test_a_set_is_lost_when_one_member_is_removed(r):
 
 
 def test_a_bound_set_is_given_back_when_its_connection_closes(r):
+    if SCRIPTS:
+        call = lambda: acquire_all(r, [("gpu", 1), ("licence", 2)], bound=True)  # noqa: E731
+        assert_module_required(r, "SEM.ACQUIREALL", call)
+        return
     with pytest.raises(PermitLost):
         with acquire_all(r, [("gpu", 1), ("licence", 2)], lease=3, bound=True) as permits:
             assert (live(r, "gpu"), live(r, "licence")) == (1, 1)
@@ -538,6 +704,14 @@ def test_a_bound_set_is_given_back_when_its_connection_closes(r):
 
 
 def test_wait_empty(r):
+    if SCRIPTS:
+        with Semaphore(r, "jobs", limit=3, lease=30):
+            assert_module_required(r, "SEM.WAITEMPTY", lambda: wait_empty(r, "jobs", 10))
+            assert_module_required(r, "SEM.WAITEMPTY", lambda: wait_empty(r, "jobs", 0))
+        assert_module_required(r, "SEM.WAITEMPTY", lambda: wait_empty(r, "jobs", math.inf))
+        with pytest.raises(ValueError):  # bad arguments first, as with the module
+            wait_empty(r, "jobs", -1)
+        return
     assert wait_empty(r, "jobs", 10) is True  # no holder: at once
     holder = Semaphore(r, "jobs", limit=3, lease=30).acquire()
     started = time.monotonic()
@@ -552,6 +726,25 @@ def test_wait_empty(r):
 
 
 def test_async_sets_and_wait_empty(server):
+    async def without_the_module():
+        r = redis.asyncio.Redis(port=server.port)
+        rs = redis.Redis(port=server.port)
+        await r.flushall()
+        spec = [("gpu", 1), ("licence", 5, 2)]
+        acquire = AsyncSemaphoreSet(r, spec).acquire
+        await assert_module_required_async(rs, "SEM.ACQUIREALL", acquire)
+        call = lambda: acquire_all_async(r, spec, fair=True, wait=10)  # noqa: E731
+        await assert_module_required_async(rs, "SEM.ACQUIREALL", call)
+        call = lambda: wait_empty_async(r, "gpu", 10)  # noqa: E731
+        await assert_module_required_async(rs, "SEM.WAITEMPTY", call)
+        assert await r.dbsize() == 0
+        rs.close()
+        await r.aclose()
+
+    if SCRIPTS:
+        asyncio.run(without_the_module())
+        return
+
     async def main():
         r = redis.asyncio.Redis(port=server.port)
         await r.flushall()
@@ -644,3 +837,241 @@ def test_async_operators_limit(server):
         await r.aclose()
 
     asyncio.run(main())
+
+
+# Without the module: the script, its wake-ups, and the move to the module.
+
+
+def test_the_package_ships_the_one_script():
+    """The installed redsem.lua is the repository's clients/scripts/redsem.lua, byte for byte."""
+    assert script_source() == (ROOT / "clients/scripts/redsem.lua").read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["server", "plain_server"])
+def test_the_backend_is_asked_once_per_pool(kind, request):
+    where = request.getfixturevalue(kind)
+    admin = redis.Redis(port=where.port)
+    admin.flushall()
+    module = has_module(admin)
+    admin.config_resetstat()
+    r = redis.Redis(port=where.port)
+    for _ in range(3):
+        with Semaphore(r, "jobs", limit=2, lease=30) as permit:
+            assert permit.refresh()
+    with Semaphore(r, "printers", limit=1, lease=30, fair=True, wait=1) as permit:
+        assert permit.ticket is not None
+    set_limit(r, "jobs", 3)
+    assert stored_limit(r, "jobs") == 3
+    assert clear_limit(r, "jobs") is True
+
+    async def with_asyncio():
+        ar = redis.asyncio.Redis(port=where.port)
+        async with AsyncSemaphore(ar, "jobs", limit=2, lease=30):
+            assert await stored_limit_async(ar, "jobs") is None
+        await ar.aclose()
+
+    asyncio.run(with_asyncio())
+    calls = sent_calls(admin)
+    assert calls.get("command|info") == 2, calls  # one for each pool: r's, and ar's
+    if module:  # nothing else changes on the wire
+        assert not any(cmd.startswith("eval") or cmd == "blpop" for cmd in calls), calls
+        assert calls["sem.acquire"] == 4 and calls["sem.acquirefair"] == 1, calls
+    else:
+        assert not any(cmd.startswith("sem.") for cmd in calls), calls
+        assert calls.get("evalsha", 0) + calls.get("eval", 0) >= 14, calls
+    r.close()
+    admin.close()
+
+
+def test_without_the_module_the_script_is_loaded_when_missing(plain):
+    source = script_source()
+    sha = hashlib.sha1(source).hexdigest()
+    with Semaphore(plain, "jobs", limit=1, lease=30):
+        assert plain.script_exists(sha) == [True]
+    plain.script_flush()
+    with Semaphore(plain, "jobs", limit=1, lease=30) as permit:  # EVALSHA, NOSCRIPT, EVAL
+        assert plain.zrange("jobs", 0, -1) == [permit.id.encode()]
+        plain.script_flush()
+        assert permit.refresh() is True
+    assert live(plain, "jobs") == 0
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_without_the_module_a_release_serves_a_waiter_at_once(plain, fair):
+    holder = Semaphore(plain, "jobs", limit=1, lease=30, fair=fair).acquire()
+    granted = []
+
+    def wait_for_it():
+        with Semaphore(plain, "jobs", limit=1, lease=30, fair=fair, wait=10) as permit:
+            granted.append((time.monotonic(), permit.ticket))
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    time.sleep(0.3)  # blocked in BLPOP on jobs:wake, for up to a second
+    assert granted == []
+    released = time.monotonic()
+    assert holder.release() is True
+    waiter.join()
+    # Served by the release's wake-up token, well before the next re-check.
+    assert granted[0][0] - released < 0.3, granted[0][0] - released
+    if fair:
+        assert granted[0][1] > holder.ticket
+    assert live(plain, "jobs") == 0
+    assert plain.llen("jobs:wake") <= 1
+
+
+def test_without_the_module_an_async_release_serves_a_waiter_at_once(plain_server):
+    async def main():
+        r = redis.asyncio.Redis(port=plain_server.port)
+        await r.flushall()
+        holder = await AsyncSemaphore(r, "jobs", limit=1, lease=30).acquire()
+        released = []
+
+        async def leave_soon():
+            await asyncio.sleep(0.3)
+            released.append(time.monotonic())
+            assert await holder.release() is True
+
+        leaving = asyncio.ensure_future(leave_soon())
+        async with AsyncSemaphore(r, "jobs", limit=1, lease=30, wait=10):
+            assert time.monotonic() - released[0] < 0.3
+        await leaving
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_without_the_module_a_lease_that_runs_out_serves_a_waiter(plain):
+    holder = Semaphore(plain, "jobs", limit=1, lease=0.5, auto_refresh=False).acquire()
+    started = time.monotonic()
+    with Semaphore(plain, "jobs", limit=1, lease=30, wait=5) as permit:
+        # The refused attempt said when the holder's lease ends: the waiter tried again then.
+        waited = time.monotonic() - started
+        assert 0.3 <= waited < 1.5, waited
+        assert plain.zrange("jobs", 0, -1) == [permit.id.encode()]
+    assert holder.release() is False and holder.lost
+
+    # A holder removed by hand pushes no wake-up: the re-check (every second) finds the room.
+    holder = Semaphore(plain, "jobs", limit=1, lease=30).acquire()
+    granted = []
+
+    def wait_for_it():
+        with Semaphore(plain, "jobs", limit=1, lease=30, wait=5):
+            granted.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    time.sleep(0.2)
+    removed = time.monotonic()
+    assert plain.zrem("jobs", holder.id) == 1
+    waiter.join()
+    assert granted and granted[0] - removed < 1.5, granted[0] - removed
+    assert holder.release() is False
+
+
+def test_without_the_module_bad_arguments_are_the_modules_errors(plain):
+    with pytest.raises(redis.ResponseError, match="fair holders"):
+        with Semaphore(plain, "printers", limit=2, lease=30, fair=True):
+            Semaphore(plain, "printers", limit=2, lease=30).acquire()
+    with pytest.raises(redis.ResponseError):  # COUNT above the limit
+        Semaphore(plain, "gpus", limit=2, lease=30, count=3).acquire()
+    assert live(plain, "printers") == 0 and live(plain, "gpus") == 0
+
+
+@pytest.mark.parametrize("kind", ["server", "plain_server"])
+@pytest.mark.parametrize("options", [{"decode_responses": True}, {"protocol": 3}])
+def test_clients_that_decode_or_speak_resp3(kind, options, request):
+    where = request.getfixturevalue(kind)
+    r = redis.Redis(port=where.port, **options)
+    r.flushall()
+    plain = redis.Redis(port=where.port)
+    f, scripts = floor(plain), not has_module(plain)
+    with Semaphore(r, "printers", limit=2, lease=30, fair=True, count=2) as permit:
+        assert isinstance(permit.ticket, int)
+        assert_tickets([permit.ticket], f, scripts)
+        assert permit.refresh() is True
+        assert permit.release_some(1) is True and permit.count == 1
+        with Semaphore(r, "printers", limit=2, lease=30, fair=True, wait=0.2) as other:
+            assert_tickets([permit.ticket, other.ticket], f, scripts)
+    set_limit(r, "printers", 1)
+    assert stored_limit(r, "printers") == 1
+    assert clear_limit(r, "printers") is True
+    assert live(plain, "printers") == 0
+    plain.close()
+    r.close()
+
+
+def test_the_same_code_goes_on_after_module_load(tmp_path):
+    """A semaphore used through the script, then the module loaded into the live server: the
+    holders keep their permits, leases and tickets; clients made since use the module, and
+    clients made before go on through the script, on the very same keys."""
+    s = Server(module=False)
+    try:
+        before = redis.Redis(port=s.port)
+        jobs = Semaphore(before, "jobs", limit=2, lease=0.9)  # refreshed every 0.3 s
+        kept = jobs.acquire()
+        printers = Semaphore(before, "printers", limit=2, lease=30, fair=True)
+        first = printers.acquire()
+        gpus = Semaphore(before, "gpus", limit=4, lease=30, count=3).acquire()
+        set_limit(before, "reports", 1)
+
+        before.execute_command("MODULE", "LOAD", MODULE)
+        after = redis.Redis(port=s.port)
+        assert has_module(after)
+        assert after.execute_command("SEM.GET", "jobs") == 1
+        assert after.execute_command("SEM.GET", "gpus") == 3
+        second = Semaphore(after, "printers", limit=2, lease=30, fair=True).acquire()
+        assert second.ticket > first.ticket
+        assert first.refresh() is True and first.release() is True
+        third = printers.acquire()  # still through the script
+        assert third.ticket > second.ticket
+        assert after.zscore("printers:owner", third.id) == third.ticket
+        assert gpus.release_some(1) is True
+        assert after.execute_command("SEM.GET", "gpus") == 2
+        assert stored_limit(after, "reports") == 1
+        with Semaphore(after, "reports", limit=5):
+            with pytest.raises(NotAcquired):
+                Semaphore(before, "reports", limit=5).acquire()
+
+        # The module's waiter is served when the script's client releases ...
+        other = Semaphore(after, "jobs", limit=2, lease=30).acquire()
+        granted = []
+
+        def wait_for_it(client, ids):
+            with Semaphore(client, "jobs", limit=2, lease=30, wait=5) as permit:
+                granted.append(time.monotonic())
+                ids.append(permit.id)
+
+        ids = []
+        waiter = threading.Thread(target=wait_for_it, args=(after, ids))
+        waiter.start()
+        time.sleep(0.3)
+        assert not kept.lost  # refreshed through the script all along
+        released = time.monotonic()
+        assert kept.release() is True
+        waiter.join()
+        assert granted[0] - released < 1, granted[0] - released
+        # ... and the script's waiter when the module's client releases (by the re-check).
+        holder = Semaphore(after, "jobs", limit=2, lease=30).acquire()
+        waiter = threading.Thread(target=wait_for_it, args=(before, ids))
+        waiter.start()
+        time.sleep(0.2)
+        released = time.monotonic()
+        assert holder.release() is True
+        waiter.join()
+        assert granted[1] - released < 1.5, granted[1] - released
+        assert other.release() is True
+
+        # BOUND works for the clients made since; the ones made before found no module.
+        with Semaphore(after, "jobs", limit=2, lease=30, bound=True):
+            pass
+        with pytest.raises(ModuleRequired):
+            Semaphore(before, "jobs", limit=2, lease=30, bound=True).acquire()
+        for permit in (second, third, gpus):
+            assert permit.release() is True
+        for name in ("jobs", "printers", "gpus", "reports"):
+            assert after.execute_command("SEM.GET", name) == 0
+        before.close()
+        after.close()
+    finally:
+        s.stop()

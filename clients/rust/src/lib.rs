@@ -26,15 +26,30 @@
 //! A [`PermitSet`] ([`SemaphoreSet::acquire`]) holds permits of several semaphores taken all
 //! or none in one step, refreshed, lost and given back together; [`wait_empty`] waits until a
 //! semaphore has no holder; [`stored_limit`], [`set_limit`] and [`clear_limit`] read, store and
-//! remove an operator's limit (`SEM.LIMIT`), used by every acquire instead of its own.
+//! remove an operator's limit (`SEM.LIMIT`), used by every acquire instead of its own, and
+//! [`in_use`] tells how many permits are held.
+//!
+//! # Without the module
+//!
+//! Where the server has no module (a managed service), the crate runs the same operations as a
+//! Lua script (`clients/scripts/redsem.lua` of the repository, shipped in the crate) over the
+//! very same keys, so the module can be loaded later without changing code or keys. A
+//! [`Semaphore`] (and its clones) asks the server once, on its first acquire, whether it has the
+//! module (`COMMAND INFO SEM.ACQUIRE`), and keeps the answer; the functions that take a
+//! [`Client`] ask on the connection they open. Without the module, a permit waits for a grant
+//! by `BLPOP` on `<name>:wake` (a release, a lease end found by another call, or a raised limit
+//! pushes a token there) and tries again at least every second and at the earliest holder's
+//! deadline; waiters are served first come first served, but a newcomer may take a freed permit
+//! ahead of them. What a script cannot do fails with [`Error::ModuleRequired`] before anything
+//! is sent: [`Semaphore::bound`], [`SemaphoreSet`], [`wait_empty`].
 
 use std::fmt;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use redis::{Client, Cmd, Connection, RedisError, Value};
+use redis::{Client, Cmd, Connection, ErrorKind, FromRedisValue, RedisError, ToRedisArgs, Value};
 
 /// What can go wrong taking or holding a permit.
 #[derive(Debug)]
@@ -51,6 +66,9 @@ pub enum Error {
     Lost,
     /// An error of the server or of the connection.
     Redis(RedisError),
+    /// What this names (`BOUND`, a semaphore set, `SEM.WAITEMPTY`) needs the module, and the
+    /// server has none: nothing was sent but the question whether it has the module.
+    ModuleRequired(&'static str),
 }
 
 impl fmt::Display for Error {
@@ -71,6 +89,9 @@ impl fmt::Display for Error {
                 "the permit was lost: its lease ran out before the release"
             ),
             Error::Redis(err) => err.fmt(f),
+            Error::ModuleRequired(what) => {
+                write!(f, "{what} needs the redsem module loaded in the server")
+            }
         }
     }
 }
@@ -102,6 +123,126 @@ fn seconds(duration: Duration) -> String {
     format!("{}.{:03}", ms / 1000, ms % 1000)
 }
 
+/// The script that runs the operations where the server has no module: the repository's
+/// `clients/scripts/redsem.lua` (`src/redsem.lua` is a symbolic link to it, which `cargo
+/// package` packages as the file itself).
+const SCRIPT: &str = include_str!("redsem.lua");
+
+/// The SHA1 of [`SCRIPT`], as `EVALSHA` names it.
+fn script_sha() -> &'static str {
+    static SHA: OnceLock<String> = OnceLock::new();
+    SHA.get_or_init(|| redis::Script::new(SCRIPT).get_hash().to_string())
+}
+
+/// What [`Error::ModuleRequired`] names for a semaphore set.
+const SETS: &str = "a semaphore set (SEM.ACQUIREALL)";
+
+/// How the operations reach the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    /// The module's commands.
+    Module,
+    /// The script, over the same keys.
+    Scripts,
+}
+
+impl Backend {
+    /// Asks the server whether it has the module: `COMMAND INFO SEM.ACQUIRE` answers `[nil]`
+    /// without it.
+    fn detect(conn: &mut Connection) -> Result<Backend> {
+        let info: Vec<Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg("SEM.ACQUIRE")
+            .query(conn)?;
+        Ok(match info.first() {
+            None | Some(Value::Nil) => Backend::Scripts,
+            Some(_) => Backend::Module,
+        })
+    }
+
+    /// The backend kept in `cache`, asked on `conn` the first time.
+    fn cached(cache: &OnceLock<Backend>, conn: &mut Connection) -> Result<Backend> {
+        if let Some(backend) = cache.get() {
+            return Ok(*backend);
+        }
+        let backend = Backend::detect(conn)?;
+        Ok(*cache.get_or_init(|| backend))
+    }
+}
+
+/// One operation on the semaphore `name`: the module's `SEM.<op> name args...`, or the script's
+/// `<op> args...` over the semaphore's six keys.
+struct Op<'a> {
+    op: &'static str,
+    name: &'a str,
+    args: Vec<Vec<u8>>,
+}
+
+impl<'a> Op<'a> {
+    fn new(op: &'static str, name: &'a str) -> Self {
+        Op {
+            op,
+            name,
+            args: Vec::new(),
+        }
+    }
+
+    fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// `SEM.<op> name args...`.
+    fn module_command(&self) -> Cmd {
+        let mut cmd = redis::cmd(&format!("SEM.{}", self.op));
+        cmd.arg(self.name);
+        for arg in &self.args {
+            cmd.arg(arg);
+        }
+        cmd
+    }
+
+    /// `EVALSHA sha 6 keys... <op> args...`, or with `EVAL` the script's source.
+    fn script_command(&self, eval: &str, script: &str) -> Cmd {
+        let mut cmd = redis::cmd(eval);
+        cmd.arg(script).arg(6).arg(self.name);
+        for suffix in [":owner", ":counter", ":permits", ":limit", ":wake"] {
+            cmd.arg(format!("{}{suffix}", self.name));
+        }
+        cmd.arg(self.op);
+        for arg in &self.args {
+            cmd.arg(arg);
+        }
+        cmd
+    }
+
+    /// Sends the operation: by the module's command, or by `EVALSHA`, and then once by `EVAL`
+    /// (which loads the script) when the server answers `NOSCRIPT`.
+    fn query<T: FromRedisValue>(
+        &self,
+        conn: &mut Connection,
+        backend: Backend,
+    ) -> redis::RedisResult<T> {
+        match backend {
+            Backend::Module => self.module_command().query(conn),
+            Backend::Scripts => match self.script_command("EVALSHA", script_sha()).query(conn) {
+                Err(err) if err.kind() == ErrorKind::NoScriptError => {
+                    self.script_command("EVAL", SCRIPT).query(conn)
+                }
+                result => result,
+            },
+        }
+    }
+
+    /// Sends the operation on a connection of its own, after asking whether the server has
+    /// the module.
+    fn query_once<T: FromRedisValue>(&self, client: &Client) -> Result<T> {
+        let mut conn = client.get_connection()?;
+        let backend = Backend::detect(&mut conn)?;
+        Ok(self.query(&mut conn, backend)?)
+    }
+}
+
 /// A semaphore's settings; [`Semaphore::acquire`] takes a permit. Defaults: limit 1, lease 30
 /// seconds, no waiting, not fair, one permit, not bound, a new UUID v4 identifier per acquire,
 /// no replicas awaited, refreshed automatically.
@@ -118,6 +259,8 @@ pub struct Semaphore {
     id: Option<String>,
     durable: Option<(usize, Duration)>,
     auto_refresh: bool,
+    /// Whether the server has the module, asked on the first acquire; shared by the clones.
+    backend: Arc<OnceLock<Backend>>,
 }
 
 impl Semaphore {
@@ -134,6 +277,7 @@ impl Semaphore {
             id: None,
             durable: None,
             auto_refresh: true,
+            backend: Arc::default(),
         }
     }
 
@@ -170,6 +314,7 @@ impl Semaphore {
     }
 
     /// `BOUND`: the permit is given back as soon as its connection closes (the process dies).
+    /// It needs the module: without it the acquire fails with [`Error::ModuleRequired`].
     pub fn bound(mut self, bound: bool) -> Self {
         self.bound = bound;
         self
@@ -197,23 +342,27 @@ impl Semaphore {
         self
     }
 
-    fn acquire_command(&self, id: &str) -> Cmd {
-        let mut cmd = redis::cmd(if self.fair {
-            "SEM.ACQUIREFAIR"
-        } else {
-            "SEM.ACQUIRE"
-        });
-        cmd.arg(&self.name)
-            .arg(self.limit)
-            .arg(seconds(self.lease))
-            .arg("ID")
-            .arg(id);
+    /// The acquire without `WAIT` and `BOUND`, as the module and the script take it.
+    fn acquire_op(&self, id: &str) -> Op<'_> {
+        let mut op = Op::new(
+            if self.fair { "ACQUIREFAIR" } else { "ACQUIRE" },
+            &self.name,
+        )
+        .arg(self.limit)
+        .arg(seconds(self.lease))
+        .arg("ID")
+        .arg(id);
         if let Some(count) = self.count {
-            cmd.arg("COUNT").arg(count);
+            op = op.arg("COUNT").arg(count);
         }
         if self.fair {
-            cmd.arg("WITHTICKET");
+            op = op.arg("WITHTICKET");
         }
+        op
+    }
+
+    fn acquire_command(&self, id: &str) -> Cmd {
+        let mut cmd = self.acquire_op(id).module_command();
         match self.wait {
             Some(Duration::MAX) => {
                 cmd.arg("WAIT").arg("0");
@@ -229,6 +378,65 @@ impl Semaphore {
         cmd
     }
 
+    /// The ticket of a grant (`None` when not fair), from the reply the module gives;
+    /// [`Error::NotAcquired`] for nil.
+    fn granted(&self, reply: Value) -> Result<Option<u64>> {
+        if reply == Value::Nil {
+            return Err(Error::NotAcquired);
+        }
+        if !self.fair {
+            return Ok(None);
+        }
+        let (_, ticket): (Value, u64) = redis::from_redis_value(&reply)?;
+        Ok(Some(ticket))
+    }
+
+    /// Without the module: the script's acquire, and while it is refused and the wait is not
+    /// over, `BLPOP <name>:wake` for at most the time left, the time until the earliest
+    /// holder's deadline and a second, then again. Answers when the granting attempt was sent,
+    /// and the ticket.
+    fn acquire_by_script(&self, conn: &mut Connection, id: &str) -> Result<(Instant, Option<u64>)> {
+        let op = self.acquire_op(id);
+        let started = Instant::now();
+        // None: no limit.
+        let until = match self.wait {
+            None => Some(started),
+            Some(Duration::MAX) => None,
+            Some(wait) => started.checked_add(wait),
+        };
+        let wake = format!("{}:wake", self.name);
+        loop {
+            let sent = Instant::now();
+            // [the module's reply, retry_ms]: when refused, the milliseconds until the earliest
+            // live holder's deadline, or 0.
+            let reply: Vec<Value> = op.query(conn, Backend::Scripts)?;
+            let mut reply = reply.into_iter();
+            let granted = reply.next().unwrap_or(Value::Nil);
+            if granted != Value::Nil {
+                return Ok((sent, self.granted(granted)?));
+            }
+            let retry_ms: i64 = match reply.next() {
+                Some(retry) => redis::from_redis_value(&retry)?,
+                None => 0,
+            };
+            let left = match until {
+                Some(until) => until.saturating_duration_since(Instant::now()),
+                None => Duration::MAX,
+            };
+            if left.is_zero() {
+                return Err(Error::NotAcquired);
+            }
+            let mut block = left.min(Duration::from_secs(1));
+            if retry_ms > 0 {
+                block = block.min(Duration::from_millis(retry_ms as u64));
+            }
+            redis::cmd("BLPOP")
+                .arg(&wake)
+                .arg(seconds(block))
+                .query::<Value>(conn)?;
+        }
+    }
+
     /// Takes a permit: [`Error::NotAcquired`] when none was granted.
     pub fn acquire(&self) -> Result<Permit> {
         let id = self
@@ -236,14 +444,15 @@ impl Semaphore {
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let mut conn = self.client.get_connection()?;
-        let sent = Instant::now();
-        let ticket = if self.fair {
-            let granted: Option<(Value, u64)> = self.acquire_command(&id).query(&mut conn)?;
-            Some(granted.ok_or(Error::NotAcquired)?.1)
-        } else {
-            let granted: Option<Value> = self.acquire_command(&id).query(&mut conn)?;
-            granted.ok_or(Error::NotAcquired)?;
-            None
+        let backend = Backend::cached(&self.backend, &mut conn)?;
+        let (sent, ticket) = match backend {
+            Backend::Module => {
+                let sent = Instant::now();
+                let reply: Value = self.acquire_command(&id).query(&mut conn)?;
+                (sent, self.granted(reply)?)
+            }
+            Backend::Scripts if self.bound => return Err(Error::ModuleRequired("BOUND")),
+            Backend::Scripts => self.acquire_by_script(&mut conn, &id)?,
         };
         // From here on, an early return drops the permit, which gives it back.
         let mut permit = Permit {
@@ -253,6 +462,7 @@ impl Semaphore {
                 set: false,
                 id,
                 lease: self.lease,
+                backend,
                 conn: Mutex::new(Some(conn)),
                 state: Mutex::new(State {
                     confirmed_until: sent + self.lease,
@@ -286,7 +496,8 @@ impl Semaphore {
 /// Permits of several semaphores for one identifier, taken all or none in one step
 /// (`SEM.ACQUIREALL`); [`SemaphoreSet::acquire`] takes them. Defaults as for [`Semaphore`]:
 /// lease 30 seconds, no waiting, not fair, not bound, a new UUID v4 identifier per acquire,
-/// refreshed automatically.
+/// refreshed automatically. A set needs the module: without it [`SemaphoreSet::acquire`] fails
+/// with [`Error::ModuleRequired`].
 #[derive(Debug, Clone)]
 pub struct SemaphoreSet {
     client: Client,
@@ -297,6 +508,8 @@ pub struct SemaphoreSet {
     bound: bool,
     id: Option<String>,
     auto_refresh: bool,
+    /// Whether the server has the module, asked on the first acquire; shared by the clones.
+    backend: Arc<OnceLock<Backend>>,
 }
 
 impl SemaphoreSet {
@@ -310,6 +523,7 @@ impl SemaphoreSet {
             bound: false,
             id: None,
             auto_refresh: true,
+            backend: Arc::default(),
         }
     }
 
@@ -384,13 +598,17 @@ impl SemaphoreSet {
     }
 
     /// Takes every permit of the set: [`Error::NotAcquired`] when any one of them is full
-    /// (then none is held).
+    /// (then none is held); [`Error::ModuleRequired`] when the server has no module.
     pub fn acquire(&self) -> Result<PermitSet> {
         let id = self
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let mut conn = self.client.get_connection()?;
+        let backend = Backend::cached(&self.backend, &mut conn)?;
+        if backend == Backend::Scripts {
+            return Err(Error::ModuleRequired(SETS));
+        }
         let sent = Instant::now();
         let tickets = if self.fair {
             let granted: Option<(Value, Vec<u64>)> = self.acquire_command(&id).query(&mut conn)?;
@@ -408,6 +626,7 @@ impl SemaphoreSet {
                 set: true,
                 id,
                 lease: self.lease,
+                backend,
                 conn: Mutex::new(Some(conn)),
                 state: Mutex::new(State {
                     confirmed_until: sent + self.lease,
@@ -431,7 +650,7 @@ impl SemaphoreSet {
 /// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection of
 /// its own (it blocks the connection): `Ok(true)` once it has none (at once if it has none
 /// now), `Ok(false)` when `timeout` passes first. `Duration::MAX` waits without limit; zero
-/// looks once. It takes nothing.
+/// looks once. It takes nothing. It needs the module: without it, [`Error::ModuleRequired`].
 pub fn wait_empty(client: &Client, name: &str, timeout: Duration) -> Result<bool> {
     let timeout = match timeout {
         Duration::MAX => "0".to_string(),
@@ -440,6 +659,9 @@ pub fn wait_empty(client: &Client, name: &str, timeout: Duration) -> Result<bool
         timeout => seconds(timeout),
     };
     let mut conn = client.get_connection()?;
+    if Backend::detect(&mut conn)? == Backend::Scripts {
+        return Err(Error::ModuleRequired("SEM.WAITEMPTY"));
+    }
     let emptied: i64 = redis::cmd("SEM.WAITEMPTY")
         .arg(name)
         .arg(timeout)
@@ -450,31 +672,27 @@ pub fn wait_empty(client: &Client, name: &str, timeout: Duration) -> Result<bool
 /// The operator's limit stored for the semaphore `name` (`SEM.LIMIT name`), or `None` when
 /// there is none. While one is stored, every acquire of `name` uses it instead of its own.
 pub fn stored_limit(client: &Client, name: &str) -> Result<Option<u64>> {
-    let mut conn = client.get_connection()?;
-    Ok(redis::cmd("SEM.LIMIT").arg(name).query(&mut conn)?)
+    Op::new("LIMIT", name).query_once(client)
 }
 
 /// Stores an operator's limit for the semaphore `name` (`SEM.LIMIT name n`): every acquire of
 /// `name` uses it instead of its own until [`clear_limit`]. 0 pauses the semaphore; a lower
 /// limit takes no permit from its holders, and a higher one serves the waiters at once.
 pub fn set_limit(client: &Client, name: &str, limit: u32) -> Result<()> {
-    let mut conn = client.get_connection()?;
-    redis::cmd("SEM.LIMIT")
-        .arg(name)
-        .arg(limit)
-        .query::<()>(&mut conn)?;
-    Ok(())
+    Op::new("LIMIT", name).arg(limit).query_once(client)
 }
 
 /// Removes the operator's limit of the semaphore `name` (`SEM.LIMIT name CLEAR`): acquires use
 /// their own limits again. `Ok(true)` if one was stored.
 pub fn clear_limit(client: &Client, name: &str) -> Result<bool> {
-    let mut conn = client.get_connection()?;
-    let removed: i64 = redis::cmd("SEM.LIMIT")
-        .arg(name)
-        .arg("CLEAR")
-        .query(&mut conn)?;
+    let removed: i64 = Op::new("LIMIT", name).arg("CLEAR").query_once(client)?;
     Ok(removed == 1)
+}
+
+/// The permits of the semaphore `name` in use (`SEM.GET name`): its live holders, and a
+/// holder of several permits ([`Semaphore::count`]) counts for each.
+pub fn in_use(client: &Client, name: &str) -> Result<u64> {
+    Op::new("GET", name).query_once(client)
 }
 
 struct State {
@@ -493,6 +711,9 @@ struct Shared {
     set: bool,
     id: String,
     lease: Duration,
+    /// A permit taken by the script is refreshed and given back by it (a set always has the
+    /// module).
+    backend: Backend,
     /// `None` after a connection error: the next call connects again.
     conn: Mutex<Option<Connection>>,
     state: Mutex<State>,
@@ -505,12 +726,16 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn query<T: redis::FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+    /// Runs `send` on the holder's connection, connecting first after a connection error.
+    fn with_connection<T>(
+        &self,
+        send: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
         let mut conn = lock(&self.conn);
         if conn.is_none() {
             *conn = Some(self.client.get_connection()?);
         }
-        let result = cmd.query(conn.as_mut().expect("connected above"));
+        let result = send(conn.as_mut().expect("connected above"));
         if let Err(err) = &result {
             if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() {
                 *conn = None;
@@ -519,16 +744,23 @@ impl Shared {
         Ok(result?)
     }
 
-    /// `SEM.REFRESH name` or `SEM.RELEASE name`, or the `...ALL` command over the set's names.
-    fn command(&self, single: &str, all: &str) -> Cmd {
+    fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+        self.with_connection(|conn| cmd.query(conn))
+    }
+
+    /// `SEM.<op> name id args...` (by the script without the module), or for a set
+    /// `SEM.<op>ALL numsems names... id args...`.
+    fn call(&self, op: &'static str, args: &[String]) -> Result<i64> {
         if self.set {
-            let mut cmd = redis::cmd(all);
-            cmd.arg(self.names.len()).arg(&self.names).arg(&self.id);
-            cmd
+            let mut cmd = redis::cmd(&format!("SEM.{op}ALL"));
+            cmd.arg(self.names.len())
+                .arg(&self.names)
+                .arg(&self.id)
+                .arg(args);
+            self.query(&cmd)
         } else {
-            let mut cmd = redis::cmd(single);
-            cmd.arg(&self.names[0]).arg(&self.id);
-            cmd
+            let op = Op::new(op, &self.names[0]).arg(&self.id).arg(args);
+            self.with_connection(|conn| op.query(conn, self.backend))
         }
     }
 
@@ -539,8 +771,7 @@ impl Shared {
 
     fn refresh(&self) -> Result<bool> {
         let sent = Instant::now();
-        let mut cmd = self.command("SEM.REFRESH", "SEM.REFRESHALL");
-        let held: i64 = self.query(cmd.arg(seconds(self.lease)))?;
+        let held = self.call("REFRESH", &[seconds(self.lease)])?;
         let mut state = lock(&self.state);
         // Fewer than all: a lease ran out (the server removes it), or another client removed it.
         if held == self.wanted() {
@@ -587,7 +818,7 @@ impl Holding {
             let _ = refresher.join(); // ...which is now, after a refresh under way
         }
         let shared = &self.shared;
-        let released: i64 = shared.query(&shared.command("SEM.RELEASE", "SEM.RELEASEALL"))?;
+        let released = shared.call("RELEASE", &[])?;
         Ok(released == shared.wanted() && !lost_before)
     }
 
@@ -690,13 +921,7 @@ impl Permit {
             return Err(Error::BadCount { held: self.count });
         }
         let shared = &self.holding.shared;
-        let released: i64 = shared.query(
-            redis::cmd("SEM.RELEASE")
-                .arg(&shared.names[0])
-                .arg(&shared.id)
-                .arg("COUNT")
-                .arg(count),
-        )?;
+        let released = shared.call("RELEASE", &["COUNT".to_string(), count.to_string()])?;
         if released == 1 {
             self.count -= count;
         } else {

@@ -1,5 +1,7 @@
 //! redsem-client against a real redis-server with the module loaded (the repository's test
-//! harness, tests/common).
+//! harness, tests/common), or without it when `REDSEM_BACKEND=scripts`: then every test runs
+//! against the script, and those of what needs the module assert `Error::ModuleRequired`. The
+//! tests named `without_the_module_...` start a server without the module either way.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -8,14 +10,26 @@ use std::sync::Once;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{first_ticket, run, wait_until, zset, Server};
+use common::{first_ticket, run, server_ms, wait_until, zset, Server};
 use redsem_client::{
-    clear_limit, set_limit, stored_limit, wait_empty, Error, Semaphore, SemaphoreSet,
+    clear_limit, in_use, set_limit, stored_limit, wait_empty, Error, Semaphore, SemaphoreSet,
 };
 
-/// A server with the module; the harness finds the workspace's debug build through
-/// REDSEM_MODULE (its own default is relative to the root crate).
-fn server_with(extra: &[&str]) -> Server {
+/// The script the crate runs without the module.
+const SCRIPT: &str = include_str!("../../scripts/redsem.lua");
+
+/// `REDSEM_BACKEND=scripts`: the servers have no module, and the crate runs the script.
+fn scripts() -> bool {
+    match std::env::var("REDSEM_BACKEND").as_deref() {
+        Ok("scripts") => true,
+        Ok("module") | Ok("") | Err(_) => false,
+        Ok(other) => panic!("REDSEM_BACKEND is scripts or module, not {other:?}"),
+    }
+}
+
+/// The harness finds the workspace's debug build through REDSEM_MODULE (its own default is
+/// relative to the root crate).
+fn find_the_module() {
     static MODULE: Once = Once::new();
     MODULE.call_once(|| {
         if std::env::var_os("REDSEM_MODULE").is_none() {
@@ -26,7 +40,22 @@ fn server_with(extra: &[&str]) -> Server {
             std::env::set_var("REDSEM_MODULE", module);
         }
     });
-    Server::start_with(extra)
+}
+
+/// A server with the module and `extra` arguments, or with `REDSEM_BACKEND=scripts` one
+/// without it, given the `--name value` pairs of `extra` by `CONFIG SET`.
+fn server_with(extra: &[&str]) -> Server {
+    find_the_module();
+    if !scripts() {
+        return Server::start_with(extra);
+    }
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    for pair in extra.chunks(2) {
+        let name = pair[0].strip_prefix("--").expect("--name value");
+        let _: () = run(&mut conn, &["CONFIG", "SET", name, pair[1]]);
+    }
+    server
 }
 
 fn server() -> Server {
@@ -37,8 +66,80 @@ fn client(server: &Server) -> redis::Client {
     redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).unwrap()
 }
 
+/// The script's `op` on the semaphore `name`, sent with EVAL.
+fn script<T: redis::FromRedisValue>(conn: &mut redis::Connection, name: &str, op: &[&str]) -> T {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(SCRIPT).arg(6).arg(name);
+    for suffix in [":owner", ":counter", ":permits", ":limit", ":wake"] {
+        cmd.arg(format!("{name}{suffix}"));
+    }
+    cmd.arg(op)
+        .query(conn)
+        .unwrap_or_else(|err| panic!("the script's {op:?} failed: {err}"))
+}
+
+/// The permits of `name` in use: `SEM.GET`, or the script's `GET`.
 fn live(conn: &mut redis::Connection, name: &str) -> i64 {
-    run(conn, &["SEM.GET", name])
+    match scripts() {
+        false => run(conn, &["SEM.GET", name]),
+        true => script(conn, name, &["GET"]),
+    }
+}
+
+/// The calls of a command so far (`INFO commandstats`; `command|info` for a subcommand).
+fn calls(conn: &mut redis::Connection, command: &str) -> u64 {
+    let stats: String = run(conn, &["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |rest| {
+            rest.split(',').next().unwrap().parse().expect("calls")
+        })
+}
+
+/// The script's runs so far: EVALSHA and EVAL, the crate's and the tests' own (`live`).
+fn script_runs(conn: &mut redis::Connection) -> u64 {
+    calls(conn, "evalsha") + calls(conn, "eval")
+}
+
+const SET_NEEDS: &str = "a semaphore set (SEM.ACQUIREALL)";
+
+/// `result` is `Error::ModuleRequired(what)`, and nothing but the question whether the server
+/// has the module was sent: no script ran, no key of `names` exists.
+fn assert_module_required<T: std::fmt::Debug>(
+    conn: &mut redis::Connection,
+    runs_before: u64,
+    result: Result<T, Error>,
+    what: &str,
+    names: &[&str],
+) {
+    match result {
+        Err(err @ Error::ModuleRequired(_)) => assert_eq!(
+            err.to_string(),
+            format!("{what} needs the redsem module loaded in the server")
+        ),
+        other => panic!("{what} without the module: {other:?}"),
+    }
+    assert_eq!(script_runs(conn), runs_before, "{what}: a script ran");
+    for name in names {
+        assert_eq!(run::<i64>(conn, &["EXISTS", name]), 0, "{name}");
+    }
+}
+
+/// Waits until a client waits for a permit of `name`: in the module's line, or blocked in
+/// `BLPOP` (the script's waiters).
+fn until_waiting(conn: &mut redis::Connection, name: &str, by_script: bool) {
+    wait_until(
+        "the waiter is in line",
+        Duration::from_secs(5),
+        || match by_script {
+            false => run::<String>(conn, &["SEM.GET", name, "JSON"]).contains("\"waiters\":1"),
+            true => run::<String>(conn, &["CLIENT", "LIST"])
+                .lines()
+                .any(|client| client.contains(" flags=b ") && client.contains(" cmd=blpop ")),
+        },
+    );
 }
 
 #[test]
@@ -60,6 +161,15 @@ fn grant_release_and_the_limit() {
     drop(second); // Drop gives it back too
     assert_eq!(live(&mut conn, "jobs"), 0);
     assert_eq!(run::<i64>(&mut conn, &["EXISTS", "jobs"]), 0);
+
+    // One question whether the server has the module for the three acquires; with the module,
+    // its commands and nothing else; without it, the script and no SEM.* command.
+    assert_eq!(calls(&mut conn, "command|info"), 1);
+    assert_eq!(
+        calls(&mut conn, "sem.acquire"),
+        if scripts() { 0 } else { 3 }
+    );
+    assert_eq!(calls(&mut conn, "evalsha") > 0, scripts());
 }
 
 /// The Rust example of clients/README.md, but for the server's address.
@@ -140,11 +250,17 @@ fn the_readme_examples() {
     let url = format!("redis://127.0.0.1:{}/", server.port);
     let mut conn = server.connection();
     readme_example(&url).unwrap();
-    let (drained, tickets) = readme_set_example(&url).unwrap();
-    assert!(drained);
-    // gpu and licence are fresh names: each one's first ticket is the server's floor.
-    let first = first_ticket(&mut conn) as u64;
-    assert_eq!(tickets, Some(vec![first, first]));
+    if scripts() {
+        let runs = script_runs(&mut conn);
+        let result = readme_set_example(&url);
+        assert_module_required(&mut conn, runs, result, SET_NEEDS, &["gpu", "licence"]);
+    } else {
+        let (drained, tickets) = readme_set_example(&url).unwrap();
+        assert!(drained);
+        // gpu and licence are fresh names: each one's first ticket is the server's floor.
+        let first = first_ticket(&mut conn) as u64;
+        assert_eq!(tickets, Some(vec![first, first]));
+    }
     readme_limit_example(&url).unwrap();
     for name in ["jobs", "gpu", "licence", "deploys", "reports"] {
         assert_eq!(live(&mut conn, name), 0, "{name}");
@@ -235,18 +351,32 @@ fn fair_permits_carry_growing_tickets() {
     let printers = Semaphore::new(client(&server), "printers")
         .limit(2)
         .fair(true);
-    let floor = first_ticket(&mut conn);
+    // With the module a fresh name's first ticket is the server's floor, the next ones follow
+    // it; the script's tickets are max(counter + 1, the server's clock in microseconds).
+    let floor = match scripts() {
+        false => first_ticket(&mut conn),
+        true => server_ms(&mut conn) * 1000,
+    };
     let first = printers.acquire().unwrap();
     let second = printers.acquire().unwrap();
-    assert_eq!(
-        (first.ticket(), second.ticket()),
-        (Some(floor as u64), Some(floor as u64 + 1))
+    let (one, two) = (
+        first.ticket().unwrap() as i64,
+        second.ticket().unwrap() as i64,
     );
+    if scripts() {
+        assert!(
+            (floor..=server_ms(&mut conn) * 1000).contains(&one),
+            "{one}"
+        );
+        assert!(two > one && two <= server_ms(&mut conn) * 1000, "{two}");
+    } else {
+        assert_eq!((one, two), (floor, floor + 1));
+    }
     assert_eq!(
         zset(&mut conn, "printers:owner"),
         [
-            (first.id().to_string(), floor),
-            (second.id().to_string(), floor + 1)
+            (first.id().to_string(), one),
+            (second.id().to_string(), two)
         ]
     );
     match Semaphore::new(client(&server), "printers")
@@ -257,7 +387,11 @@ fn fair_permits_carry_growing_tickets() {
         other => panic!("a plain acquire among fair holders: {other:?}"),
     }
     drop((first, second));
-    assert_eq!(printers.acquire().unwrap().ticket(), Some(floor as u64 + 2));
+    let third = printers.acquire().unwrap().ticket().unwrap() as i64;
+    match scripts() {
+        false => assert_eq!(third, floor + 2),
+        true => assert!(third > two, "{third}"),
+    }
 }
 
 #[test]
@@ -300,6 +434,11 @@ fn a_given_identifier_is_used() {
 fn a_bound_permit_is_given_back_when_its_connection_closes() {
     let server = server();
     let mut conn = server.connection();
+    if scripts() {
+        let bound = Semaphore::new(client(&server), "jobs").bound(true);
+        assert_module_required(&mut conn, 0, bound.acquire(), "BOUND", &["jobs"]);
+        return;
+    }
     let permit = Semaphore::new(client(&server), "jobs")
         .lease(Duration::from_secs(3))
         .bound(true)
@@ -372,6 +511,11 @@ fn pair(server: &Server) -> SemaphoreSet {
 fn a_set_is_granted_whole_and_given_back_whole() {
     let server = server();
     let mut conn = server.connection();
+    if scripts() {
+        let result = pair(&server).acquire();
+        assert_module_required(&mut conn, 0, result, SET_NEEDS, &["gpu", "licence"]);
+        return;
+    }
     let permits = pair(&server).acquire().unwrap();
     assert_eq!(permits.names(), ["gpu", "licence"]);
     assert_eq!(permits.counts(), [1, 3]);
@@ -396,7 +540,13 @@ fn one_full_semaphore_refuses_the_set_and_nothing_is_held() {
         .acquire()
         .unwrap();
     let started = Instant::now();
-    assert!(matches!(pair(&server).acquire(), Err(Error::NotAcquired)));
+    if scripts() {
+        let runs = script_runs(&mut conn);
+        let result = pair(&server).acquire();
+        assert_module_required(&mut conn, runs, result, SET_NEEDS, &["gpu"]);
+    } else {
+        assert!(matches!(pair(&server).acquire(), Err(Error::NotAcquired)));
+    }
     assert!(started.elapsed() < Duration::from_secs(1));
     assert_eq!(run::<i64>(&mut conn, &["EXISTS", "gpu"]), 0);
     assert_eq!(live(&mut conn, "licence"), 3);
@@ -407,6 +557,11 @@ fn one_full_semaphore_refuses_the_set_and_nothing_is_held() {
 fn a_fair_set_carries_one_ticket_per_semaphore() {
     let server = server();
     let mut conn = server.connection();
+    if scripts() {
+        let result = pair(&server).acquire();
+        assert_module_required(&mut conn, 0, result, SET_NEEDS, &["gpu", "licence"]);
+        return;
+    }
     let floor = first_ticket(&mut conn);
     let single = Semaphore::new(client(&server), "licence")
         .limit(5)
@@ -431,6 +586,13 @@ fn a_waiting_set_is_granted_when_a_member_is_freed() {
         .count(3)
         .acquire()
         .unwrap();
+    if scripts() {
+        let runs = script_runs(&mut conn);
+        let result = pair(&server).wait(Some(Duration::from_secs(10))).acquire();
+        assert_module_required(&mut conn, runs, result, SET_NEEDS, &["gpu"]);
+        assert!(holder.release().unwrap());
+        return;
+    }
     let short = pair(&server).wait(Some(Duration::from_millis(200)));
     assert!(matches!(short.acquire(), Err(Error::NotAcquired)));
     let leaving = thread::spawn(move || {
@@ -454,6 +616,11 @@ fn a_waiting_set_is_granted_when_a_member_is_freed() {
 fn refresh_keeps_a_set_alive_and_a_removed_member_loses_it() {
     let server = server();
     let mut conn = server.connection();
+    if scripts() {
+        let result = pair(&server).acquire();
+        assert_module_required(&mut conn, 0, result, SET_NEEDS, &["gpu", "licence"]);
+        return;
+    }
     let short = pair(&server).lease(Duration::from_millis(600));
     let permits = short.acquire().unwrap();
     thread::sleep(Duration::from_secs(2)); // more than three leases
@@ -477,6 +644,12 @@ fn refresh_keeps_a_set_alive_and_a_removed_member_loses_it() {
 fn wait_empty_is_true_once_the_holders_leave_and_false_at_the_timeout() {
     let server = server();
     let client = client(&server);
+    if scripts() {
+        let mut conn = server.connection();
+        let result = wait_empty(&client, "jobs", Duration::from_secs(10));
+        assert_module_required(&mut conn, 0, result, "SEM.WAITEMPTY", &["jobs"]);
+        return;
+    }
     assert!(wait_empty(&client, "jobs", Duration::from_secs(10)).unwrap()); // at once
     let holder = Semaphore::new(client.clone(), "jobs")
         .limit(3)
@@ -507,7 +680,12 @@ fn an_operators_limit_is_stored_used_by_every_acquire_and_cleared() {
     let jobs = Semaphore::new(client.clone(), "jobs").limit(10);
     assert!(matches!(jobs.acquire(), Err(Error::NotAcquired)));
     let set = SemaphoreSet::new(client.clone()).semaphore("jobs", 10, 1);
-    assert!(matches!(set.acquire(), Err(Error::NotAcquired)));
+    if scripts() {
+        let runs = script_runs(&mut conn);
+        assert_module_required(&mut conn, runs, set.acquire(), SET_NEEDS, &["jobs"]);
+    } else {
+        assert!(matches!(set.acquire(), Err(Error::NotAcquired)));
+    }
     assert_eq!(live(&mut conn, "jobs"), 0);
 
     set_limit(&client, "jobs", 2).unwrap();
@@ -515,16 +693,18 @@ fn an_operators_limit_is_stored_used_by_every_acquire_and_cleared() {
     let first = jobs.acquire().unwrap();
     let second = jobs.acquire().unwrap();
     assert!(matches!(jobs.acquire(), Err(Error::NotAcquired))); // 2, not 10
-                                                                // Raised, a waiter is served at once.
+    assert_eq!(in_use(&client, "jobs").unwrap(), 2);
+    // Raised, a waiter is served at once.
     let waiting = {
         let jobs = jobs.clone().wait(Some(Duration::from_secs(10)));
-        thread::spawn(move || jobs.acquire())
+        thread::spawn(move || (jobs.acquire(), Instant::now()))
     };
-    wait_until("the waiter is in line", Duration::from_secs(5), || {
-        run::<String>(&mut conn, &["SEM.GET", "jobs", "JSON"]).contains("\"waiters\":1")
-    });
+    until_waiting(&mut conn, "jobs", scripts());
+    let raised = Instant::now();
     set_limit(&client, "jobs", u32::MAX).unwrap();
-    let third = waiting.join().unwrap().unwrap();
+    let (third, served) = waiting.join().unwrap();
+    let third = third.unwrap();
+    assert!(served - raised < Duration::from_millis(500));
     assert_eq!(stored_limit(&client, "jobs").unwrap(), Some(4294967295));
 
     assert!(clear_limit(&client, "jobs").unwrap());
@@ -534,4 +714,185 @@ fn an_operators_limit_is_stored_used_by_every_acquire_and_cleared() {
         assert!(permit.release().unwrap());
     }
     assert_eq!(run::<i64>(&mut conn, &["EXISTS", "jobs:limit"]), 0);
+}
+
+/// A server without the module, whatever `REDSEM_BACKEND` says.
+fn server_without_module() -> Server {
+    find_the_module();
+    Server::start_without_module()
+}
+
+#[test]
+fn without_the_module_what_needs_it_fails_before_anything_is_sent() {
+    let server = server_without_module();
+    let mut conn = server.connection();
+    let client = client(&server);
+    let bound = Semaphore::new(client.clone(), "jobs").bound(true);
+    assert_module_required(&mut conn, 0, bound.acquire(), "BOUND", &["jobs"]);
+    let set = SemaphoreSet::new(client.clone()).semaphore("jobs", 1, 1);
+    assert_module_required(&mut conn, 0, set.acquire(), SET_NEEDS, &["jobs"]);
+    let result = wait_empty(&client, "jobs", Duration::ZERO);
+    assert_module_required(&mut conn, 0, result, "SEM.WAITEMPTY", &["jobs"]);
+
+    // The rest goes through the script, loaded once (EVAL after the first NOSCRIPT), and the
+    // semaphore's Semaphore asks whether the server has the module once.
+    let jobs = Semaphore::new(client.clone(), "jobs").limit(2);
+    let asked = calls(&mut conn, "command|info");
+    let mut permits = Vec::new();
+    for _ in 0..2 {
+        permits.push(jobs.acquire().unwrap());
+    }
+    assert!(matches!(jobs.clone().acquire(), Err(Error::NotAcquired)));
+    assert_eq!(calls(&mut conn, "command|info"), asked + 1);
+    assert_eq!(in_use(&client, "jobs").unwrap(), 2);
+    for permit in permits {
+        assert!(permit.refresh().unwrap());
+        assert!(permit.release().unwrap());
+    }
+    assert_eq!(calls(&mut conn, "eval"), 1);
+    assert!(calls(&mut conn, "evalsha") >= 8);
+    let stats: String = run(&mut conn, &["INFO", "commandstats"]);
+    assert!(!stats.contains("cmdstat_sem."), "{stats}");
+    assert_eq!(run::<i64>(&mut conn, &["EXISTS", "jobs"]), 0);
+}
+
+#[test]
+fn without_the_module_a_release_serves_a_waiter_at_once() {
+    let server = server_without_module();
+    let mut conn = server.connection();
+    let client = client(&server);
+    // Plain, fair, and weighted: (fair, limit, count).
+    for (fair, limit, count) in [(false, 1, 1), (true, 1, 1), (false, 3, 2)] {
+        let jobs = Semaphore::new(client.clone(), "jobs")
+            .limit(limit)
+            .fair(fair)
+            .count(count);
+        let holder = jobs.acquire().unwrap();
+        let waiting = {
+            let jobs = jobs.clone().wait(Some(Duration::from_secs(10)));
+            thread::spawn(move || (jobs.acquire(), Instant::now()))
+        };
+        // The waiter was refused and blocks for up to a second (its holder's lease is 30 s)...
+        until_waiting(&mut conn, "jobs", true);
+        // ...and the release wakes it long before that.
+        let released = Instant::now();
+        assert!(holder.release().unwrap());
+        let (permit, served) = waiting.join().unwrap();
+        let permit = permit.unwrap();
+        let late = served - released;
+        assert!(
+            late < Duration::from_millis(300),
+            "{fair} {count}: {late:?}"
+        );
+        assert_eq!(zset(&mut conn, "jobs")[0].0, permit.id());
+        assert_eq!(permit.ticket().is_some(), fair);
+        assert!(permit.release().unwrap());
+        assert_eq!(live_by_script(&mut conn, "jobs"), 0);
+    }
+}
+
+/// The script's `GET`, whatever `REDSEM_BACKEND` says.
+fn live_by_script(conn: &mut redis::Connection, name: &str) -> i64 {
+    script(conn, name, &["GET"])
+}
+
+#[test]
+fn without_the_module_a_lease_that_runs_out_serves_a_waiter_by_the_recheck() {
+    let server = server_without_module();
+    let client = client(&server);
+    let jobs = Semaphore::new(client, "jobs");
+    let lease = Duration::from_millis(1200);
+    let holder = jobs
+        .clone()
+        .lease(lease)
+        .auto_refresh(false)
+        .acquire()
+        .unwrap();
+    let taken = Instant::now();
+    // Nobody releases: the waiter looks again after a second, learns that the holder's lease
+    // ends 200 ms later, and looks again then.
+    let permit = jobs
+        .clone()
+        .wait(Some(Duration::from_secs(5)))
+        .acquire()
+        .unwrap();
+    let waited = taken.elapsed();
+    assert!(
+        waited >= lease - Duration::from_millis(50) && waited < lease + Duration::from_millis(400),
+        "{waited:?}"
+    );
+    assert!(!holder.release().unwrap());
+    assert!(permit.release().unwrap());
+}
+
+#[test]
+fn without_the_module_then_with_it_the_same_code_goes_on() {
+    let server = server_without_module();
+    let mut conn = server.connection();
+    let client = client(&server);
+    // The application's code, the same before and after the module is loaded.
+    let take = |client: &redis::Client| {
+        Semaphore::new(client.clone(), "printers")
+            .limit(3)
+            .fair(true)
+            .lease(Duration::from_secs(10))
+            .wait(Some(Duration::from_millis(100)))
+            .acquire()
+    };
+    let held = take(&client).unwrap(); // by the script, held while the module loads
+    set_limit(&client, "printers", 2).unwrap();
+    let before = take(&client).unwrap();
+    let before_ticket = before.ticket();
+    assert!(before_ticket > held.ticket());
+    assert!(matches!(take(&client), Err(Error::NotAcquired)));
+    assert!(before.release().unwrap());
+    let scripted = script_runs(&mut conn);
+    assert!(scripted > 0);
+
+    let module = common::module_path();
+    let _: () = run(&mut conn, &["MODULE", "LOAD", module.to_str().unwrap()]);
+    let after = take(&client).unwrap(); // by the module now
+    assert_eq!(calls(&mut conn, "sem.acquirefair"), 1);
+    assert!(after.ticket() > before_ticket);
+    // The module takes over the script's holder, ticket, counter and limit.
+    let json = common::sem_json(&mut conn, "printers");
+    let holders: Vec<(String, u64)> = json["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["id"].as_str().unwrap().to_string(),
+                h["ticket"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        holders,
+        [
+            (held.id().to_string(), held.ticket().unwrap()),
+            (after.id().to_string(), after.ticket().unwrap())
+        ]
+    );
+    assert_eq!(json["stored_limit"], 2);
+    assert!(matches!(take(&client), Err(Error::NotAcquired)));
+    assert_eq!(stored_limit(&client, "printers").unwrap(), Some(2));
+    assert_eq!(in_use(&client, "printers").unwrap(), 2);
+    // The permit the script granted is still refreshed and given back by it.
+    assert!(held.refresh().unwrap());
+    assert!(held.release().unwrap());
+    assert!(script_runs(&mut conn) > scripted);
+    assert_eq!(run::<i64>(&mut conn, &["SEM.GET", "printers"]), 1);
+    let last = take(&client).unwrap();
+    assert!(last.ticket() > after.ticket());
+    assert!(after.release().unwrap() && last.release().unwrap());
+    assert!(clear_limit(&client, "printers").unwrap());
+    for key in [
+        "printers",
+        "printers:owner",
+        "printers:permits",
+        "printers:limit",
+    ] {
+        assert_eq!(run::<i64>(&mut conn, &["EXISTS", key]), 0, "{key}");
+    }
 }

@@ -1,7 +1,11 @@
 """Permits of a redsem semaphore (the Redis module ``sem``) for redis-py.
 
 Install it with ``pip install clients/python`` (the package redsem-client). It needs Python
-3.8 or later, redis-py 5 or later (tested with 8.1) and a server with the module loaded.
+3.8 or later and redis-py 5 or later (tested with 8.1). Where the server has the module loaded
+it sends the module's commands; where it has not (a managed service), it runs the same
+operations as a Lua script (``redsem.lua``, shipped in this package) over the same keys, found
+out once per connection pool with ``COMMAND INFO SEM.ACQUIRE``. What only the module can do
+(``bound``, sets, wait_empty) raises ModuleRequired there.
 
     import redis
     from redsem import Semaphore, NotAcquired, PermitLost
@@ -16,7 +20,8 @@ sent on, ``BOUND`` ties the permit to that connection, and ``WAIT numreplicas`` 
 writes of the connection that sends it. So a pool needs one connection per permit held or
 waited for at once (``redis.BlockingConnectionPool`` blocks when they run out). The reply of a
 waiting acquire is read for ``wait`` plus the pool's ``socket_timeout`` (with redis-py before
-8, whose default ``socket_timeout`` is None, a ``socket_timeout`` you set must exceed ``wait``).
+8, whose default ``socket_timeout`` is None, a ``socket_timeout`` you set must exceed ``wait``,
+and without the module 1 s, the longest BLPOP of a wait).
 
 The identifier is made here (a UUID v4) unless ``identifier=`` gives one, so a retried acquire
 (redis-py retries on connection errors) renews the same holder rather than taking a second
@@ -27,11 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
+import hashlib
+import importlib.resources
 import inspect
 import math
 import threading
 import time
 import uuid
+import weakref
 from types import TracebackType
 from typing import Any, List, Optional, Sequence, Tuple, Type, TypeVar, Union, cast
 
@@ -61,6 +70,7 @@ __all__ = [
     "NotAcquired",
     "PermitLost",
     "NotDurable",
+    "ModuleRequired",
 ]
 
 Identifier = Union[str, bytes]
@@ -103,6 +113,16 @@ class NotDurable(SemaphoreError):
         super().__init__(message)
         self.acked = acked
         self.wanted = wanted
+
+
+class ModuleRequired(SemaphoreError):
+    """The server has no redsem module loaded, and what was asked needs it (``bound``, a set of
+    semaphores, wait_empty): raised before anything is sent. Everything else works without the
+    module, through the script."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} needs the redsem module loaded in the server")
+        self.what = what
 
 
 def _seconds(value: float) -> str:
@@ -166,6 +186,176 @@ async def _run_blocking_async(conn: redis.asyncio.Redis, args: Args, block: Opti
     return reply
 
 
+# --- Without the module: the script ------------------------------------------------------------
+#
+# A server without the module answers COMMAND INFO SEM.ACQUIRE with [nil]. Each connection pool
+# asks once; without the module, SEM.ACQUIRE, ACQUIREFAIR, REFRESH, RELEASE, GET and LIMIT run
+# as the script redsem.lua (shipped in this package; its one source is the repository's
+# clients/scripts/redsem.lua) over the very keys the module keeps, and a wait is a loop of
+# attempts and BLPOPs on <name>:wake, where the script pushes a token for each permit it frees.
+
+# What each pool answered (True: the module is loaded), kept as long as the pool lives.
+_backends: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_backends_lock = threading.Lock()
+
+# The longest a waiter without the module blocks on <name>:wake before it tries again: bounds
+# the wait for a permit freed without a wake-up token (a lease that ran out, a release by the
+# module or by hand).
+_RECHECK = 1.0
+
+
+@functools.lru_cache(maxsize=None)
+def _script() -> Tuple[bytes, str]:
+    """The script's source, as shipped in the package, and its SHA1 (EVALSHA's name for it)."""
+    files = getattr(importlib.resources, "files", None)
+    if files is not None:  # Python 3.9+
+        source: bytes = files(__name__).joinpath("redsem.lua").read_bytes()
+    else:
+        source = importlib.resources.read_binary(__name__, "redsem.lua")
+    return source, hashlib.sha1(source).hexdigest()
+
+
+def _pool_of(client: Any) -> Any:
+    """What the backend is cached on: the client's connection pool (shared by client())."""
+    pool = getattr(client, "connection_pool", None)
+    return client if pool is None else pool
+
+
+def _known_backend(client: Any) -> Optional[bool]:
+    with _backends_lock:
+        return _backends.get(_pool_of(client))
+
+
+def _note_backend(client: Any, reply: Any) -> bool:
+    """Caches what COMMAND INFO SEM.ACQUIRE answered: ``[nil]`` without the module."""
+    module = isinstance(reply, (list, tuple)) and len(reply) > 0 and reply[0] is not None
+    with _backends_lock:
+        _backends[_pool_of(client)] = module
+    return module
+
+
+def _has_module(client: redis.Redis) -> bool:
+    """Whether the server of ``client``'s pool has the module; asked once per pool."""
+    known = _known_backend(client)
+    if known is not None:
+        return known
+    # "COMMAND INFO" as one name: redis-py has no reply callback for it (the one of COMMAND
+    # cannot read [nil]), and sends it as two words.
+    return _note_backend(client, _execute(client, "COMMAND INFO", "SEM.ACQUIRE"))
+
+
+async def _has_module_async(client: redis.asyncio.Redis) -> bool:
+    """As _has_module, for redis.asyncio."""
+    known = _known_backend(client)
+    if known is not None:
+        return known
+    return _note_backend(client, await _execute_async(client, "COMMAND INFO", "SEM.ACQUIRE"))
+
+
+def _keys(name: Identifier) -> List[Identifier]:
+    """The script's 6 keys: the semaphore's, the module's derived keys, and the wake-up list."""
+    suffixes = ("", ":owner", ":counter", ":permits", ":limit", ":wake")
+    if isinstance(name, bytes):
+        return [name + suffix.encode() for suffix in suffixes]
+    return [name + suffix for suffix in suffixes]
+
+
+def _wake_key(name: Identifier) -> Identifier:
+    return _keys(name)[5]
+
+
+def _script_args(args: Args, load: bool) -> Args:
+    """``SEM.<OP> name rest...`` as the script's EVALSHA (or EVAL, which also loads it)."""
+    op = str(args[0]).upper()
+    if not op.startswith("SEM."):
+        raise ValueError(f"{op} is not a redsem command")
+    source, sha = _script()
+    head: Args = ["EVAL", source] if load else ["EVALSHA", sha]
+    return [*head, 6, *_keys(cast(Identifier, args[1])), op[4:], *args[2:]]
+
+
+def _send(conn: redis.Redis, scripts: bool, args: Args) -> Any:
+    """Sends a single-semaphore SEM.* command, as itself or (``scripts``) through the script."""
+    if not scripts:
+        return _execute(conn, *args)
+    try:
+        return _execute(conn, *_script_args(args, False))
+    except redis.exceptions.NoScriptError:  # not loaded yet (or flushed): EVAL loads it
+        return _execute(conn, *_script_args(args, True))
+
+
+async def _send_async(conn: redis.asyncio.Redis, scripts: bool, args: Args) -> Any:
+    """As _send, for redis.asyncio."""
+    if not scripts:
+        return await _execute_async(conn, *args)
+    try:
+        return await _execute_async(conn, *_script_args(args, False))
+    except redis.exceptions.NoScriptError:
+        return await _execute_async(conn, *_script_args(args, True))
+
+
+def _attempt(reply: Any) -> Tuple[Any, float]:
+    """The script's ACQUIRE answer ``[reply, retry_ms]``: the module's reply (None: refused),
+    and how long until the earliest holder's lease ends (seconds; _RECHECK when unknown)."""
+    if not isinstance(reply, (list, tuple)) or len(reply) != 2:
+        raise redis.ResponseError(f"unexpected answer of the redsem script: {reply!r}")
+    granted, retry_ms = reply
+    retry = int(retry_ms) / 1000 if retry_ms else 0.0
+    # One millisecond more: the lease ends at its deadline, not before.
+    return granted, (retry + 0.001 if retry > 0 else _RECHECK)
+
+
+def _wait_deadline(wait: Optional[float]) -> float:
+    """The monotonic time a script-side wait ends (inf: no limit; now: no wait)."""
+    return time.monotonic() + (wait or 0.0)
+
+
+def _block_for(deadline: float, retry: float) -> Optional[float]:
+    """How long the next BLPOP may block, None when the wait is over."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    return min(left, retry, _RECHECK)
+
+
+def _acquire_by_script(
+    conn: redis.Redis, options: "_Options", identifier: Identifier
+) -> Tuple[Any, float]:
+    """Acquires through the script, waiting (``options.wait``) on <name>:wake between attempts,
+    on ``conn`` (the permit's own connection). Returns the module's reply (None: not granted)
+    and the monotonic time the granting attempt was sent."""
+    command = options.acquire_command(identifier, in_server=False)
+    deadline = _wait_deadline(options.wait)
+    while True:
+        sent = time.monotonic()
+        granted, retry = _attempt(_send(conn, True, command))
+        if granted is not None:
+            return granted, sent
+        block = _block_for(deadline, retry)
+        if block is None:
+            return None, sent
+        seconds = _seconds(block)
+        _run_blocking(conn, ["BLPOP", _wake_key(options.name), seconds], float(seconds))
+
+
+async def _acquire_by_script_async(
+    conn: redis.asyncio.Redis, options: "_Options", identifier: Identifier
+) -> Tuple[Any, float]:
+    """As _acquire_by_script, for redis.asyncio."""
+    command = options.acquire_command(identifier, in_server=False)
+    deadline = _wait_deadline(options.wait)
+    while True:
+        sent = time.monotonic()
+        granted, retry = _attempt(await _send_async(conn, True, command))
+        if granted is not None:
+            return granted, sent
+        block = _block_for(deadline, retry)
+        if block is None:
+            return None, sent
+        seconds = _seconds(block)
+        await _run_blocking_async(conn, ["BLPOP", _wake_key(options.name), seconds], float(seconds))
+
+
 class _Options:
     """What an acquire sends, checked once."""
 
@@ -209,13 +399,17 @@ class _Options:
         self.durable_timeout_ms = durable_timeout_ms
         self.auto_refresh = auto_refresh
 
-    def acquire_command(self, identifier: Identifier) -> Args:
+    def acquire_command(self, identifier: Identifier, in_server: bool = True) -> Args:
+        """The acquire; ``in_server=False`` leaves out WAIT and BOUND (the script's form: its
+        caller waits)."""
         command = "SEM.ACQUIREFAIR" if self.fair else "SEM.ACQUIRE"
         args: Args = [command, self.name, self.limit, _seconds(self.lease), "ID", identifier]
         if self.count is not None:
             args += ["COUNT", self.count]
         if self.fair:
             args.append("WITHTICKET")
+        if not in_server:
+            return args
         if self.wait:  # None and 0 do not wait
             args += ["WAIT", "0" if math.isinf(self.wait) else _seconds(self.wait)]
         if self.bound:
@@ -316,6 +510,8 @@ class _Held:
 
     # How many semaphores a refresh or a release must find held.
     _wanted = 1
+    # Sent through the script (the server has no module), else as the module's commands.
+    _scripts = False
 
     def __init__(self, identifier: Identifier, lease: float, sent: float) -> None:
         #: The holder's identifier: ``identifier=``, or the UUID v4 made for this permit.
@@ -499,7 +695,7 @@ class _SyncHeld(_Held):
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
         command = self._refresh_args()
-        return self._refreshed(command, _execute(self._conn, *command), sent)
+        return self._refreshed(command, _send(self._conn, self._scripts, command), sent)
 
     def release(self) -> bool:
         """Gives the permit back: True if it was held throughout, False if it was lost (then
@@ -514,7 +710,7 @@ class _SyncHeld(_Held):
                 self._thread.join()  # lets a refresh under way finish first
             command = self._release_args()
             try:
-                reply = _execute(self._conn, *command)
+                reply = _send(self._conn, self._scripts, command)
             except BaseException as err:
                 self._release_failed(err)
                 raise
@@ -578,7 +774,8 @@ class _AsyncHeld(_Held):
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
         command = self._refresh_args()
-        return self._refreshed(command, await _execute_async(self._conn, *command), sent)
+        reply = await _send_async(self._conn, self._scripts, command)
+        return self._refreshed(command, reply, sent)
 
     async def release(self) -> bool:
         """As Permit.release."""
@@ -591,7 +788,7 @@ class _AsyncHeld(_Held):
                 await self._task
             command = self._release_args()
             try:
-                reply = await _execute_async(self._conn, *command)
+                reply = await _send_async(self._conn, self._scripts, command)
             except BaseException as err:
                 self._release_failed(err)
                 raise
@@ -630,15 +827,18 @@ class Permit(_SyncHeld, _PermitState):
         identifier: Identifier,
         ticket: Optional[int],
         sent: float,
+        scripts: bool = False,
     ) -> None:
         _PermitState.__init__(self, options, identifier, ticket, sent)
         self._init_sync(conn)
+        self._scripts = scripts
 
     def release_some(self, count: int) -> bool:
         """Gives back ``count`` of a weighted permit's permits and keeps holding the rest (with
         its deadline and ticket). Returns False, and marks it lost, if it had run out."""
         self._check_release_some(count)
-        reply = _execute(self._conn, "SEM.RELEASE", self.name, self.id, "COUNT", count)
+        command: Args = ["SEM.RELEASE", self.name, self.id, "COUNT", count]
+        reply = _send(self._conn, self._scripts, command)
         if reply == 1:
             self.count -= count
             return True
@@ -656,14 +856,17 @@ class AsyncPermit(_AsyncHeld, _PermitState):
         identifier: Identifier,
         ticket: Optional[int],
         sent: float,
+        scripts: bool = False,
     ) -> None:
         _PermitState.__init__(self, options, identifier, ticket, sent)
         self._init_async(conn)
+        self._scripts = scripts
 
     async def release_some(self, count: int) -> bool:
         """As Permit.release_some."""
         self._check_release_some(count)
-        reply = await _execute_async(self._conn, "SEM.RELEASE", self.name, self.id, "COUNT", count)
+        command: Args = ["SEM.RELEASE", self.name, self.id, "COUNT", count]
+        reply = await _send_async(self._conn, self._scripts, command)
         if reply == 1:
             self.count -= count
             return True
@@ -731,10 +934,13 @@ class Semaphore:
     name, limit, lease: the semaphore's key, its number of permits, and the lease in seconds
         (millisecond precision); the permit is refreshed every lease/3 while held.
     wait: seconds to wait inside the server for a permit; None or 0 do not wait, math.inf
-        waits without limit.
+        waits without limit. Without the module the package waits: it tries again whenever a
+        release wakes it (BLPOP on ``<name>:wake``), when the earliest lease ends, and at
+        least every second; a newcomer may then take a freed permit ahead of the waiters.
     fair: use SEM.ACQUIREFAIR (first come, first served; ``permit.ticket`` is a fencing token).
     count: take this many permits at once (COUNT), all or none.
     bound: BOUND; the permit is given back when its connection closes (the process dies).
+        It needs the module: without it, acquire() raises ModuleRequired.
     identifier: the holder's identifier (default: a new UUID v4 per acquire). An identifier
         names one permit: a second acquire with it, while the first permit is held, renews
         that permit rather than taking another (which is what makes a retried acquire safe).
@@ -771,17 +977,23 @@ class Semaphore:
     def acquire(self) -> Permit:
         """Takes a permit, or raises NotAcquired (or NotDurable, or a redis-py error)."""
         options = self.options
+        scripts = not _has_module(self.client)
+        if scripts and options.bound:
+            raise ModuleRequired("BOUND")
         identifier = options.identifier or str(uuid.uuid4())
         # One connection of the pool, for this permit only (client() is untyped in some
         # redis-py releases).
         conn: redis.Redis = cast(Any, self.client).client()
         try:
-            sent = time.monotonic()
-            command = options.acquire_command(identifier)
-            reply = _run_blocking(conn, command, options.blocks_for())
+            if scripts:
+                reply, sent = _acquire_by_script(conn, options, identifier)
+            else:
+                sent = time.monotonic()
+                command = options.acquire_command(identifier)
+                reply = _run_blocking(conn, command, options.blocks_for())
             if reply is None:
                 raise NotAcquired(options.describe())
-            permit = Permit(options, conn, identifier, options.ticket_of(reply), sent)
+            permit = Permit(options, conn, identifier, options.ticket_of(reply), sent, scripts)
         except BaseException:
             conn.close()
             raise
@@ -854,15 +1066,23 @@ class AsyncSemaphore:
     async def acquire(self) -> AsyncPermit:
         """As Semaphore.acquire."""
         options = self.options
+        scripts = not await _has_module_async(self.client)
+        if scripts and options.bound:
+            raise ModuleRequired("BOUND")
         identifier = options.identifier or str(uuid.uuid4())
         conn = self.client.client()
         try:
-            sent = time.monotonic()
-            command = options.acquire_command(identifier)
-            reply = await _run_blocking_async(conn, command, options.blocks_for())
+            if scripts:
+                reply, sent = await _acquire_by_script_async(conn, options, identifier)
+            else:
+                sent = time.monotonic()
+                command = options.acquire_command(identifier)
+                reply = await _run_blocking_async(conn, command, options.blocks_for())
             if reply is None:
                 raise NotAcquired(options.describe())
-            permit = AsyncPermit(options, conn, identifier, options.ticket_of(reply), sent)
+            permit = AsyncPermit(
+                options, conn, identifier, options.ticket_of(reply), sent, scripts
+            )
         except BaseException:
             await conn.aclose()
             raise
@@ -919,6 +1139,8 @@ class SemaphoreSet:
     fair: every semaphore is a fair one (FAIR); ``permits.tickets`` has one fencing ticket per
         semaphore, in the order given.
     bound, identifier, auto_refresh: as for Semaphore.
+
+    A set needs the module: without it, acquire() raises ModuleRequired.
     """
 
     def __init__(
@@ -937,8 +1159,11 @@ class SemaphoreSet:
         self.options = _SetOptions(semaphores, lease, wait, fair, bound, identifier, auto_refresh)
 
     def acquire(self) -> PermitSet:
-        """Takes every permit of the set, or raises NotAcquired (then none is held)."""
+        """Takes every permit of the set, or raises NotAcquired (then none is held);
+        ModuleRequired without the module."""
         options = self.options
+        if not _has_module(self.client):
+            raise ModuleRequired("SEM.ACQUIREALL")
         identifier = options.identifier or str(uuid.uuid4())
         conn: redis.Redis = cast(Any, self.client).client()
         try:
@@ -1000,6 +1225,8 @@ class AsyncSemaphoreSet:
     async def acquire(self) -> AsyncPermitSet:
         """As SemaphoreSet.acquire."""
         options = self.options
+        if not await _has_module_async(self.client):
+            raise ModuleRequired("SEM.ACQUIREALL")
         identifier = options.identifier or str(uuid.uuid4())
         conn = self.client.client()
         try:
@@ -1092,8 +1319,11 @@ def _wait_empty_args(name: Identifier, timeout: float) -> Tuple[Args, Optional[f
 def wait_empty(client: redis.Redis, name: Identifier, timeout: float) -> bool:
     """Waits until the semaphore ``name`` has no live holder (SEM.WAITEMPTY): True once it has
     none (at once if it has none now), False when ``timeout`` seconds pass first (math.inf:
-    no limit). It takes nothing. It blocks the connection, so it uses one of the pool's own."""
+    no limit). It takes nothing. It blocks the connection, so it uses one of the pool's own.
+    It needs the module: without it, it raises ModuleRequired."""
     args, block = _wait_empty_args(name, timeout)
+    if not _has_module(client):
+        raise ModuleRequired("SEM.WAITEMPTY")
     conn: redis.Redis = cast(Any, client).client()
     try:
         return bool(_run_blocking(conn, args, block) == 1)
@@ -1104,6 +1334,8 @@ def wait_empty(client: redis.Redis, name: Identifier, timeout: float) -> bool:
 async def wait_empty_async(client: redis.asyncio.Redis, name: Identifier, timeout: float) -> bool:
     """As wait_empty, for redis.asyncio."""
     args, block = _wait_empty_args(name, timeout)
+    if not await _has_module_async(client):
+        raise ModuleRequired("SEM.WAITEMPTY")
     conn = client.client()
     try:
         return bool(await _run_blocking_async(conn, args, block) == 1)
@@ -1132,13 +1364,15 @@ def _set_limit_args(name: Identifier, limit: int) -> Args:
 def stored_limit(client: redis.Redis, name: Identifier) -> Optional[int]:
     """The operator's limit stored for the semaphore ``name`` (SEM.LIMIT name), or None when
     there is none. While one is stored, every acquire of ``name`` uses it instead of its own."""
-    reply = _execute(client, "SEM.LIMIT", _checked_name(name))
+    command: Args = ["SEM.LIMIT", _checked_name(name)]
+    reply = _send(client, not _has_module(client), command)
     return None if reply is None else int(reply)
 
 
 async def stored_limit_async(client: redis.asyncio.Redis, name: Identifier) -> Optional[int]:
     """As stored_limit, for redis.asyncio."""
-    reply = await _execute_async(client, "SEM.LIMIT", _checked_name(name))
+    command: Args = ["SEM.LIMIT", _checked_name(name)]
+    reply = await _send_async(client, not await _has_module_async(client), command)
     return None if reply is None else int(reply)
 
 
@@ -1146,20 +1380,24 @@ def set_limit(client: redis.Redis, name: Identifier, limit: int) -> None:
     """Stores an operator's limit for the semaphore ``name`` (SEM.LIMIT name n), 0 to
     4294967295: every acquire of ``name`` uses it instead of its own until clear_limit. 0
     pauses the semaphore; a lower limit takes no permit from its holders."""
-    _execute(client, *_set_limit_args(name, limit))
+    command = _set_limit_args(name, limit)
+    _send(client, not _has_module(client), command)
 
 
 async def set_limit_async(client: redis.asyncio.Redis, name: Identifier, limit: int) -> None:
     """As set_limit, for redis.asyncio."""
-    await _execute_async(client, *_set_limit_args(name, limit))
+    command = _set_limit_args(name, limit)
+    await _send_async(client, not await _has_module_async(client), command)
 
 
 def clear_limit(client: redis.Redis, name: Identifier) -> bool:
     """Removes the operator's limit of the semaphore ``name`` (SEM.LIMIT name CLEAR): acquires
     use their own limits again. True if one was stored, else False."""
-    return bool(_execute(client, "SEM.LIMIT", _checked_name(name), "CLEAR") == 1)
+    command: Args = ["SEM.LIMIT", _checked_name(name), "CLEAR"]
+    return bool(_send(client, not _has_module(client), command) == 1)
 
 
 async def clear_limit_async(client: redis.asyncio.Redis, name: Identifier) -> bool:
     """As clear_limit, for redis.asyncio."""
-    return bool(await _execute_async(client, "SEM.LIMIT", _checked_name(name), "CLEAR") == 1)
+    command: Args = ["SEM.LIMIT", _checked_name(name), "CLEAR"]
+    return bool(await _send_async(client, not await _has_module_async(client), command) == 1)

@@ -1,0 +1,1332 @@
+//! The client packages' Lua script (clients/scripts/redsem.lua), which runs the semaphore where
+//! no module can be loaded, against the module itself: the same replies and the same keys for a
+//! long random sequence of calls, semaphores that scripts started and the module carries on
+//! after `MODULE LOAD`, the limit under contention, and the script's wake-up list.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Barrier;
+use std::thread::{self, sleep};
+use std::time::{Duration, Instant};
+
+use common::*;
+use redis::Value;
+
+/// The one script every package loads.
+const SCRIPT: &str = include_str!("../clients/scripts/redsem.lua");
+/// What the script caps its wake-up list at, and the list's expiry.
+const WAKE_MAX: i64 = 8;
+const WAKE_TTL_MS: i64 = 2000;
+
+fn sha() -> String {
+    redis::Script::new(SCRIPT).get_hash().to_string()
+}
+
+/// The six keys of `name`, in the script's order.
+fn script_keys(name: &str) -> Vec<String> {
+    ["", ":owner", ":counter", ":permits", ":limit", ":wake"]
+        .iter()
+        .map(|suffix| format!("{name}{suffix}"))
+        .collect()
+}
+
+/// Runs `op args...` on `name` as the packages do: `EVALSHA`, and on NOSCRIPT `EVAL` once.
+fn script(conn: &mut redis::Connection, name: &str, op: &str, args: &[&str]) -> RedisResult {
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha
+        .arg(sha())
+        .arg(6)
+        .arg(script_keys(name))
+        .arg(op)
+        .arg(args);
+    match evalsha.query(conn) {
+        Err(err) if err.kind() == redis::ErrorKind::NoScriptError => redis::cmd("EVAL")
+            .arg(SCRIPT)
+            .arg(6)
+            .arg(script_keys(name))
+            .arg(op)
+            .arg(args)
+            .query(conn),
+        other => other,
+    }
+}
+
+type RedisResult = redis::RedisResult<Value>;
+
+/// The script's `[reply, retry_ms]` of an acquire.
+fn acquire_reply(value: Value) -> (Value, i64) {
+    match value {
+        Value::Array(mut pair) if pair.len() == 2 => {
+            let retry = match pair.pop() {
+                Some(Value::Int(ms)) => ms,
+                other => panic!("retry_ms is not an integer: {other:?}"),
+            };
+            (pair.pop().expect("two elements"), retry)
+        }
+        other => panic!("an acquire through the script replied {other:?}"),
+    }
+}
+
+/// An acquire through the script that must not fail: its reply and retry_ms.
+fn script_acquire(
+    conn: &mut redis::Connection,
+    name: &str,
+    op: &str,
+    args: &[&str],
+) -> (Value, i64) {
+    let value = script(conn, name, op, args)
+        .unwrap_or_else(|err| panic!("{op} {name} {args:?}: {}", error_text(&err)));
+    acquire_reply(value)
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Okay => "OK".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn int(value: &Value) -> i64 {
+    match value {
+        Value::Int(n) => *n,
+        other => panic!("not an integer: {other:?}"),
+    }
+}
+
+/// A `[id, ticket]` reply, split.
+fn id_and_ticket(value: &Value) -> (String, i64) {
+    match value {
+        Value::Array(pair) if pair.len() == 2 => (text(&pair[0]), int(&pair[1])),
+        other => panic!("not [id, ticket]: {other:?}"),
+    }
+}
+
+/// A small deterministic pseudo-random generator (xorshift64*), so every run takes the same
+/// sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<'a, T: ?Sized>(&mut self, items: &[&'a T]) -> &'a T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The differential run
+
+/// One call, as the module takes it (`SEM.<op> name args...`) and as the script does
+/// (`<op> args...` on name's keys).
+#[derive(Debug, Clone)]
+enum Step {
+    Call {
+        name: String,
+        op: &'static str,
+        args: Vec<String>,
+    },
+    /// Let short leases run out.
+    Sleep(u64),
+    /// The same plain command on both servers (another client writing a key).
+    Foreign(Vec<String>),
+}
+
+const NAMES: [&str; 3] = ["d:plain", "d:fair", "d:mixed"];
+const IDS: [&str; 5] = ["i1", "i2", "i3", "i4", "i5"];
+const LEASES: [&str; 5] = ["0.3", "0.45", "0.7", "1", "30"];
+
+fn random_step(rng: &mut Rng) -> Step {
+    let name = rng.pick(&NAMES).to_string();
+    let id = rng.pick(&IDS).to_string();
+    let lease = rng.pick(&LEASES).to_string();
+    let call = |op, args: Vec<String>| Step::Call {
+        name: name.clone(),
+        op,
+        args,
+    };
+    let roll = rng.below(100);
+    let mut step = match roll {
+        0..=44 => {
+            let fair_percent = match name.as_str() {
+                "d:plain" => 15,
+                "d:fair" => 85,
+                _ => 50,
+            };
+            let fair = rng.chance(fair_percent);
+            let limit = (1 + rng.below(4)).to_string();
+            let mut args = vec![limit, lease, "ID".into(), id];
+            if rng.chance(30) {
+                args.extend(["COUNT".into(), (1 + rng.below(3)).to_string()]);
+            }
+            if fair && rng.chance(60) {
+                args.push("WITHTICKET".into());
+            }
+            call(if fair { "ACQUIREFAIR" } else { "ACQUIRE" }, args)
+        }
+        45..=64 => {
+            let mut args = vec![id];
+            if rng.chance(30) {
+                args.extend(["COUNT".into(), (1 + rng.below(3)).to_string()]);
+            }
+            call("RELEASE", args)
+        }
+        65..=76 => call("REFRESH", vec![id, lease]),
+        77..=83 => call("GET", vec![]),
+        84..=91 => {
+            let args = match rng.below(10) {
+                0..=2 => vec![],
+                3..=4 => vec!["CLEAR".into()],
+                _ => vec![rng.below(5).to_string()],
+            };
+            call("LIMIT", args)
+        }
+        92..=93 => Step::Sleep(350),
+        _ => {
+            // A call with one wrong argument: the errors must be the module's.
+            let bad: &[(&'static str, &[&str])] = &[
+                ("ACQUIRE", &["0", "1", "ID", "x"]),
+                ("ACQUIRE", &["abc", "1", "ID", "x"]),
+                ("ACQUIRE", &["4294967296", "1", "ID", "x"]),
+                ("ACQUIRE", &["2", "0", "ID", "x"]),
+                ("ACQUIRE", &["2", "1.2345", "ID", "x"]),
+                ("ACQUIRE", &["2", "1m", "ID", "x"]),
+                ("ACQUIRE", &["2", ".5", "ID", "x"]),
+                ("ACQUIRE", &["2", "31536000.001", "ID", "x"]),
+                ("ACQUIRE", &["2", "1", "ID", ""]),
+                ("ACQUIRE", &["2", "1", "ID", "x", "COUNT", "3"]),
+                ("ACQUIRE", &["2", "1", "ID", "x", "COUNT", "0"]),
+                ("ACQUIRE", &["2", "1", "ID", "x", "COUNT"]),
+                ("ACQUIRE", &["2", "1", "ID", "x", "WITHTICKET"]),
+                ("ACQUIRE", &["2", "1", "ID", "x", "NOPE"]),
+                ("ACQUIRE", &["2", "1", "ID", "x", "ID", "y"]),
+                ("ACQUIRE", &["2"]),
+                (
+                    "ACQUIREFAIR",
+                    &["2", "1", "ID", "x", "WITHTICKET", "WITHTICKET"],
+                ),
+                ("ACQUIREFAIR", &["2", "1", "id", "x", "count", "x"]),
+                ("RELEASE", &["x", "COUNT", "0"]),
+                ("RELEASE", &["x", "COUNT", "4294967296"]),
+                ("RELEASE", &["x", "COUNT"]),
+                ("RELEASE", &["x", "NOPE"]),
+                ("RELEASE", &[""]),
+                ("REFRESH", &["x"]),
+                ("REFRESH", &["x", "0.0001"]),
+                ("REFRESH", &["", "1"]),
+                ("REFRESH", &["x", "1", "2"]),
+                ("LIMIT", &["-1"]),
+                ("LIMIT", &["4294967296"]),
+                ("LIMIT", &["1", "2"]),
+                ("GET", &["NOPE"]),
+            ];
+            let (op, args) = bad[rng.below(bad.len() as u64) as usize];
+            call(op, args.iter().map(|a| a.to_string()).collect())
+        }
+    };
+    // Now and then a weighted holder gives back one permit of several.
+    if let Step::Call { op, args, .. } = &mut step {
+        if *op == "RELEASE" && args.len() == 1 && rng.chance(10) {
+            args.extend(["COUNT".into(), "1".into()]);
+        }
+    }
+    step
+}
+
+/// One semaphore's keys, read back.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct SemKeys {
+    holders: Vec<(String, i64)>,
+    owners: BTreeMap<String, i64>,
+    counter: Option<String>,
+    permits: BTreeMap<String, String>,
+    limit: Option<String>,
+    /// PEXPIRETIME of `<name>`, `<name>:owner`, `<name>:permits`.
+    expiries: [i64; 3],
+}
+
+/// Reads every key (but the wake-up lists) and each semaphore's keys in one atomic step, with
+/// the server's time: `[now_ms, [key, type, ...], per name: [holders, owners, [counter],
+/// permits, [limit], [expiries]]]`. A key of another type reads as empty (the types are
+/// compared with the keys).
+const SNAPSHOT: &str = r#"
+local t = redis.call('TIME')
+local out = { tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), {} }
+for _, key in ipairs(redis.call('KEYS', '*')) do
+  if not key:find(':wake$') then
+    table.insert(out[2], key)
+    table.insert(out[2], redis.call('TYPE', key).ok)
+  end
+end
+local function read(key, kind, ...)
+  if redis.call('TYPE', key).ok ~= kind then return {} end
+  local value = redis.call(...)
+  if type(value) ~= 'table' then value = { value } end
+  return value
+end
+for _, name in ipairs(ARGV) do
+  local owner, permits = name .. ':owner', name .. ':permits'
+  table.insert(out, {
+    read(name, 'zset', 'ZRANGE', name, 0, -1, 'WITHSCORES'),
+    read(owner, 'zset', 'ZRANGE', owner, 0, -1, 'WITHSCORES'),
+    read(name .. ':counter', 'string', 'GET', name .. ':counter'),
+    read(permits, 'hash', 'HGETALL', permits),
+    read(name .. ':limit', 'string', 'GET', name .. ':limit'),
+    { redis.call('PEXPIRETIME', name), redis.call('PEXPIRETIME', owner),
+      redis.call('PEXPIRETIME', permits) },
+  })
+end
+return out
+"#;
+
+fn strings(value: &Value) -> Vec<String> {
+    match value {
+        Value::Array(items) => items.iter().map(text).collect(),
+        other => panic!("not an array: {other:?}"),
+    }
+}
+
+/// Pairs of a flat `[member, score, ...]`, scores rounded (another client may write any).
+fn scored(value: &Value) -> Vec<(String, i64)> {
+    strings(value)
+        .chunks(2)
+        .map(|pair| {
+            (
+                pair[0].clone(),
+                pair[1].parse::<f64>().expect("a score") as i64,
+            )
+        })
+        .collect()
+}
+
+fn pairs(value: &Value) -> BTreeMap<String, String> {
+    strings(value)
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect()
+}
+
+/// Every key but the script's wake-up lists, with its type, and each semaphore's keys, at
+/// the server's time `at`.
+#[derive(Debug, Clone, Default)]
+struct Snapshot {
+    at: i64,
+    keys: BTreeMap<String, String>,
+    sems: BTreeMap<String, SemKeys>,
+}
+
+fn snapshot(conn: &mut redis::Connection) -> Snapshot {
+    let value: Value = redis::cmd("EVAL")
+        .arg(SNAPSHOT)
+        .arg(0)
+        .arg(&NAMES[..])
+        .query(conn)
+        .expect("the snapshot script");
+    let Value::Array(parts) = value else {
+        panic!("snapshot: {value:?}")
+    };
+    let sems = NAMES
+        .iter()
+        .zip(&parts[2..])
+        .map(|(name, sem)| {
+            let Value::Array(sem) = sem else {
+                panic!("snapshot of {name}: {sem:?}")
+            };
+            let expiries: Vec<i64> = match &sem[5] {
+                Value::Array(items) => items.iter().map(int).collect(),
+                other => panic!("expiries: {other:?}"),
+            };
+            let keys = SemKeys {
+                holders: scored(&sem[0]),
+                owners: scored(&sem[1]).into_iter().collect(),
+                counter: strings(&sem[2]).pop(),
+                permits: pairs(&sem[3]),
+                limit: strings(&sem[4]).pop(),
+                expiries: [expiries[0], expiries[1], expiries[2]],
+            };
+            (name.to_string(), keys)
+        })
+        .collect();
+    Snapshot {
+        at: int(&parts[0]),
+        keys: pairs(&parts[1]),
+        sems,
+    }
+}
+
+impl Snapshot {
+    fn deadlines(&self) -> impl Iterator<Item = i64> + '_ {
+        self.sems
+            .values()
+            .flat_map(|sem| sem.holders.iter().map(|(_, deadline)| *deadline))
+    }
+}
+
+/// Deadlines on the two servers differ by the time between the two calls of a step.
+const DEADLINE_TOLERANCE_MS: i64 = 250;
+/// No step runs while a deadline is this close to now, on either server: a holder is then
+/// live on both or expired on both whatever the few milliseconds between them.
+const MARGIN_MS: i64 = 100;
+/// A step with a deadline within it or this close to it (the machine stalled for longer than
+/// the margin) may rightly differ: the servers looked at different sides of the deadline.
+const SLACK_MS: i64 = 20;
+
+/// What each server handed out: the last ticket of each name.
+#[derive(Default)]
+struct Tickets {
+    last: HashMap<String, i64>,
+}
+
+impl Tickets {
+    /// Checks the tickets `after` shows that `before` did not (at most one new grant a step):
+    /// each above every earlier one of its name and at least `floor`; the counter is the last.
+    fn check(&mut self, server: &str, before: &Snapshot, after: &Snapshot, floor: i64) {
+        for (name, sem) in &after.sems {
+            let old = &before.sems[name].owners;
+            let new: Vec<i64> = sem
+                .owners
+                .iter()
+                .filter(|(id, ticket)| old.get(*id) != Some(ticket))
+                .map(|(_, ticket)| *ticket)
+                .collect();
+            assert!(new.len() <= 1, "{server} {name}: two new tickets in a step");
+            if let Some(&ticket) = new.first() {
+                let last = self.last.get(name).copied().unwrap_or(0);
+                assert!(
+                    ticket > last,
+                    "{server} {name}: ticket {ticket} after {last}"
+                );
+                assert!(
+                    ticket >= floor,
+                    "{server} {name}: ticket {ticket} below {floor}"
+                );
+                self.last.insert(name.clone(), ticket);
+            }
+            if let Some(counter) = &sem.counter {
+                assert_eq!(
+                    counter.parse().ok(),
+                    self.last.get(name).copied(),
+                    "{server} {name}: the counter is the last ticket"
+                );
+            }
+        }
+    }
+}
+
+/// The keys' expiries as the module keeps them: `<name>`, its owner set and its weights expire
+/// at the latest deadline.
+fn assert_expiries(server: &str, snap: &Snapshot) {
+    for (name, sem) in &snap.sems {
+        let [holders, owners, permits] = sem.expiries;
+        match sem.holders.iter().map(|(_, d)| *d).max() {
+            None => assert_eq!(holders, -2, "{server} {name}"),
+            Some(latest) => assert_eq!(holders, latest, "{server} {name}: {sem:?}"),
+        }
+        for (key, at, present) in [
+            ("owner", owners, !sem.owners.is_empty()),
+            ("permits", permits, !sem.permits.is_empty()),
+        ] {
+            match present {
+                false => assert_eq!(at, -2, "{server} {name}:{key}"),
+                true => assert_eq!(at, holders, "{server} {name}:{key}: {sem:?}"),
+            }
+        }
+    }
+}
+
+fn assert_same_keys(step: &str, module: &Snapshot, script: &Snapshot) {
+    assert_eq!(
+        module.keys, script.keys,
+        "{step}: the keys differ\n{module:?}\n{script:?}"
+    );
+    for (name, m) in &module.sems {
+        let s = &script.sems[name];
+        let ids = |sem: &SemKeys| {
+            sem.holders
+                .iter()
+                .map(|(id, _)| id.clone())
+                .collect::<BTreeSet<_>>()
+        };
+        assert_eq!(ids(m), ids(s), "{step} {name}: holders\n{m:?}\n{s:?}");
+        let deadlines: BTreeMap<&String, i64> = s.holders.iter().map(|(id, d)| (id, *d)).collect();
+        for (id, deadline) in &m.holders {
+            let diff = (deadline - deadlines[id]).abs();
+            assert!(
+                diff <= DEADLINE_TOLERANCE_MS,
+                "{step} {name}: {id}'s deadlines differ by {diff} ms"
+            );
+        }
+        let owners = |sem: &SemKeys| sem.owners.keys().cloned().collect::<BTreeSet<_>>();
+        assert_eq!(owners(m), owners(s), "{step} {name}: owners");
+        assert_eq!(
+            m.counter.is_some(),
+            s.counter.is_some(),
+            "{step} {name}: counter"
+        );
+        assert_eq!(m.permits, s.permits, "{step} {name}: permits");
+        assert_eq!(m.limit, s.limit, "{step} {name}: limit");
+        for (key, (a, b)) in ["name", "owner", "permits"]
+            .iter()
+            .zip(m.expiries.iter().zip(&s.expiries))
+        {
+            let same = match (*a, *b) {
+                (a, b) if a < 0 || b < 0 => a == b,
+                (a, b) => (a - b).abs() <= DEADLINE_TOLERANCE_MS,
+            };
+            assert!(same, "{step} {name}: {key} expires at {a} and {b}");
+        }
+    }
+}
+
+/// The script's wake-up lists never grow past the cap, and always expire soon.
+fn assert_wake_lists(conn: &mut redis::Connection) {
+    for name in NAMES {
+        let key = format!("{name}:wake");
+        // In one transaction: the list may expire between two separate reads.
+        let (len, ttl): (i64, i64) = redis::pipe()
+            .atomic()
+            .cmd("LLEN")
+            .arg(&key)
+            .cmd("PTTL")
+            .arg(&key)
+            .query(conn)
+            .expect("LLEN and PTTL");
+        assert!(len <= WAKE_MAX, "{key} holds {len} tokens");
+        match len {
+            0 => assert_eq!(ttl, -2, "{key}"),
+            _ => assert!(
+                (0..=WAKE_TTL_MS).contains(&ttl),
+                "{key} expires in {ttl} ms"
+            ),
+        }
+    }
+}
+
+/// Compares the replies of one step; returns the script's retry_ms of a refused acquire.
+fn compare_replies(
+    step: usize,
+    call: &str,
+    module: RedisResult,
+    script: RedisResult,
+    acquire: bool,
+) -> (Value, Value, Option<i64>) {
+    match (module, script) {
+        (Err(m), Err(s)) => {
+            assert_eq!(error_text(&m), error_text(&s), "step {step}: {call}");
+            (Value::Nil, Value::Nil, None)
+        }
+        (Ok(m), Ok(s)) if acquire => {
+            let (reply, retry) = acquire_reply(s);
+            match (&m, &reply) {
+                (Value::Array(_), Value::Array(_)) => {
+                    assert_eq!(id_and_ticket(&m).0, id_and_ticket(&reply).0, "step {step}");
+                }
+                _ => assert_eq!(m, reply, "step {step}: {call}"),
+            }
+            match reply {
+                Value::Nil => (m, reply, Some(retry)),
+                _ => {
+                    assert_eq!(retry, 0, "step {step}: a grant's retry_ms");
+                    (m, reply, None)
+                }
+            }
+        }
+        (Ok(m), Ok(s)) => {
+            assert_eq!(m, s, "step {step}: {call}");
+            (m, s, None)
+        }
+        (m, s) => panic!("step {step}: {call}: the module replied {m:?}, the script {s:?}"),
+    }
+}
+
+/// A reply's ticket, if it is `[id, ticket]`: the holder's entry in the owner set after.
+fn check_ticket_reply(step: usize, reply: &Value, after: &Snapshot, name: &str) {
+    if let Value::Array(_) = reply {
+        let (id, ticket) = id_and_ticket(reply);
+        assert_eq!(
+            after.sems[name].owners.get(&id),
+            Some(&ticket),
+            "step {step}: the ticket replied is the owner entry"
+        );
+    }
+}
+
+/// Waits until no deadline is within the margin of now, so that both servers agree on which
+/// holders are live; returns now.
+fn clear_of_deadlines(conn: &mut redis::Connection, a: &Snapshot, b: &Snapshot) -> i64 {
+    loop {
+        let now = server_ms(conn);
+        let near = a
+            .deadlines()
+            .chain(b.deadlines())
+            .filter(|d| (d - now).abs() <= MARGIN_MS)
+            .max();
+        match near {
+            Some(deadline) => sleep(Duration::from_millis(
+                (deadline + MARGIN_MS + 1 - now) as u64,
+            )),
+            None => return now,
+        }
+    }
+}
+
+/// Runs `steps` on a server with the module (SEM.*) and one without (the script), comparing
+/// the replies and the keys after each. `own_keys`: no other client writes the keys, so each
+/// server's tickets and expiries must also follow the module's rules exactly, and a step that
+/// a deadline fell into (see below) starts both servers again from empty; otherwise it fails.
+fn run_differential(steps: &[Step], own_keys: bool) {
+    let module_server = Server::start();
+    let script_server = Server::start_without_module();
+    let mut m = module_server.connection();
+    let mut s = script_server.connection();
+    let module_floor = first_ticket(&mut m);
+    let mut before_m = snapshot(&mut m);
+    let mut before_s = snapshot(&mut s);
+    let mut tickets_m = Tickets::default();
+    let mut tickets_s = Tickets::default();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut restarts = 0;
+    for (at, step) in steps.iter().enumerate() {
+        let mut started_at = clear_of_deadlines(&mut m, &before_m, &before_s);
+        let script_start = server_ms(&mut s);
+        let mut replies = None;
+        match step {
+            Step::Sleep(ms) => {
+                sleep(Duration::from_millis(*ms));
+                started_at = clear_of_deadlines(&mut m, &before_m, &before_s);
+            }
+            Step::Foreign(args) => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let module: RedisResult = try_run(&mut m, &args);
+                let script: RedisResult = try_run(&mut s, &args);
+                assert_eq!(module.is_ok(), script.is_ok(), "step {at}: {args:?}");
+            }
+            Step::Call { name, op, args } => {
+                let sem_command = format!("SEM.{op}");
+                let mut module_args = vec![sem_command.as_str(), name.as_str()];
+                module_args.extend(args.iter().map(String::as_str));
+                let script_args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let module: RedisResult = try_run(&mut m, &module_args);
+                let script_reply = script(&mut s, name, op, &script_args);
+                replies = Some((name, *op, format!("{module_args:?}"), module, script_reply));
+            }
+        }
+        let script_end = server_ms(&mut s);
+        let after_m = snapshot(&mut m);
+        let after_s = snapshot(&mut s);
+        // A deadline within the step (the machine stalled for longer than the margin) may
+        // have passed between the two servers' calls or reads: they may rightly differ.
+        let window = started_at - SLACK_MS..=after_m.at.max(after_s.at) + SLACK_MS;
+        let crossed = before_m
+            .deadlines()
+            .chain(before_s.deadlines())
+            .chain(after_m.deadlines())
+            .chain(after_s.deadlines())
+            .find(|d| window.contains(d));
+        if let Some(deadline) = crossed {
+            let stalled = after_s.at - started_at;
+            assert!(
+                own_keys,
+                "step {at}: a deadline ({deadline}) fell within the step, {stalled} ms long"
+            );
+            eprintln!(
+                "step {at}: a deadline fell within the step, {stalled} ms long: both servers start \
+                 again from empty"
+            );
+            restarts += 1;
+            let _: () = run(&mut m, &["FLUSHALL"]);
+            let _: () = run(&mut s, &["FLUSHALL"]);
+            before_m = snapshot(&mut m);
+            before_s = snapshot(&mut s);
+            tickets_m = Tickets::default();
+            tickets_s = Tickets::default();
+            continue;
+        }
+        let context = format!("step {at} {step:?}");
+        if let Some((name, op, call, module, script_reply)) = replies {
+            let acquire = op.starts_with("ACQUIRE");
+            let outcome = match (&module, &script_reply) {
+                (Err(err), _) => error_text(err),
+                (Ok(Value::Nil), _) if acquire => "refused".into(),
+                _ => "ok".into(),
+            };
+            *counts.entry(format!("{op}: {outcome}")).or_default() += 1;
+            let (m_reply, s_reply, retry) =
+                compare_replies(at, &call, module, script_reply, acquire);
+            check_ticket_reply(at, &m_reply, &after_m, name);
+            check_ticket_reply(at, &s_reply, &after_s, name);
+            if let Some(retry) = retry {
+                // The time from the call to the earliest deadline still ahead of it.
+                let next = after_s.sems[name.as_str()]
+                    .holders
+                    .iter()
+                    .map(|(_, d)| *d)
+                    .filter(|&d| d > script_start)
+                    .min();
+                match next {
+                    None => assert_eq!(retry, 0, "{context}: retry_ms without a live holder"),
+                    Some(deadline) => assert!(
+                        (deadline - script_end..=deadline - script_start).contains(&retry),
+                        "{context}: retry_ms {retry}, the next deadline in {} ms",
+                        deadline - script_start
+                    ),
+                }
+            }
+        }
+        assert_same_keys(&context, &after_m, &after_s);
+        assert_wake_lists(&mut s);
+        if own_keys {
+            assert_expiries("module", &after_m);
+            assert_expiries("script", &after_s);
+            tickets_m.check("module", &before_m, &after_m, module_floor);
+            tickets_s.check("script", &before_s, &after_s, script_start * 1000);
+        }
+        before_m = after_m;
+        before_s = after_s;
+    }
+    for (outcome, count) in &counts {
+        eprintln!("{count:5} {outcome}");
+    }
+    eprintln!("{restarts} restarts");
+    assert!(
+        restarts * 10 <= steps.len(),
+        "{restarts} of {} steps had a deadline within them: the machine is too slow",
+        steps.len()
+    );
+}
+
+#[test]
+fn a_random_sequence_answers_and_writes_as_the_module_does() {
+    let mut rng = Rng(0x5eed_2024_0036_0001);
+    let steps: Vec<Step> = (0..400).map(|_| random_step(&mut rng)).collect();
+    let started = Instant::now();
+    run_differential(&steps, true);
+    eprintln!("400 steps in {:?}", started.elapsed());
+}
+
+fn call(name: &str, op: &'static str, args: &[&str]) -> Step {
+    Step::Call {
+        name: name.into(),
+        op,
+        args: args.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+fn foreign(args: &[&str]) -> Step {
+    Step::Foreign(args.iter().map(|a| a.to_string()).collect())
+}
+
+#[test]
+fn corner_cases_answer_as_the_module_does() {
+    let n = "d:mixed";
+    run_differential(
+        &[
+            // Names and identifiers.
+            call("", "GET", &[]),
+            call("", "ACQUIRE", &["2", "30", "ID", "a"]),
+            call(n, "ACQUIRE", &["2", "30", "ID", "a", "COUNT", "2"]),
+            call(n, "ACQUIRE", &["2", "30", "ID", "a", "COUNT", "1"]),
+            call(n, "ACQUIRE", &["2", "30", "ID", "a"]),
+            call(n, "ACQUIRE", &["3", "30", "ID", "b"]),
+            call(n, "ACQUIREFAIR", &["3", "30", "ID", "c"]),
+            call(n, "RELEASE", &["a", "COUNT", "3"]),
+            call(n, "RELEASE", &["a", "COUNT", "1"]),
+            call(n, "GET", &[]),
+            call(n, "RELEASE", &["a"]),
+            call(n, "RELEASE", &["a"]),
+            call(n, "RELEASE", &["b"]),
+            // Fair, with tickets; a renewal keeps its ticket.
+            call(n, "ACQUIREFAIR", &["2", "30", "ID", "f1", "WITHTICKET"]),
+            call(
+                n,
+                "ACQUIREFAIR",
+                &["2", "30", "ID", "f2", "COUNT", "1", "WITHTICKET"],
+            ),
+            call(n, "ACQUIREFAIR", &["2", "30", "ID", "f1", "WITHTICKET"]),
+            call(n, "ACQUIREFAIR", &["2", "30", "ID", "f3", "WITHTICKET"]),
+            call(n, "ACQUIRE", &["5", "30", "ID", "p"]),
+            // A stored limit: pause, then raise, then clear.
+            call(n, "LIMIT", &["0"]),
+            call(n, "LIMIT", &[]),
+            call(n, "ACQUIREFAIR", &["9", "30", "ID", "f4"]),
+            call(n, "ACQUIREFAIR", &["9", "30", "ID", "f1"]),
+            call(n, "LIMIT", &["0007"]),
+            call(n, "LIMIT", &["7"]),
+            call(n, "ACQUIREFAIR", &["1", "30", "ID", "f4", "COUNT", "1"]),
+            call(n, "LIMIT", &["CLEAR"]),
+            call(n, "LIMIT", &["clear"]),
+            call(n, "REFRESH", &["f2", "60"]),
+            call(n, "REFRESH", &["nobody", "60"]),
+            call(n, "RELEASE", &["f1"]),
+            call(n, "RELEASE", &["f2"]),
+            call(n, "RELEASE", &["f3"]),
+            call(n, "RELEASE", &["f4"]),
+            // Expiry: a lost holder is told so, and the next call prunes it.
+            call(n, "ACQUIRE", &["2", "0.5", "ID", "e1", "COUNT", "2"]),
+            Step::Sleep(900),
+            call(n, "GET", &[]),
+            call(n, "REFRESH", &["e1", "5"]),
+            call(n, "ACQUIRE", &["2", "0.5", "ID", "e1", "COUNT", "2"]),
+            call(n, "ACQUIRE", &["3", "30", "ID", "e3"]),
+            Step::Sleep(900),
+            call(n, "RELEASE", &["e1", "COUNT", "1"]),
+            call(n, "RELEASE", &["e3"]),
+            call(n, "ACQUIREFAIR", &["2", "0.5", "ID", "e2", "WITHTICKET"]),
+            call(n, "ACQUIREFAIR", &["2", "30", "ID", "e4", "WITHTICKET"]),
+            Step::Sleep(900),
+            call(n, "ACQUIREFAIR", &["2", "30", "ID", "e2", "WITHTICKET"]),
+            call(n, "RELEASE", &["e2"]),
+            call(n, "RELEASE", &["e4"]),
+            // Keys another client wrote.
+            foreign(&["SET", "d:mixed:counter", "x"]),
+            call(n, "ACQUIREFAIR", &["2", "30", "ID", "c1"]),
+            call(n, "ACQUIRE", &["2", "30", "ID", "c1"]),
+            call(n, "RELEASE", &["c1"]),
+            foreign(&["SET", "d:mixed:counter", "9007199254740992"]),
+            call(n, "ACQUIREFAIR", &["2", "30", "ID", "c2"]),
+            foreign(&["DEL", "d:mixed:counter"]),
+            foreign(&["SET", "d:mixed:limit", "lots"]),
+            call(n, "ACQUIRE", &["2", "30", "ID", "l1"]),
+            call(n, "LIMIT", &[]),
+            call(n, "LIMIT", &["3"]),
+            call(n, "LIMIT", &["CLEAR"]),
+            call(n, "GET", &[]),
+            foreign(&["DEL", "d:mixed:limit"]),
+            foreign(&["HSET", "d:mixed:permits", "w", "many"]),
+            call(n, "GET", &[]),
+            call(n, "ACQUIRE", &["2", "30", "ID", "w"]),
+            foreign(&["DEL", "d:mixed:permits"]),
+            foreign(&["SET", "d:mixed", "string"]),
+            call(n, "GET", &[]),
+            call(n, "ACQUIRE", &["2", "30", "ID", "t"]),
+            call(n, "RELEASE", &["t"]),
+            call(n, "LIMIT", &[]),
+            foreign(&["DEL", "d:mixed"]),
+            foreign(&["SET", "d:mixed:owner", "string"]),
+            call(n, "REFRESH", &["t", "1"]),
+            foreign(&["DEL", "d:mixed:owner"]),
+            // Owner entries without a holder are leftovers, removed by the next write.
+            call(n, "ACQUIRE", &["2", "30", "ID", "o1"]),
+            foreign(&["ZADD", "d:mixed:owner", "5", "ghost"]),
+            call(n, "GET", &[]),
+            call(n, "ACQUIRE", &["2", "30", "ID", "o2"]),
+            call(n, "RELEASE", &["o1"]),
+            call(n, "RELEASE", &["o2"]),
+            call(n, "ACQUIREFAIR", &["2", "30", "ID", "o3"]),
+            foreign(&["ZADD", "d:mixed:owner", "7", "ghost"]),
+            call(n, "ACQUIREFAIR", &["3", "30", "ID", "o4", "WITHTICKET"]),
+            foreign(&["ZADD", "d:mixed:owner", "1.5", "o3"]),
+            call(n, "ACQUIREFAIR", &["3", "30", "ID", "o3", "WITHTICKET"]),
+            call(n, "RELEASE", &["o3"]),
+            call(n, "RELEASE", &["o4"]),
+        ],
+        false,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Migration: scripts first, the module later
+
+#[test]
+fn a_semaphore_started_by_scripts_goes_on_under_the_module() {
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    let nil: Value = run(&mut conn, &["COMMAND", "INFO", "SEM.ACQUIRE"]);
+    assert_eq!(nil, Value::Array(vec![Value::Nil]), "no module yet");
+
+    for id in ["a", "b"] {
+        let (reply, _) = script_acquire(&mut conn, "m:plain", "ACQUIRE", &["3", "60", "ID", id]);
+        assert_eq!(text(&reply), id);
+    }
+    script_acquire(
+        &mut conn,
+        "m:w",
+        "ACQUIRE",
+        &["5", "60", "ID", "w1", "COUNT", "3"],
+    );
+    script_acquire(&mut conn, "m:w", "ACQUIRE", &["5", "60", "ID", "w2"]);
+    let mut script_tickets = Vec::new();
+    for id in ["f1", "f2"] {
+        let (reply, _) = script_acquire(
+            &mut conn,
+            "m:fair",
+            "ACQUIREFAIR",
+            &["5", "60", "ID", id, "WITHTICKET"],
+        );
+        script_tickets.push(id_and_ticket(&reply).1);
+    }
+    let ok = script(&mut conn, "m:lim", "LIMIT", &["1"]).expect("LIMIT 1");
+    assert_eq!(ok, Value::Okay);
+    script_acquire(&mut conn, "m:lim", "ACQUIRE", &["10", "60", "ID", "l1"]);
+    script_acquire(&mut conn, "m:one", "ACQUIRE", &["1", "60", "ID", "holder"]);
+
+    let path = module_path();
+    let loaded: String = run(
+        &mut conn,
+        &["MODULE", "LOAD", path.to_str().expect("a UTF-8 path")],
+    );
+    assert_eq!(loaded, "OK");
+
+    // Everything is in place.
+    for (name, in_use) in [
+        ("m:plain", 2),
+        ("m:w", 4),
+        ("m:fair", 2),
+        ("m:lim", 1),
+        ("m:one", 1),
+    ] {
+        let got: i64 = run(&mut conn, &["SEM.GET", name]);
+        assert_eq!(got, in_use, "{name}");
+    }
+    let stored: i64 = run(&mut conn, &["SEM.LIMIT", "m:lim"]);
+    assert_eq!(stored, 1);
+    let refused: Option<String> = run(&mut conn, &["SEM.ACQUIRE", "m:lim", "10", "60", "ID", "l2"]);
+    assert_eq!(refused, None, "the stored limit is in force");
+    let json = sem_json(&mut conn, "m:fair");
+    assert_eq!(json["fair"], true);
+    let tickets: Vec<i64> = json["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| h["ticket"].as_i64().expect("a ticket"))
+        .collect();
+    assert_eq!(
+        tickets, script_tickets,
+        "the script's tickets, in grant order"
+    );
+    let json = sem_json(&mut conn, "m:w");
+    let permits: Vec<u64> = json["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| h["permits"].as_u64().expect("permits"))
+        .collect();
+    assert_eq!(permits.iter().sum::<u64>(), 4, "{json}");
+
+    // The module releases and refreshes the script's holders.
+    let released: i64 = run(&mut conn, &["SEM.RELEASE", "m:plain", "a"]);
+    assert_eq!(released, 1);
+    let refreshed: i64 = run(&mut conn, &["SEM.REFRESH", "m:plain", "b", "120"]);
+    assert_eq!(refreshed, 1);
+    let deadline: i64 = run(&mut conn, &["ZSCORE", "m:plain", "b"]);
+    let expiry: i64 = run(&mut conn, &["PEXPIRETIME", "m:plain"]);
+    assert_eq!(expiry, deadline);
+    let released: i64 = run(&mut conn, &["SEM.RELEASE", "m:w", "w1", "COUNT", "1"]);
+    assert_eq!(released, 1);
+    let in_use: i64 = run(&mut conn, &["SEM.GET", "m:w"]);
+    assert_eq!(in_use, 3);
+    let renewed = try_run::<Value>(
+        &mut conn,
+        &["SEM.ACQUIRE", "m:w", "5", "60", "ID", "w1", "COUNT", "3"],
+    );
+    assert_eq!(
+        error_text(&renewed.expect_err("a COUNT the holder does not hold")),
+        "ERR the holder holds 2 permits: renew with that COUNT, or none"
+    );
+    let mismatch = try_run::<Value>(&mut conn, &["SEM.ACQUIRE", "m:fair", "5", "60"]);
+    assert!(error_text(&mismatch.expect_err("fair holders")).contains("live fair holders"));
+
+    // Fair tickets go on above every ticket the script handed out.
+    let (id, ticket): (String, i64) = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "m:fair", "5", "60", "WITHTICKET"],
+    );
+    let highest = *script_tickets.iter().max().expect("tickets");
+    assert!(ticket > highest, "{ticket} after {highest}");
+    let counter: i64 = run(&mut conn, &["GET", "m:fair:counter"]);
+    assert_eq!(counter, ticket);
+    let released: i64 = run(&mut conn, &["SEM.RELEASE", "m:fair", &id]);
+    assert_eq!(released, 1);
+
+    // A module waiter is served by the release of the script's holder.
+    let waiter = Pending::send(
+        &server,
+        &[
+            "SEM.ACQUIRE",
+            "m:one",
+            "1",
+            "30",
+            "ID",
+            "waiter",
+            "WAIT",
+            "10",
+        ],
+    );
+    until_in_line(&mut conn, "m:one", 1);
+    let released: i64 = run(&mut conn, &["SEM.RELEASE", "m:one", "holder"]);
+    assert_eq!(released, 1);
+    let served = waiter.reply().expect("the waiter's reply");
+    assert_eq!(text(&served), "waiter");
+    let holders = zset(&mut conn, "m:one");
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].0, "waiter");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contention
+
+const CLIENTS: usize = 24;
+const LIMIT: i64 = 3;
+const HAMMER_FOR: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Default)]
+struct Tally {
+    grants: u64,
+    refusals: u64,
+    max_inside: i64,
+    tickets: Vec<i64>,
+}
+
+fn hammer_client(server: &Server, fair: bool, name: &str, client: usize, start: &Barrier) -> Tally {
+    let mut conn = server.connection();
+    let mut tally = Tally::default();
+    let limit = LIMIT.to_string();
+    start.wait();
+    let until = Instant::now() + HAMMER_FOR;
+    let mut attempt = 0;
+    while Instant::now() < until {
+        attempt += 1;
+        let id = format!("c{client}-{attempt}");
+        let (reply, retry) = match fair {
+            true => script_acquire(
+                &mut conn,
+                name,
+                "ACQUIREFAIR",
+                &[&limit, "10", "ID", &id, "WITHTICKET"],
+            ),
+            false => script_acquire(&mut conn, name, "ACQUIRE", &[&limit, "10", "ID", &id]),
+        };
+        if reply == Value::Nil {
+            assert!(retry > 0 && retry <= 10_000, "retry_ms {retry}");
+            tally.refusals += 1;
+            continue;
+        }
+        tally.grants += 1;
+        if fair {
+            tally.tickets.push(id_and_ticket(&reply).1);
+        }
+        let inside: i64 = run(&mut conn, &["INCR", "inside"]);
+        tally.max_inside = tally.max_inside.max(inside);
+        let _: i64 = run(&mut conn, &["DECR", "inside"]);
+        let released = script(&mut conn, name, "RELEASE", &[&id]).expect("RELEASE");
+        assert_eq!(
+            released,
+            Value::Int(1),
+            "{id} lost its permit before releasing it"
+        );
+    }
+    tally
+}
+
+/// The counter's values as the server wrote them, in order: every `SET <name>:counter` the
+/// script made, as MONITOR shows it, until `ECHO monitor-end`.
+fn monitor_counter(server: &Server, name: &str) -> thread::JoinHandle<Vec<i64>> {
+    let mut monitor = RawClient::connect(server);
+    monitor.send(&["MONITOR"]);
+    assert_eq!(monitor.reply(), "OK");
+    let needle = format!("\"SET\" \"{name}:counter\" \"");
+    thread::spawn(move || {
+        let mut written = Vec::new();
+        loop {
+            let line = monitor.reply();
+            if line.contains("\"monitor-end\"") {
+                return written;
+            }
+            if let Some(at) = line.find(&needle) {
+                let value = line[at + needle.len()..].trim_end_matches('"');
+                written.push(value.parse().expect("a ticket"));
+            }
+        }
+    })
+}
+
+fn hammer(fair: bool, name: &str) {
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    let monitor = fair.then(|| monitor_counter(&server, name));
+    let start = Barrier::new(CLIENTS);
+    let mut total = Tally::default();
+    thread::scope(|scope| {
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|client| {
+                let start = &start;
+                let server = &server;
+                scope.spawn(move || hammer_client(server, fair, name, client, start))
+            })
+            .collect();
+        for handle in clients {
+            let tally = handle.join().expect("a client panicked");
+            total.grants += tally.grants;
+            total.refusals += tally.refusals;
+            total.max_inside = total.max_inside.max(tally.max_inside);
+            total.tickets.extend(tally.tickets);
+        }
+    });
+    eprintln!(
+        "{name}: {} grants, {} refusals, at most {} inside",
+        total.grants, total.refusals, total.max_inside
+    );
+    assert!(total.grants > 0 && total.refusals > 0, "{total:?}");
+    assert!(
+        total.max_inside <= LIMIT,
+        "limit exceeded: {}",
+        total.max_inside
+    );
+    assert!(
+        total.max_inside > 1,
+        "never two holders at once: no real contention"
+    );
+    let in_use = script(&mut conn, name, "GET", &[]).expect("GET");
+    assert_eq!(in_use, Value::Int(0));
+    let left: Vec<String> = run(&mut conn, &["KEYS", "*"]);
+    let left: BTreeSet<String> = left.into_iter().filter(|k| !k.ends_with(":wake")).collect();
+    let mut expected = BTreeSet::from(["inside".to_string()]);
+    if fair {
+        expected.insert(format!("{name}:counter"));
+    }
+    assert_eq!(left, expected, "only the counter is left");
+
+    let Some(monitor) = monitor else { return };
+    let _: String = run(&mut conn, &["ECHO", "monitor-end"]);
+    let in_grant_order = monitor.join().expect("the monitor");
+    assert!(
+        in_grant_order.windows(2).all(|pair| pair[0] < pair[1]),
+        "tickets do not grow in grant order"
+    );
+    assert_eq!(
+        in_grant_order.len() as u64,
+        total.grants,
+        "one ticket per grant"
+    );
+    let replied: HashSet<i64> = total.tickets.iter().copied().collect();
+    assert_eq!(
+        replied.len(),
+        total.tickets.len(),
+        "a ticket was handed out twice"
+    );
+    assert_eq!(
+        replied,
+        in_grant_order.iter().copied().collect::<HashSet<_>>()
+    );
+    let counter: i64 = run(&mut conn, &["GET", &format!("{name}:counter")]);
+    assert_eq!(Some(&counter), in_grant_order.last());
+}
+
+#[test]
+fn clients_through_the_script_never_exceed_a_plain_limit() {
+    hammer(false, "cplain");
+}
+
+#[test]
+fn clients_through_the_script_never_exceed_a_fair_limit_and_tickets_grow_in_grant_order() {
+    hammer(true, "cfair");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The wake-up list
+
+/// Waits until `n` clients are blocked on the server.
+fn until_blocked(conn: &mut redis::Connection, n: u64) {
+    wait_until(&format!("{n} blocked"), Duration::from_secs(10), || {
+        let info: String = run(conn, &["INFO", "clients"]);
+        info.lines()
+            .find_map(|line| line.strip_prefix("blocked_clients:"))
+            .is_some_and(|value| value.trim() == n.to_string())
+    });
+}
+
+#[test]
+fn a_release_wakes_a_blpop_waiter_and_the_list_expires() {
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    script_acquire(&mut conn, "w", "ACQUIRE", &["1", "60", "ID", "holder"]);
+    let (refused, retry) = script_acquire(&mut conn, "w", "ACQUIRE", &["1", "60", "ID", "waiter"]);
+    assert_eq!(refused, Value::Nil);
+    assert!(retry > 59_000 && retry <= 60_000, "retry_ms {retry}");
+    let exists: i64 = run(&mut conn, &["EXISTS", "w:wake"]);
+    assert_eq!(exists, 0, "a refusal that freed nothing pushes nothing");
+
+    let blocked = Pending::send(&server, &["BLPOP", "w:wake", "10"]);
+    until_blocked(&mut conn, 1);
+    let released = script(&mut conn, "w", "RELEASE", &["holder"]).expect("RELEASE");
+    assert_eq!(released, Value::Int(1));
+    let woken = blocked.reply().expect("BLPOP's reply");
+    match woken {
+        Value::Array(pair) => assert_eq!(text(&pair[0]), "w:wake"),
+        other => panic!("BLPOP replied {other:?}"),
+    }
+    let exists: i64 = run(&mut conn, &["EXISTS", "w:wake"]);
+    assert_eq!(exists, 0, "the one token went to the waiter");
+    let (granted, _) = script_acquire(&mut conn, "w", "ACQUIRE", &["1", "60", "ID", "waiter"]);
+    assert_eq!(text(&granted), "waiter");
+
+    // A weighted release pushes one token per permit; the list keeps at most WAKE_MAX, and
+    // goes after its short expiry.
+    script_acquire(
+        &mut conn,
+        "w",
+        "ACQUIRE",
+        &["9", "60", "ID", "big", "COUNT", "3"],
+    );
+    let released = script(&mut conn, "w", "RELEASE", &["big"]).expect("RELEASE");
+    assert_eq!(released, Value::Int(1));
+    let len: i64 = run(&mut conn, &["LLEN", "w:wake"]);
+    assert_eq!(len, 3);
+    for i in 0..12 {
+        let id = format!("many-{i}");
+        script_acquire(&mut conn, "w", "ACQUIRE", &["20", "60", "ID", &id]);
+        script(&mut conn, "w", "RELEASE", &[&id]).expect("RELEASE");
+    }
+    let len: i64 = run(&mut conn, &["LLEN", "w:wake"]);
+    assert_eq!(len, WAKE_MAX);
+    let ttl: i64 = run(&mut conn, &["PTTL", "w:wake"]);
+    assert!(ttl > 0 && ttl <= WAKE_TTL_MS, "PTTL {ttl}");
+    let released = script(&mut conn, "w", "RELEASE", &["waiter"]).expect("RELEASE");
+    assert_eq!(released, Value::Int(1));
+    let keys: Vec<String> = run(&mut conn, &["KEYS", "*"]);
+    assert_eq!(
+        keys,
+        vec!["w:wake".to_string()],
+        "nothing but the wake-up list"
+    );
+    sleep(Duration::from_millis(WAKE_TTL_MS as u64 + 100));
+    let keys: Vec<String> = run(&mut conn, &["KEYS", "*"]);
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+#[test]
+fn a_refusal_tells_the_time_to_the_earliest_deadline() {
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    script_acquire(&mut conn, "r", "ACQUIRE", &["2", "30", "ID", "late"]);
+    script_acquire(&mut conn, "r", "ACQUIRE", &["2", "5", "ID", "soon"]);
+    let soon: i64 = run(&mut conn, &["ZSCORE", "r", "soon"]);
+    let before = server_ms(&mut conn);
+    let (refused, retry) = script_acquire(&mut conn, "r", "ACQUIRE", &["2", "30", "ID", "third"]);
+    let after = server_ms(&mut conn);
+    assert_eq!(refused, Value::Nil);
+    assert!(
+        (soon - after..=soon - before).contains(&retry),
+        "retry_ms {retry}, the earliest deadline in {} ms",
+        soon - before
+    );
+    // A refused weighted or fair acquire tells the same.
+    let (refused, retry2) = script_acquire(
+        &mut conn,
+        "r",
+        "ACQUIRE",
+        &["2", "30", "ID", "x", "COUNT", "2"],
+    );
+    assert_eq!(refused, Value::Nil);
+    assert!(
+        retry2 <= retry && retry2 > retry - 1000,
+        "{retry2} after {retry}"
+    );
+
+    // Paused with nobody holding: no deadline to wait for.
+    let ok = script(&mut conn, "p", "LIMIT", &["0"]).expect("LIMIT 0");
+    assert_eq!(ok, Value::Okay);
+    let (refused, retry) = script_acquire(&mut conn, "p", "ACQUIREFAIR", &["5", "30", "ID", "x"]);
+    assert_eq!((refused, retry), (Value::Nil, 0));
+    // Raising the limit wakes as many waiters as it frees permits (at most WAKE_MAX).
+    let ok = script(&mut conn, "p", "LIMIT", &["2"]).expect("LIMIT 2");
+    assert_eq!(ok, Value::Okay);
+    let len: i64 = run(&mut conn, &["LLEN", "p:wake"]);
+    assert_eq!(len, 2);
+    let cleared = script(&mut conn, "p", "LIMIT", &["CLEAR"]).expect("LIMIT CLEAR");
+    assert_eq!(cleared, Value::Int(1));
+    let keys: Vec<String> = run(&mut conn, &["KEYS", "p*"]);
+    assert_eq!(keys, vec!["p:wake".to_string()]);
+
+    // Expired holders removed by a call wake waiters for the permits they freed (as far as
+    // the limit leaves room).
+    script_acquire(&mut conn, "e", "ACQUIRE", &["4", "30", "ID", "keep"]);
+    script_acquire(
+        &mut conn,
+        "e",
+        "ACQUIRE",
+        &["4", "0.1", "ID", "e1", "COUNT", "2"],
+    );
+    sleep(Duration::from_millis(200));
+    let in_use = script(&mut conn, "e", "GET", &[]).expect("GET");
+    assert_eq!(in_use, Value::Int(1));
+    let (granted, _) = script_acquire(&mut conn, "e", "ACQUIRE", &["4", "30", "ID", "e2"]);
+    assert_eq!(text(&granted), "e2");
+    let len: i64 = run(&mut conn, &["LLEN", "e:wake"]);
+    assert_eq!(
+        len, 2,
+        "two permits freed; two left free under the limit of 4"
+    );
+    let permits: i64 = run(&mut conn, &["EXISTS", "e:permits"]);
+    assert_eq!(
+        permits, 0,
+        "the expired weighted holder's field went with it"
+    );
+}
+
+#[test]
+fn the_script_loads_by_the_sha1_of_its_bytes_and_refuses_what_needs_the_module() {
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    let loaded: String = run(&mut conn, &["SCRIPT", "LOAD", SCRIPT]);
+    assert_eq!(loaded, sha());
+    let _: () = run(&mut conn, &["SCRIPT", "FLUSH"]);
+    // NOSCRIPT, then EVAL, which loads it.
+    let in_use = script(&mut conn, "x", "get", &[]).expect("GET");
+    assert_eq!(in_use, Value::Int(0));
+    let exists: Vec<i64> = run(&mut conn, &["SCRIPT", "EXISTS", &sha()]);
+    assert_eq!(exists, vec![1]);
+
+    let error = |conn: &mut redis::Connection, op: &str, args: &[&str]| {
+        error_text(&script(conn, "x", op, args).expect_err("an error"))
+    };
+    assert_eq!(
+        error(&mut conn, "ACQUIRE", &["2", "30", "ID", "a", "BOUND"]),
+        "ERR BOUND needs the redsem module loaded in the server"
+    );
+    assert!(
+        error(&mut conn, "ACQUIRE", &["2", "30", "ID", "a", "WAIT", "1"])
+            .starts_with("ERR WAIT needs the redsem module loaded in the server")
+    );
+    assert!(error(&mut conn, "ACQUIRE", &["2", "30"]).contains("ID <identifier> is required"));
+    assert_eq!(
+        error(&mut conn, "GET", &["JSON"]),
+        "ERR SEM.GET JSON needs the redsem module loaded in the server"
+    );
+    assert!(
+        error(&mut conn, "WAITEMPTY", &["1"]).starts_with("ERR unknown redsem script operation")
+    );
+    let wrong_keys = redis::cmd("EVALSHA")
+        .arg(sha())
+        .arg(6)
+        .arg(
+            &[
+                "x",
+                "x:owner",
+                "x:counter",
+                "x:permits",
+                "x:limit",
+                "y:wake",
+            ][..],
+        )
+        .arg("GET")
+        .query::<Value>(&mut conn);
+    assert!(error_text(&wrong_keys.expect_err("wrong keys")).contains("takes 6 keys"));
+    let keys: Vec<String> = run(&mut conn, &["KEYS", "*"]);
+    assert!(keys.is_empty(), "errors wrote {keys:?}");
+}
