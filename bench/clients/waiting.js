@@ -1,5 +1,5 @@
 "use strict";
-// Waiting without the module (issue #36): what waiting clients cost the server and how late a
+// Waiting without the module: what waiting clients cost the server and how late a
 // waiter is served, for three ways to wait on a limit-1 semaphore, side by side in one run:
 //
 //   scripts    redsem-client (the npm pack of clients/node) on a server WITHOUT the module:
