@@ -479,16 +479,40 @@ fn unbind(sem: &SemKey, holders: &[RedisString]) {
 /// clients (as Redis's own active expiry works in slices).
 const SLICE: Duration = Duration::from_millis(2);
 
+/// Steps a slice takes without answering anybody before its time may end it: bookkeeping (a
+/// database's lines listed, a set waiter handed on) never holds back the first answer, which a
+/// preempted process would otherwise give only after the server read the next command.
+const IDLE_STEPS: u32 = 1000;
+
+/// Waiters answered and permits given back since the module loaded: a slice ends only after
+/// real work, so the first answer due after a command comes before the next command is read.
+static ANSWERED: AtomicUsize = AtomicUsize::new(0);
+
 /// The end of a slice of work.
-pub struct Slice(Instant);
+pub struct Slice {
+    end: Instant,
+    answered_at_start: usize,
+    steps: std::cell::Cell<u32>,
+}
 
 impl Slice {
     pub fn start() -> Slice {
-        Slice(Instant::now() + SLICE)
+        Slice {
+            end: Instant::now() + SLICE,
+            answered_at_start: ANSWERED.load(Ordering::Relaxed),
+            steps: std::cell::Cell::new(0),
+        }
+    }
+
+    /// One more step of the timer's work.
+    fn step(&self) {
+        self.steps.set(self.steps.get().saturating_add(1));
     }
 
     fn is_over(&self) -> bool {
-        Instant::now() >= self.0
+        let worked = ANSWERED.load(Ordering::Relaxed) != self.answered_at_start
+            || self.steps.get() >= IDLE_STEPS;
+        worked && Instant::now() >= self.end
     }
 }
 
@@ -501,7 +525,6 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         return;
     }
     stats::count(&COUNTERS.lines_served);
-    let mut granted_any = false;
     loop {
         let head = with(|s| {
             let head = s.registry.head(sem)?;
@@ -520,11 +543,10 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
             }
             Some(Head::Set(_, false)) | None => break,
         };
-        if granted_any && slice.is_over() {
+        if slice.is_over() {
             defer(Work::Serve(sem.clone()));
             break;
         }
-        granted_any = true;
         let now_ms = clock_ms();
         store.keep_removed();
         let holder = store.id(&ask.holder);
@@ -644,6 +666,7 @@ fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
         Outcome::Failed(_) if for_empty => &COUNTERS.empty_waits_cancelled,
         Outcome::Failed(_) => &COUNTERS.waits_cancelled,
     });
+    ANSWERED.fetch_add(1, Ordering::Relaxed);
     block::unblock(handle, Box::into_raw(Box::new(outcome)).cast());
 }
 
@@ -898,15 +921,14 @@ fn timer_run(ctx: &Context) {
     }
     stats::count(&COUNTERS.timer_runs);
     let slice = Slice::start();
-    let mut first = true;
     loop {
-        if !first && slice.is_over() {
+        if slice.is_over() {
             stats::count(&COUNTERS.timer_runs_continued);
             let now = clock_ms();
             timer::arm(now, now);
             return;
         }
-        first = false;
+        slice.step();
         if let Some(due) = with(|s| s.registry.take_one_due(clock_ms())) {
             let sems = match due {
                 Due::Timeout(id) => time_up(id),
@@ -1208,6 +1230,7 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: &Slice) {
 /// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
 /// grant never reached the client.
 fn give_back(ctx: &Context, binding: &Binding, why: GiveBack) {
+    ANSWERED.fetch_add(1, Ordering::Relaxed);
     with(|s| s.registry.unbind(binding));
     let _ = with_store(ctx, &binding.sem, |store| {
         let holder = store.id(&binding.holder);
