@@ -9,17 +9,18 @@ use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisVa
 use serde_json::{json, Value};
 
 use crate::args::{
-    non_empty, parse_count, parse_lease_ms, parse_limit, parse_release_count, parse_stored_limit,
-    parse_timeout_ms, parse_wait_ms,
+    non_empty, parse_lease_ms, parse_limit, parse_release_count, parse_stored_limit,
+    parse_timeout_ms,
 };
 use crate::config;
 use crate::error::SemError;
-use crate::fencing;
+use crate::grant::{self, Try};
 use crate::keys::{has_hash_tag, is_derived, key_plan, Command};
-use crate::queue::{arrival, Arrival, Ask, SemKey};
-use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Snapshot, Store};
+use crate::queue::{arrival, Arrival, SemKey, Wants};
+use crate::request::{parse_options, Ask, Form};
+use crate::semaphore::{self, AcquireRequest, Holder, Snapshot, Store};
 use crate::server::acl;
-use crate::server::block::{can_block, client_id, in_script};
+use crate::server::block::caller;
 use crate::server::command::{run, Arg, Expanded};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
@@ -28,6 +29,7 @@ use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
 use crate::waiting;
+use crate::write::Write;
 
 mod sets;
 
@@ -93,15 +95,10 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
     let [id, lease] = call.exact_args()?;
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut store = open_for_write(ctx, call)?;
-    let now = now_ms();
-    let refreshed = semaphore::refresh(&mut store, now, id, lease_ms)?;
-    match refreshed {
-        Holder::Live => stats::count(&COUNTERS.refreshed),
-        Holder::Expired => lost(&store),
-        Holder::Absent => {}
-    }
-    after_write(&mut store, || call.sem(ctx));
+    let mut write = Write::open(ctx, &call.keys())?;
+    let refreshed = semaphore::refresh(&mut *write, now_ms(), id, lease_ms)?;
+    ended(&mut write, refreshed, id, false);
+    write.commit();
     Ok(RedisValue::Integer(refreshed.reply()))
 }
 
@@ -121,46 +118,27 @@ fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         }
     }
     let id = identifier(id)?;
-    let mut store = open_for_write(ctx, call)?;
-    let now = now_ms();
-    let released = semaphore::release(&mut store, now, id, count)?;
-    match released {
-        Holder::Live => {
+    let mut write = Write::open(ctx, &call.keys())?;
+    let released = semaphore::release(&mut *write, now_ms(), id, count)?;
+    ended(&mut write, released, id, true);
+    write.commit();
+    Ok(RedisValue::Integer(released.reply()))
+}
+
+/// Counts what a refresh or (`release`) a release found of its holder, and tells of it.
+fn ended(store: &mut RedisStore, found: Holder, id: &RedisString, release: bool) {
+    match found {
+        Holder::Live if release => {
             stats::count(&COUNTERS.released);
             store.released(id.as_slice());
             store.notify(c"sem.release");
         }
-        Holder::Expired => lost(&store),
+        Holder::Live => stats::count(&COUNTERS.refreshed),
+        Holder::Expired => {
+            stats::count(&COUNTERS.lost);
+            store.notify(c"sem.lost");
+        }
         Holder::Absent => {}
-    }
-    after_write(&mut store, || call.sem(ctx));
-    Ok(RedisValue::Integer(released.reply()))
-}
-
-/// A refresh or release found its holder's lease run out.
-fn lost(store: &RedisStore) {
-    stats::count(&COUNTERS.lost);
-    store.notify(c"sem.lost");
-}
-
-/// Opens a writer's keys; while some connection holds BOUND permits, the store keeps the
-/// holders it removes so their bindings can go too.
-fn open_for_write<'a>(ctx: &'a Context, call: &Call<'a>) -> Result<RedisStore<'a>, SemError> {
-    let mut store = RedisStore::open(ctx, &call.keys(), Access::Write)?;
-    if waiting::any_bindings() {
-        store.keep_removed();
-    }
-    Ok(store)
-}
-
-/// The end of every write: permits it freed go to the semaphore's waiters at once, in the same
-/// command, and bindings of permits that are gone are forgotten. Nothing to do (and nothing
-/// looked up) while nobody waits and nothing is bound.
-fn after_write(store: &mut RedisStore, sem: impl FnOnce() -> SemKey) {
-    if waiting::queued_anywhere() || waiting::any_bindings() {
-        let sem = sem();
-        waiting::forget_gone(store, &sem);
-        waiting::serve(store, &sem, &waiting::Slice::start());
     }
 }
 
@@ -203,11 +181,12 @@ fn limit(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
             None => RedisValue::Null,
         });
     };
-    let mut store = open_for_write(ctx, call)?;
-    let had = store.stored_limit()?.is_some();
-    if store.set_stored_limit(limit)? {
+    let mut write = Write::open(ctx, &call.keys())?;
+    let had = write.stored_limit()?.is_some();
+    // A limit set to what it was changes nothing, and ends nothing.
+    if write.set_stored_limit(limit)? {
         stats::count(&COUNTERS.limits_set);
-        after_write(&mut store, || call.sem(ctx));
+        write.commit();
     }
     Ok(match limit {
         Some(_) => RedisValue::SimpleStringStatic("OK"),
@@ -226,14 +205,15 @@ fn wait_empty(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         return Ok(RedisValue::Integer(1));
     }
     // Inside MULTI or a script, as WAIT: the answer is what holds now.
-    if !can_block(ctx) {
+    let caller = caller(ctx);
+    if !caller.may_block {
         return Ok(RedisValue::Integer(0));
     }
     if !is_primary(ctx) {
         return Err(SemError::ReplicaCannotWait);
     }
-    let next_deadline = store.next_deadline(now);
-    waiting::wait_empty(ctx, call.sem(ctx), now, wait_ms, next_deadline)?;
+    let line = vec![(call.sem(ctx), store.next_deadline(now))];
+    waiting::block(ctx, caller.client, Wants::Empty, line, now, wait_ms)?;
     stats::count(&COUNTERS.empty_waits_started);
     Ok(RedisValue::NoReply)
 }
@@ -242,116 +222,73 @@ fn wait_empty(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 /// `SEM.ACQUIREFAIR name limit lease [ID identifier] [COUNT n] [WITHTICKET] [WAIT seconds]
 /// [BOUND]`
 fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemError> {
-    let command = call.command;
     let [limit, lease, options @ ..] = call.options() else {
-        return Err(SemError::Arity(command.name()));
+        return Err(SemError::Arity(call.command.name()));
     };
     let limit = parse_limit(limit.as_slice())?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut given_id = None;
-    let mut with_ticket = false;
-    let mut wait_ms = None;
-    let mut bound = false;
-    let mut count = None;
-    let mut options = options.iter();
-    while let Some(option) = options.next() {
-        let option = option.as_slice();
-        let mut value = || options.next().ok_or(SemError::Syntax);
-        if option.eq_ignore_ascii_case(b"ID") && given_id.is_none() {
-            given_id = Some(identifier(value()?)?);
-        } else if option.eq_ignore_ascii_case(b"WITHTICKET") && kind == Kind::Fair && !with_ticket {
-            with_ticket = true;
-        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
-            wait_ms = Some(parse_wait_ms(value()?.as_slice())?);
-        } else if option.eq_ignore_ascii_case(b"BOUND") && !bound {
-            bound = true;
-        } else if option.eq_ignore_ascii_case(b"COUNT") && count.is_none() {
-            count = Some(parse_count(value()?.as_slice(), limit)?);
-        } else {
-            return Err(SemError::Syntax);
-        }
-    }
-
-    if bound && in_script(ctx) {
+    let options = parse_options(Form::Single(kind), limit, options, |a| a.as_slice())?;
+    let caller = caller(ctx);
+    if options.bound && caller.in_script {
         return Err(SemError::BoundInScript);
     }
-    let mut store = open_for_write(ctx, call)?;
-    let made_id;
-    let id = match given_id {
-        Some(id) => id,
+    let mut write = Write::open(ctx, &call.keys())?;
+    let made;
+    let id = match options.id {
+        Some(id) => &**id,
         None => {
-            made_id = store.id(new_identifier(&mut [0; 36]));
-            &made_id
+            made = write.id(new_identifier(&mut [0; 36]));
+            &made
         }
     };
-    let request = AcquireRequest {
-        kind,
-        limit,
-        lease_ms,
-        count,
-        ticket_floor: fencing::floor(),
+    let ask = Ask {
+        rule: AcquireRequest {
+            kind,
+            limit,
+            lease_ms,
+            count: options.count,
+            ticket_floor: 0,
+        },
+        holder: Vec::new(),
+        with_ticket: options.with_ticket,
+        bound: options.bound,
     };
     let now = now_ms();
     // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
-    let wait_ms = wait_ms.filter(|_| can_block(ctx));
+    let wait_ms = options.wait_ms.filter(|_| caller.may_block);
     let queued = if waiting::queued_anywhere() {
-        waiting::queued(&call.sem(ctx))
+        waiting::queued(&write.key())
     } else {
         0
     };
-    let outcome = match arrival(kind, wait_ms.is_some(), queued) {
-        Arrival::TryNow => semaphore::acquire(&mut store, now, id, &request)?,
-        Arrival::RenewOrWait | Arrival::RenewOrRefuse => {
-            semaphore::renew(&mut store, now, id, &request)?.unwrap_or(Acquired::Full)
-        }
+    let how = match arrival(kind, wait_ms.is_some(), queued) {
+        Arrival::TryNow => Try::Acquire,
+        Arrival::RenewOrWait | Arrival::RenewOrRefuse => Try::RenewOnly,
     };
-    let reply = match outcome {
-        Acquired::Full => match wait_ms {
-            Some(wait_ms) => {
-                let ask = Ask {
-                    kind,
-                    limit,
-                    lease_ms,
-                    count,
-                    holder: id.as_slice().to_vec(),
-                    with_ticket,
-                    bound,
-                };
-                let next_deadline = store.next_deadline(now);
-                waiting::wait(ctx, call.sem(ctx), ask, now, wait_ms, next_deadline)?;
-                stats::count(&COUNTERS.waits_started);
-                RedisValue::NoReply
-            }
-            None => {
-                stats::count(&COUNTERS.refused);
-                RedisValue::Null
-            }
-        },
-        Acquired::Granted { ticket, renewed } => {
-            store.record_grant(id.as_slice(), renewed);
-            // After the call's own removals are forgotten (an expired permit of the same
-            // identifier may be among them).
-            after_write(&mut store, || call.sem(ctx));
-            let bind_to = bound.then(|| client_id(ctx));
-            if bound {
-                waiting::follow_bound(ctx);
-            }
-            waiting::after_grant(|| call.sem(ctx), id.as_slice(), renewed, bind_to);
-            let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
-            match ticket {
-                Some(ticket) if with_ticket => {
-                    RedisValue::Array(vec![id, RedisValue::Integer(ticket as i64)])
-                }
-                _ => id,
-            }
-        }
+    let bind_to = ask.bound.then_some(caller.client);
+    let sem = write.sem();
+    let Some(granted) = grant::try_grant(&mut write, sem, &ask, id, now, how, bind_to)? else {
+        let Some(wait_ms) = wait_ms else {
+            stats::count(&COUNTERS.refused);
+            write.commit();
+            return Ok(RedisValue::Null);
+        };
+        let line = vec![(write.key(), write.next_deadline(now))];
+        let ask = Ask {
+            holder: id.as_slice().to_vec(),
+            ..ask
+        };
+        waiting::block(ctx, caller.client, Wants::Permits(ask), line, now, wait_ms)?;
+        stats::count(&COUNTERS.waits_started);
+        write.commit();
+        return Ok(RedisValue::NoReply);
     };
-    // A caller refused or queued frees nothing unless its call removed something: otherwise
-    // the head of the line fits no better than after the last change, when it was served.
-    if !matches!(outcome, Acquired::Granted { .. }) && store.may_have_freed() {
-        after_write(&mut store, || call.sem(ctx));
+    if ask.bound {
+        waiting::follow_bound(ctx);
     }
-    Ok(reply)
+    write.commit();
+    let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
+    Ok(grant::reply(id, &[granted.ticket], false, ask.with_ticket))
 }
 
 /// A SEM.* call's arguments, seen without the key names the command filter inserted.
@@ -468,7 +405,7 @@ fn report_keys(ctx: &Context, args: &[Arg], command: Command) {
     }
 }
 
-fn identifier(id: &RedisString) -> Result<&RedisString, SemError> {
+pub(crate) fn identifier(id: &RedisString) -> Result<&RedisString, SemError> {
     non_empty(id.as_slice(), SemError::EmptyIdentifier)?;
     Ok(id)
 }

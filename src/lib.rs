@@ -7,15 +7,19 @@ mod config;
 mod docs;
 mod error;
 mod fencing;
+mod grant;
 mod keys;
 mod memory;
 mod queue;
+mod request;
 mod semaphore;
 mod server;
+mod state;
 mod stats;
 mod store;
 mod types;
 mod waiting;
+mod write;
 
 // Unit tests run outside redis-server, where Redis's allocator does not exist.
 #[cfg(not(test))]

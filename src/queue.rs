@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+pub use crate::request::Ask;
 use crate::types::Kind;
 
 /// A semaphore, as the waiting side names it: the database it lives in, and its name.
@@ -31,20 +32,6 @@ pub struct SemKey {
 }
 
 pub type WaiterId = u64;
-
-/// What a waiter asked for, to be granted as if it asked again at the moment it is served.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ask {
-    pub kind: Kind,
-    pub limit: u64,
-    pub lease_ms: i64,
-    /// `COUNT n`, if given.
-    pub count: Option<u64>,
-    /// The identifier it will hold: given with ID, or made when it arrived.
-    pub holder: Vec<u8>,
-    pub with_ticket: bool,
-    pub bound: bool,
-}
 
 /// What a waiter waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,46 +209,10 @@ impl<H> Default for Registry<H> {
 }
 
 impl<H> Registry<H> {
-    /// Adds a waiter at the end of its semaphore's line.
+    /// Adds a waiter for what it `wants`: at the end of `sem`'s line (permits), of the line of
+    /// each semaphore a set names (`sem` is the first), or among those waiting for `sem` to
+    /// empty.
     pub fn enqueue(
-        &mut self,
-        sem: SemKey,
-        client: u64,
-        ask: Ask,
-        now_ms: i64,
-        until_ms: Option<i64>,
-        handle: H,
-    ) -> WaiterId {
-        self.add(sem, client, Wants::Permits(ask), now_ms, until_ms, handle)
-    }
-
-    /// Adds a set waiter at the end of the line of each semaphore it names (`parts`, at least
-    /// one, each named once).
-    pub fn enqueue_set(
-        &mut self,
-        parts: Vec<(SemKey, Ask)>,
-        client: u64,
-        now_ms: i64,
-        until_ms: Option<i64>,
-        handle: H,
-    ) -> WaiterId {
-        let first = parts[0].0.clone();
-        self.add(first, client, Wants::Set(parts), now_ms, until_ms, handle)
-    }
-
-    /// Adds a waiter for `sem` to have no live holder.
-    pub fn enqueue_empty(
-        &mut self,
-        sem: SemKey,
-        client: u64,
-        now_ms: i64,
-        until_ms: Option<i64>,
-        handle: H,
-    ) -> WaiterId {
-        self.add(sem, client, Wants::Empty, now_ms, until_ms, handle)
-    }
-
-    fn add(
         &mut self,
         sem: SemKey,
         client: u64,
@@ -600,12 +551,19 @@ mod tests {
         }
     }
 
-    fn ask(holder: &str) -> Ask {
+    fn ask(holder: &str) -> Wants {
+        Wants::Permits(ask_of(holder))
+    }
+
+    fn ask_of(holder: &str) -> Ask {
         Ask {
-            kind: Kind::Fair,
-            limit: 1,
-            lease_ms: 1000,
-            count: None,
+            rule: crate::semaphore::AcquireRequest {
+                kind: Kind::Fair,
+                limit: 1,
+                lease_ms: 1000,
+                count: None,
+                ticket_floor: 0,
+            },
             holder: holder.as_bytes().to_vec(),
             with_ticket: false,
             bound: false,
@@ -680,8 +638,13 @@ mod tests {
         assert!(!r.is_waited(&in_db(3, "s")));
     }
 
-    fn set(names: &[&str], holder: &str) -> Vec<(SemKey, Ask)> {
-        names.iter().map(|name| (sem(name), ask(holder))).collect()
+    fn set(names: &[&str], holder: &str) -> Wants {
+        Wants::Set(
+            names
+                .iter()
+                .map(|name| (sem(name), ask_of(holder)))
+                .collect(),
+        )
     }
 
     /// One arrival order across lines: the earliest waiter heads all of its lines, whatever
@@ -690,8 +653,8 @@ mod tests {
     fn a_set_waiter_stands_in_every_line_it_names() {
         let mut r = Registry::default();
         let a = r.enqueue(sem("x"), 1, ask("a"), 0, None, ());
-        let s1 = r.enqueue_set(set(&["y", "x"], "s1"), 2, 1, Some(100), ());
-        let s2 = r.enqueue_set(set(&["x", "y", "z"], "s2"), 3, 2, None, ());
+        let s1 = r.enqueue(sem("y"), 2, set(&["y", "x"], "s1"), 1, Some(100), ());
+        let s2 = r.enqueue(sem("x"), 3, set(&["x", "y", "z"], "s2"), 2, None, ());
         let b = r.enqueue(sem("z"), 4, ask("b"), 3, None, ());
         // (line, its waiters in order)
         let table = [
@@ -734,10 +697,10 @@ mod tests {
     #[test]
     fn waiters_for_empty_stand_outside_the_line() {
         let mut r = Registry::default();
-        let e1 = r.enqueue_empty(sem("s"), 1, 0, Some(50), ());
+        let e1 = r.enqueue(sem("s"), 1, Wants::Empty, 0, Some(50), ());
         let a = r.enqueue(sem("s"), 2, ask("a"), 1, None, ());
-        let e2 = r.enqueue_empty(sem("s"), 3, 2, None, ());
-        r.enqueue_empty(sem("t"), 4, 3, None, ());
+        let e2 = r.enqueue(sem("s"), 3, Wants::Empty, 2, None, ());
+        r.enqueue(sem("t"), 4, Wants::Empty, 3, None, ());
         // The line has only the waiter for permits; the others are counted apart.
         assert_eq!(r.head(&sem("s")).map(|w| w.id), Some(a));
         assert_eq!(r.queued(&sem("s")), 1);

@@ -73,8 +73,8 @@ impl<'a> LazyKey<'a> {
             expected,
             key: OnceCell::new(),
         };
-        if key_exists(ctx, name) {
-            let _ = lazy.key.set(Key::open(ctx, name, access, expected)?);
+        if let Some(key) = Key::open_existing(ctx, name, access, expected)? {
+            let _ = lazy.key.set(key);
         }
         Ok(lazy)
     }
@@ -183,8 +183,12 @@ impl<'a> RedisStore<'a> {
     /// Whether this call may have freed permits or changed the semaphore's kind: it changed a
     /// key, or found `<name>` missing (every holder it had is gone).
     pub fn may_have_freed(&self) -> bool {
-        self.opened_empty
-            || self.holders.has_changed()
+        self.opened_empty || self.changed()
+    }
+
+    /// Whether this call changed a key.
+    pub fn changed(&self) -> bool {
+        self.holders.has_changed()
             || self.owners.get().is_some_and(Key::has_changed)
             || self.permits.get().is_some_and(Key::has_changed)
             || self.counter.get().is_some_and(Key::has_changed)

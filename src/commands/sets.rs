@@ -7,21 +7,22 @@
 
 use redis_module::{Context, ContextFlags, RedisString, RedisValue};
 
-use super::{after_write, identifier, lost, new_identifier, Arg};
-use crate::args::{parse_count, parse_lease_ms, parse_limit, parse_wait_ms};
+use super::{ended, identifier, new_identifier, Arg};
+use crate::args::{parse_count, parse_lease_ms, parse_limit};
 use crate::config;
 use crate::error::SemError;
-use crate::fencing;
+use crate::grant;
 use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command, DERIVED};
-use crate::queue::{Ask, SemKey};
-use crate::semaphore::{self, AcquireRequest, Acquired, Holder, Store};
-use crate::server::block::{can_block, client_id, in_script};
-use crate::server::key::Access;
+use crate::queue::{SemKey, Wants};
+use crate::request::{parse_options, Ask, Form};
+use crate::semaphore::{self, AcquireRequest, Holder};
+use crate::server::block::caller;
 use crate::server::{key_at, now_ms, selected_db};
 use crate::stats::{self, COUNTERS};
-use crate::store::{RedisStore, SemKeys};
+use crate::store::SemKeys;
 use crate::types::Kind;
 use crate::waiting;
+use crate::write::Write;
 
 /// A call on a set of semaphores, seen without the keys the filter appended.
 pub struct SetCall<'a> {
@@ -115,15 +116,9 @@ impl<'a> SetCall<'a> {
 
     /// Every semaphore's keys, opened for writing; a key of the wrong type is an error before
     /// anything changes.
-    fn open_all(&self, ctx: &'a Context) -> Result<Vec<RedisStore<'a>>, SemError> {
+    fn open_all(&self, ctx: &'a Context) -> Result<Vec<Write<'a>>, SemError> {
         (0..self.names.len())
-            .map(|i| {
-                let mut store = RedisStore::open(ctx, &self.keys(i), Access::Write)?;
-                if waiting::any_bindings() {
-                    store.keep_removed();
-                }
-                Ok(store)
-            })
+            .map(|i| Write::open(ctx, &self.keys(i)))
             .collect()
     }
 }
@@ -181,77 +176,59 @@ pub fn report_keys(
 /// `SEM.ACQUIREALL numsems name limit count [name limit count ...] lease [ID identifier]
 /// [FAIR] [WITHTICKET] [WAIT seconds] [BOUND]`
 pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError> {
-    let mut asks = Vec::with_capacity(call.names.len());
+    let mut counts = Vec::with_capacity(call.names.len());
     for &pos in &call.names {
         let limit = parse_limit(call.args[pos + 1].as_slice())?;
         let count = parse_count(call.args[pos + 2].as_slice(), limit)?;
-        asks.push((limit, count));
+        counts.push((limit, count));
     }
     let [lease, options @ ..] = call.rest() else {
         return Err(SemError::Arity(call.command.name()));
     };
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let (mut given_id, mut fair, mut with_ticket, mut bound) = (None, false, false, false);
-    let mut wait_ms = None;
-    let mut options = options.iter();
-    while let Some(option) = options.next() {
-        let option = option.as_slice();
-        if option.eq_ignore_ascii_case(b"ID") && given_id.is_none() {
-            given_id = Some(identifier(options.next().ok_or(SemError::Syntax)?)?);
-        } else if option.eq_ignore_ascii_case(b"FAIR") && !fair {
-            fair = true;
-        } else if option.eq_ignore_ascii_case(b"WITHTICKET") && !with_ticket {
-            with_ticket = true;
-        } else if option.eq_ignore_ascii_case(b"BOUND") && !bound {
-            bound = true;
-        } else if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
-            wait_ms = Some(parse_wait_ms(
-                options.next().ok_or(SemError::Syntax)?.as_slice(),
-            )?);
-        } else {
-            return Err(SemError::Syntax);
-        }
-    }
-    if with_ticket && !fair {
-        return Err(SemError::Syntax);
-    }
-    if bound && in_script(ctx) {
+    let options = parse_options(Form::Set, 0, options, |a| a.as_slice())?;
+    let caller = caller(ctx);
+    if options.bound && caller.in_script {
         return Err(SemError::BoundInScript);
     }
-    let kind = if fair { Kind::Fair } else { Kind::Plain };
-    let mut stores = call.open_all(ctx)?;
+    let kind = options.kind;
+    let mut writes = call.open_all(ctx)?;
     let made;
-    let id: &RedisString = match given_id {
+    let id: &RedisString = match options.id {
         Some(id) => id,
         None => {
             made = RedisString::create_from_slice(ctx.ctx, new_identifier(&mut [0; 36]));
             &made
         }
     };
-    let requests: Vec<AcquireRequest> = asks
+    let asks: Vec<Ask> = counts
         .iter()
-        .map(|&(limit, count)| AcquireRequest {
-            kind,
-            limit,
-            lease_ms,
-            count: Some(count),
-            ticket_floor: fencing::floor(),
+        .map(|&(limit, count)| Ask {
+            rule: AcquireRequest {
+                kind,
+                limit,
+                lease_ms,
+                count: Some(count),
+                ticket_floor: 0,
+            },
+            holder: id.as_slice().to_vec(),
+            with_ticket: options.with_ticket,
+            bound: options.bound,
         })
         .collect();
     let now = now_ms();
     // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
-    let wait_ms = wait_ms.filter(|_| can_block(ctx));
+    let wait_ms = options.wait_ms.filter(|_| caller.may_block);
     // Survey every semaphore before the first change (its errors are the call's). While
     // others wait in a line, a waiting set joins the end of every line (unless it only
     // renews); one that does not wait gets into a fair line only where it renews (as
     // SEM.ACQUIREFAIR without WAIT), and may barge into a plain one.
+    let survey = grant::survey(&writes, &asks, id, now)?;
     let mut all = true;
     let mut lines_busy = false;
     let mut renews_all = true;
-    for (i, store) in stores.iter().enumerate() {
-        let fits = semaphore::would_grant(store, now, id, &requests[i])?;
+    for (i, &(fits, renews)) in survey.iter().enumerate() {
         let queued = waiting::queued_anywhere() && waiting::queued(&call.sem(ctx, i)) > 0;
-        let renews = store.deadline(id).is_some_and(|d| d > now);
         lines_busy |= queued;
         renews_all &= renews;
         all &= fits && (renews || !(queued && (kind == Kind::Fair || wait_ms.is_some())));
@@ -261,56 +238,26 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
             stats::count(&COUNTERS.set_refused);
             return Ok(RedisValue::Null);
         };
-        let parts = (0..stores.len())
-            .map(|i| {
-                let ask = Ask {
-                    kind,
-                    limit: requests[i].limit,
-                    lease_ms,
-                    count: requests[i].count,
-                    holder: id.as_slice().to_vec(),
-                    with_ticket,
-                    bound,
-                };
-                (call.sem(ctx, i), ask)
-            })
-            .collect();
-        let deadlines = stores
-            .iter()
-            .map(|store| store.next_deadline(now))
-            .collect();
-        waiting::wait_set(ctx, parts, now, wait_ms, deadlines)?;
+        let lines = (0..writes.len())
+            .map(|i| (call.sem(ctx, i), writes[i].next_deadline(now)))
+            .collect::<Vec<_>>();
+        let parts = lines.iter().map(|(sem, _)| sem.clone()).zip(asks).collect();
+        waiting::block(ctx, caller.client, Wants::Set(parts), lines, now, wait_ms)?;
         stats::count(&COUNTERS.waits_started);
+        writes.into_iter().for_each(Write::commit);
         return Ok(RedisValue::NoReply);
     }
-    let bind_to = bound.then(|| client_id(ctx));
-    if bound {
+    let bind_to = options.bound.then_some(caller.client);
+    if options.bound {
         waiting::follow_bound(ctx);
     }
-    let mut tickets = Vec::with_capacity(stores.len());
-    for (i, store) in stores.iter_mut().enumerate() {
-        let sem = || call.sem(ctx, i);
-        let (ticket, renewed) = match semaphore::acquire(store, now, id, &requests[i])? {
-            Acquired::Granted { ticket, renewed } => (ticket, renewed),
-            // Nothing changed between the survey and here.
-            Acquired::Full => return Err(SemError::Internal),
-        };
-        store.record_grant(id.as_slice(), renewed);
-        after_write(store, sem);
-        waiting::after_grant(sem, id.as_slice(), renewed, bind_to);
-        tickets.push(ticket);
-    }
+    let sems: Vec<(i32, &[u8])> = writes.iter().map(Write::sem).collect();
+    let grants = grant::grant_all(&mut writes, &sems, &asks, id, now, bind_to)?;
+    writes.into_iter().for_each(Write::commit);
     stats::count(&COUNTERS.set_acquired);
+    let tickets: Vec<Option<u64>> = grants.iter().map(|g| g.ticket).collect();
     let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
-    Ok(if with_ticket {
-        let tickets = tickets
-            .into_iter()
-            .map(|t| RedisValue::Integer(t.unwrap_or(0) as i64))
-            .collect();
-        RedisValue::Array(vec![id, RedisValue::Array(tickets)])
-    } else {
-        id
-    })
+    Ok(grant::reply(id, &tickets, true, options.with_ticket))
 }
 
 /// `SEM.RELEASEALL numsems name [name ...] identifier`
@@ -319,26 +266,19 @@ pub fn release_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
         return Err(SemError::Arity(call.command.name()));
     };
     let id = identifier(id)?;
-    let mut stores = call.open_all(ctx)?;
+    let mut writes = call.open_all(ctx)?;
     let now = now_ms();
     // Every semaphore is surveyed before the first change: an error changes none of them.
-    for store in &stores {
-        semaphore::check_release(store, now, id)?;
+    for write in &writes {
+        semaphore::check_release(&**write, now, id)?;
     }
     let mut held = 0;
-    for (i, store) in stores.iter_mut().enumerate() {
-        match semaphore::release(store, now, id, None)? {
-            Holder::Live => {
-                held += 1;
-                stats::count(&COUNTERS.released);
-                store.released(id.as_slice());
-                store.notify(c"sem.release");
-            }
-            Holder::Expired => lost(store),
-            Holder::Absent => {}
-        }
-        after_write(store, || call.sem(ctx, i));
+    for write in &mut writes {
+        let found = semaphore::release(&mut **write, now, id, None)?;
+        held += i64::from(found == Holder::Live);
+        ended(write, found, id, true);
     }
+    writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))
 }
 
@@ -349,22 +289,17 @@ pub fn refresh_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
     };
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut stores = call.open_all(ctx)?;
+    let mut writes = call.open_all(ctx)?;
     let now = now_ms();
-    for store in &stores {
-        semaphore::check_refresh(store, now)?;
+    for write in &writes {
+        semaphore::check_refresh(&**write, now)?;
     }
     let mut held = 0;
-    for (i, store) in stores.iter_mut().enumerate() {
-        match semaphore::refresh(store, now, id, lease_ms)? {
-            Holder::Live => {
-                held += 1;
-                stats::count(&COUNTERS.refreshed);
-            }
-            Holder::Expired => lost(store),
-            Holder::Absent => {}
-        }
-        after_write(store, || call.sem(ctx, i));
+    for write in &mut writes {
+        let found = semaphore::refresh(&mut **write, now, id, lease_ms)?;
+        held += i64::from(found == Holder::Live);
+        ended(write, found, id, false);
     }
+    writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))
 }

@@ -33,22 +33,34 @@ impl Blocked {
     }
 }
 
-/// Whether the caller may be blocked: not inside MULTI/EXEC, a script or function, nor a client
-/// that denies blocking.
-pub fn can_block(ctx: &Context) -> bool {
+/// What a command needs to know of its caller, read once.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    /// Whether it may block: not inside MULTI, a script or function, nor denied blocking.
+    pub may_block: bool,
+    /// Whether it is a script or function (whose connection is not the client's).
+    pub in_script: bool,
+    /// Its connection's id (`CLIENT ID`).
+    pub client: u64,
+}
+
+/// The caller of the command of `ctx`.
+pub fn caller(ctx: &Context) -> Caller {
     let deny = raw::REDISMODULE_CTX_FLAGS_MULTI
         | raw::REDISMODULE_CTX_FLAGS_LUA
         | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING;
     // SAFETY: the command's own context.
-    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
-    flags & deny == 0
-}
-
-/// Whether the caller is a script or function (whose connection is not the client's).
-pub fn in_script(ctx: &Context) -> bool {
-    // SAFETY: the command's own context.
-    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
-    flags & raw::REDISMODULE_CTX_FLAGS_LUA != 0
+    let (flags, client) = unsafe {
+        (
+            raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) as u32,
+            raw::RedisModule_GetClientId.unwrap()(ctx.ctx),
+        )
+    };
+    Caller {
+        may_block: flags & deny == 0,
+        in_script: flags & raw::REDISMODULE_CTX_FLAGS_LUA != 0,
+        client,
+    }
 }
 
 /// Whether the caller is a connection, not a script or a module's call, which run on temporary
@@ -60,12 +72,6 @@ pub fn from_connection(ctx: &Context) -> bool {
         raw::RedisModule_GetClientInfoById.unwrap()(std::ptr::null_mut(), id)
             == raw::REDISMODULE_OK as c_int
     }
-}
-
-/// The id of the caller's connection (`CLIENT ID`).
-pub fn client_id(ctx: &Context) -> u64 {
-    // SAFETY: the command's own context.
-    unsafe { raw::RedisModule_GetClientId.unwrap()(ctx.ctx) }
 }
 
 /// Blocks the caller until the module calls [`unblock`] or [`finish`]. `None` when the server

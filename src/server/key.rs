@@ -94,6 +94,19 @@ impl<'a> Key<'a> {
         }
     }
 
+    /// Opens the key only if it exists (a look-up costs less than opening and closing a key).
+    pub fn open_existing(
+        ctx: &'a Context,
+        name: &'a RedisString,
+        access: Access,
+        expected: KeyType,
+    ) -> Result<Option<Key<'a>>, SemError> {
+        if !super::key_exists(ctx, name) {
+            return Ok(None);
+        }
+        Key::open(ctx, name, access, expected).map(Some)
+    }
+
     /// The key's name.
     pub fn name(&self) -> &'a RedisString {
         self.name

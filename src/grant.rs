@@ -1,0 +1,141 @@
+//! The one grant: the acquire rule on a semaphore's open keys, then everything a grant owes,
+//! whoever asked (a direct call, a set, a waiter served): bindings of the permits it removed
+//! forgotten first, the counters, hold time and `sem.acquire` event, the BOUND binding; and the
+//! one form of its reply.
+
+use std::ops::DerefMut;
+
+use redis_module::{RedisString, RedisValue};
+
+use crate::error::SemError;
+use crate::fencing;
+use crate::queue::SemKey;
+use crate::request::Ask;
+use crate::semaphore::{self, AcquireRequest, Acquired, Store};
+use crate::state;
+use crate::store::RedisStore;
+
+/// A permit granted: its ticket (fair), and whether it only renewed a live permit of the
+/// identifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub ticket: Option<u64>,
+    pub renewed: bool,
+}
+
+/// How the rule is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Try {
+    /// Grant if the rule would.
+    Acquire,
+    /// Only renew a live permit of the identifier (others wait in line before it).
+    RenewOnly,
+}
+
+/// The rule's request for `ask` now, with this node's ticket floor.
+fn rule(ask: &Ask) -> AcquireRequest {
+    AcquireRequest {
+        ticket_floor: fencing::floor(),
+        ..ask.rule
+    }
+}
+
+/// Grants `ask` to `holder` in `sem` (database `db`, `name`) on its open keys at `now_ms`, if
+/// the rule allows, and does the grant's bookkeeping; `bind_to` binds the permit to a
+/// connection (BOUND). `None`: the semaphore is full, nothing granted.
+pub fn try_grant(
+    store: &mut RedisStore,
+    sem: (i32, &[u8]),
+    ask: &Ask,
+    holder: &RedisString,
+    now_ms: i64,
+    how: Try,
+    bind_to: Option<u64>,
+) -> Result<Option<Grant>, SemError> {
+    // Permits this grant removes may be bound: their bindings go with them.
+    if state::any_bindings() {
+        store.keep_removed();
+    }
+    let request = rule(ask);
+    let acquired = match how {
+        Try::Acquire => semaphore::acquire(store, now_ms, holder, &request)?,
+        Try::RenewOnly => {
+            semaphore::renew(store, now_ms, holder, &request)?.unwrap_or(Acquired::Full)
+        }
+    };
+    let key = || SemKey {
+        db: sem.0,
+        name: sem.1.to_vec(),
+    };
+    // Bindings of permits the rule removed (expired) go, granted or not; before a grant's
+    // own: one may be an expired permit of the identifier granted now.
+    state::forget_gone(store, key);
+    let Acquired::Granted { ticket, renewed } = acquired else {
+        return Ok(None);
+    };
+    store.record_grant(holder.as_slice(), renewed);
+    state::granted(key, holder.as_slice(), renewed, bind_to);
+    Ok(Some(Grant { ticket, renewed }))
+}
+
+/// Whether each of a set's semaphores would grant its ask now, and whether it would only renew.
+pub fn survey<'a, W: DerefMut<Target = RedisStore<'a>>>(
+    stores: &[W],
+    asks: &[Ask],
+    holder: &RedisString,
+    now_ms: i64,
+) -> Result<Vec<(bool, bool)>, SemError> {
+    stores
+        .iter()
+        .zip(asks)
+        .map(|(store, ask)| {
+            let fits = semaphore::would_grant(&**store, now_ms, holder, &rule(ask))?;
+            let renews = store.deadline(holder).is_some_and(|d| d > now_ms);
+            Ok((fits, renews))
+        })
+        .collect()
+}
+
+/// Grants a set whose every semaphore would grant (surveyed at `now_ms`, nothing changed since):
+/// one grant per semaphore, in the order named.
+pub fn grant_all<'a, W: DerefMut<Target = RedisStore<'a>>>(
+    stores: &mut [W],
+    sems: &[(i32, &[u8])],
+    asks: &[Ask],
+    holder: &RedisString,
+    now_ms: i64,
+    bind_to: Option<u64>,
+) -> Result<Vec<Grant>, SemError> {
+    let mut grants = Vec::with_capacity(stores.len());
+    for ((store, sem), ask) in stores.iter_mut().zip(sems).zip(asks) {
+        match try_grant(store, *sem, ask, holder, now_ms, Try::Acquire, bind_to)? {
+            Some(grant) => grants.push(grant),
+            // Nothing changed between the survey and here.
+            None => return Err(SemError::Internal),
+        }
+    }
+    Ok(grants)
+}
+
+/// The reply to a grant: the identifier, or with WITHTICKET `[identifier, ticket]`; a set's
+/// tickets come as an array in the order named (0 where a semaphore has none).
+pub fn reply(
+    holder: RedisValue,
+    tickets: &[Option<u64>],
+    set: bool,
+    with_ticket: bool,
+) -> RedisValue {
+    if !with_ticket {
+        return holder;
+    }
+    let ticket = |t: &Option<u64>| RedisValue::Integer(t.unwrap_or(0) as i64);
+    let tickets = if set {
+        RedisValue::Array(tickets.iter().map(ticket).collect())
+    } else {
+        match tickets.first() {
+            Some(Some(t)) => RedisValue::Integer(*t as i64),
+            _ => return holder,
+        }
+    };
+    RedisValue::Array(vec![holder, tickets])
+}

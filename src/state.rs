@@ -1,0 +1,236 @@
+//! The waiting side's state, in one place: the registry of waiters and BOUND permits
+//! (`queue.rs`), the work left for the timer, and the counts the hot paths read without a lock.
+//! Every access goes through [`with`], which keeps those counts and the names filter in step
+//! with the registry and ends the server events nothing needs any more.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use redis_module::{Context, RedisString};
+
+use crate::queue::{Binding, IdMap, Registry, SemKey, WaiterId};
+use crate::server::block::{self, Blocked};
+use crate::server::events;
+use crate::server::names as server_names;
+use crate::server::timer;
+use crate::store::RedisStore;
+
+/// Work to do from the timer, where keys may be written.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Work {
+    /// Serve the line of one semaphore.
+    Serve(SemKey),
+    /// Serve every line in one database, or in all.
+    ServeDb(Option<i32>),
+    /// Try to grant a set waiter that heads every line it stands in: it needs the keys of
+    /// several semaphores, which only the timer may open (a command declares its own only).
+    ServeSet(WaiterId),
+    /// Give a permit back.
+    GiveBack(Binding, GiveBack),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GiveBack {
+    /// Its BOUND connection closed.
+    ConnectionClosed,
+    /// Its grant never reached the waiter.
+    Undelivered,
+}
+
+#[derive(Default)]
+pub struct State {
+    pub registry: Registry<Blocked>,
+    /// Blocked-client handles to their waiters, for the disconnect callback.
+    pub by_handle: IdMap<usize, WaiterId>,
+    pub work: BTreeSet<Work>,
+}
+
+thread_local! {
+    /// Redis runs every command, callback and timer on its main thread: a re-entry (a callback
+    /// coming back while the state is borrowed) is a clear panic, never a deadlock.
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+/// Waiters and bindings, readable without a borrow: the hot paths of commands and the filter
+/// only look further when they are not zero.
+static WAITERS: AtomicUsize = AtomicUsize::new(0);
+static BINDINGS: AtomicUsize = AtomicUsize::new(0);
+/// Work waiting for the timer.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` on the state. Never call into Redis inside: a callback could come back here.
+pub fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
+    let (result, waiters, bindings) = STATE.with(|cell| {
+        let mut state = cell.borrow_mut();
+        let result = f(&mut state);
+        let (waiters, bindings) = (state.registry.total_waiters(), state.registry.bound_count());
+        if waiters == 0 && WAITERS.load(Ordering::Relaxed) != 0 {
+            server_names::forget_all();
+        }
+        WAITERS.store(waiters, Ordering::Relaxed);
+        BINDINGS.store(bindings, Ordering::Relaxed);
+        PENDING.store(state.work.len(), Ordering::Relaxed);
+        (result, waiters, bindings)
+    });
+    if SCOPES.load(Ordering::Relaxed) == 0 && events::can_end(waiters > 0, bindings > 0) {
+        // Some events are not needed any more: the timer ends them right after this callback
+        // (never here: it may run inside the server's walk of its listeners).
+        timer::arm_now();
+    }
+    result
+}
+
+/// Commands of the module and timer runs under way (a module's call from a keyspace event may
+/// run one inside another).
+static SCOPES: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs a command (`from_timer`: a timer run) that may end the last wait or BOUND permit; at its
+/// end the events nothing needs any more end, where the server walks none of its lists of
+/// listeners: the timer, and a command of a connection (a script's or a module's call may run
+/// from inside a walk: then the timer ends them right after).
+pub fn scope<T>(ctx: &Context, from_timer: bool, work: impl FnOnce() -> T) -> T {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            SCOPES.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    SCOPES.fetch_add(1, Ordering::Relaxed);
+    let leave = Leave;
+    let result = work();
+    drop(leave);
+    if SCOPES.load(Ordering::Relaxed) == 0 && events::can_end(queued_anywhere(), any_bindings()) {
+        if from_timer || block::from_connection(ctx) {
+            settle(ctx);
+        } else {
+            timer::arm_now();
+        }
+    }
+    result
+}
+
+/// Ends the events nothing needs now (see [`scope`]): other commands stop paying for them; and
+/// the timer once nothing is left for it.
+fn settle(ctx: &Context) {
+    let (waiting, bound) = (queued_anywhere(), any_bindings());
+    if !events::can_end(waiting, bound) {
+        return;
+    }
+    events::settle(ctx.ctx, waiting, bound);
+    if !waiting && !bound && !any_pending() && with(|s| s.registry.next_due_ms()).is_none() {
+        timer::disarm();
+    }
+}
+
+/// Stops the timer once nobody waits and nothing is left to do: an armed timer keeps
+/// `MODULE UNLOAD` refused.
+pub fn disarm_if_idle() {
+    if with(|s| s.registry.next_due_ms().is_none() && s.work.is_empty()) {
+        timer::disarm();
+    }
+}
+
+/// Whether anybody waits for any semaphore (no borrow).
+pub fn queued_anywhere() -> bool {
+    WAITERS.load(Ordering::Relaxed) > 0
+}
+
+/// Whether some connection holds BOUND permits.
+pub fn any_bindings() -> bool {
+    BINDINGS.load(Ordering::Relaxed) > 0
+}
+
+/// Whether work waits for the timer.
+pub fn any_pending() -> bool {
+    PENDING.load(Ordering::Relaxed) > 0
+}
+
+/// Whether another hand's change to a key may concern a waiter: somebody waits, and no command
+/// of the module or timer run is under way (those serve the lines they write themselves).
+pub fn follows_foreign_changes() -> bool {
+    queued_anywhere() && SCOPES.load(Ordering::Relaxed) == 0
+}
+
+/// Waiters of `sem`, without a borrow when nobody waits anywhere.
+pub fn queued(sem: &SemKey) -> usize {
+    if !queued_anywhere() {
+        return 0;
+    }
+    with(|s| s.registry.queued(sem))
+}
+
+/// Whether anybody waits for `sem`, for permits or for it to empty.
+pub fn is_waited(sem: &SemKey) -> bool {
+    queued_anywhere() && with(|s| s.registry.is_waited(sem))
+}
+
+/// Hands `work` to the timer, which does it right after the current command, in the same turn
+/// of the event loop: before the server reads another command.
+pub fn defer(work: Work) {
+    with(|s| s.work.insert(work));
+    timer::arm_now();
+}
+
+/// The bindings that follow a grant of `holder` in `sem`: a give-back of its old permit still
+/// pending must not take the new one; a BOUND grant binds the permit to connection `bind_to`;
+/// another new permit of the identifier ends an old binding of it, whose permit is gone. Looks
+/// nothing up while nothing is bound or pending (most grants).
+pub fn granted(sem: impl Fn() -> SemKey, holder: &[u8], renewed: bool, bind_to: Option<u64>) {
+    let pending = any_pending();
+    if !pending && bind_to.is_none() && (renewed || !any_bindings()) {
+        return;
+    }
+    let binding = Binding {
+        sem: sem(),
+        holder: holder.to_vec(),
+    };
+    with(|s| {
+        if pending {
+            for why in [GiveBack::ConnectionClosed, GiveBack::Undelivered] {
+                s.work.remove(&Work::GiveBack(binding.clone(), why));
+            }
+        }
+        match bind_to {
+            Some(client) => s.registry.bind(client, binding),
+            None if !renewed => s.registry.unbind(&binding),
+            None => {}
+        }
+    });
+}
+
+/// Forgets the bindings of permits a write found gone: every binding of the semaphore when its
+/// holder set was missing (its key expired, or another client deleted it), else those the write
+/// removed (released, lost, or pruned as expired).
+pub fn forget_gone(store: &mut RedisStore, sem: impl FnOnce() -> SemKey) {
+    // Taken even when nothing is bound: what they tell is about this moment only.
+    let removed = store.take_removed();
+    let opened_empty = store.take_opened_empty();
+    if !any_bindings() {
+        return;
+    }
+    let sem = sem();
+    with(|s| {
+        if opened_empty {
+            s.registry.unbind_all(&sem);
+        } else {
+            unbind(s, &sem, &removed);
+        }
+    });
+}
+
+/// Forgets the bindings of `holders` of `sem`.
+pub fn unbind(s: &mut State, sem: &SemKey, holders: &[RedisString]) {
+    for holder in holders {
+        s.registry.unbind(&Binding {
+            sem: sem.clone(),
+            holder: holder.as_slice().to_vec(),
+        });
+    }
+}
+
+/// Forgets everything (a new load of the module; an unload is refused while anybody waits or
+/// holds a BOUND permit, so nothing is lost).
+pub fn reset() {
+    with(|s| *s = State::default());
+}

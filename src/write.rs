@@ -1,0 +1,398 @@
+//! A write to one semaphore's keys, and what follows it. Every writer, the module's commands and
+//! its timer alike, changes a semaphore through a [`Write`]; the write's end, which no path can
+//! skip (it runs when the handle goes, `?` included), forgets the bindings of permits that went,
+//! serves the semaphore's line on the same open keys, and settles the keys' expiry. So a grant
+//! made for a waiter is replicated with what freed it, in one MULTI/EXEC.
+//!
+//! Serving a line ([`serve`]) grants its head while the acquire rule would, through the one
+//! grant (`grant.rs`), and answers it: the blocked client's reply is the grant's reply.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use redis_module::{Context, RedisResult, RedisValue};
+
+use crate::error::SemError;
+use crate::grant::{self, Try};
+use crate::queue::{Binding, SemKey, WaiterId};
+use crate::request::Ask;
+use crate::semaphore;
+use crate::server::block::{self, Blocked};
+use crate::server::key::Access;
+use crate::server::{clock_ms, selected_db, timer};
+use crate::state::{self, defer, with, GiveBack, Work};
+use crate::stats::{self, COUNTERS};
+use crate::store::{RedisStore, SemKeys};
+
+/// One semaphore's keys, open for a write; its end serves the line.
+pub struct Write<'a> {
+    store: RedisStore<'a>,
+    ctx: &'a Context,
+    name: &'a [u8],
+    /// The timer's slice of work, when the timer writes.
+    slice: Option<Slice>,
+    when: Serve,
+    /// Whether the caller ended the write; one dropped on an error path ends it only if it
+    /// changed a key (an error before any change leaves everything as it was).
+    committed: bool,
+}
+
+/// When a write's end serves the line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serve {
+    /// If the write may have freed permits.
+    IfFreed,
+    /// Whatever the write: the timer writes because something else (a lease end, another
+    /// client) changed the semaphore.
+    Always,
+    /// Never: a timer's survey that found a set waiter still does not fit and changed nothing
+    /// (serving would only hand that waiter back to the timer).
+    Never,
+}
+
+impl<'a> Write<'a> {
+    /// Opens the keys for writing. A key of the wrong type is an error before anything changes.
+    pub fn open(ctx: &'a Context, keys: &SemKeys<'a>) -> Result<Write<'a>, SemError> {
+        let mut store = RedisStore::open(ctx, keys, Access::Write)?;
+        // While some connection holds BOUND permits, the removed holders are kept so their
+        // bindings can go too.
+        if state::any_bindings() {
+            store.keep_removed();
+        }
+        Ok(Write {
+            store,
+            ctx,
+            name: keys.name.as_slice(),
+            slice: None,
+            when: Serve::IfFreed,
+            committed: false,
+        })
+    }
+
+    /// Opens the keys from the timer, within its `slice`, to serve the line whatever the write.
+    pub fn open_to_serve(
+        ctx: &'a Context,
+        keys: &SemKeys<'a>,
+        slice: Slice,
+    ) -> Result<Write<'a>, SemError> {
+        let mut write = Write::open(ctx, keys)?;
+        write.store.keep_removed();
+        write.slice = Some(slice);
+        write.when = Serve::Always;
+        write.committed = true;
+        Ok(write)
+    }
+
+    /// The semaphore, as the grant and the waiting side name it.
+    pub fn sem(&self) -> (i32, &'a [u8]) {
+        (selected_db(self.ctx), self.name)
+    }
+
+    /// The semaphore, as the waiting side keys it.
+    pub fn key(&self) -> SemKey {
+        SemKey {
+            db: selected_db(self.ctx),
+            name: self.name.to_vec(),
+        }
+    }
+
+    /// Ends the write (see the module documentation).
+    pub fn commit(mut self) {
+        self.committed = true;
+    }
+
+    /// Ends a timer's write that changed nothing, without serving the line.
+    pub fn close_unchanged(mut self) {
+        self.when = Serve::Never;
+        self.committed = true;
+    }
+
+    fn end(&mut self) {
+        if !self.committed && !self.store.changed() {
+            return;
+        }
+        // Bindings of the permits the write removed (or found gone with their key) end.
+        if state::any_bindings() {
+            let sem = self.key();
+            state::forget_gone(&mut self.store, || sem);
+        }
+        let serve_now = match self.when {
+            Serve::IfFreed => self.store.may_have_freed(),
+            Serve::Always => true,
+            Serve::Never => false,
+        };
+        if !serve_now || !state::queued_anywhere() {
+            return;
+        }
+        let sem = self.key();
+        let slice = self.slice.unwrap_or_else(Slice::start);
+        serve(&mut self.store, &sem, &slice);
+    }
+}
+
+impl Drop for Write<'_> {
+    fn drop(&mut self) {
+        self.end();
+        // The store's own drop settles the expiry, after the line's grants.
+    }
+}
+
+impl<'a> Deref for Write<'a> {
+    type Target = RedisStore<'a>;
+    fn deref(&self) -> &RedisStore<'a> {
+        &self.store
+    }
+}
+
+impl<'a> DerefMut for Write<'a> {
+    fn deref_mut(&mut self) -> &mut RedisStore<'a> {
+        &mut self.store
+    }
+}
+
+/// How long the module works on waiters in one go before it lets the server answer other
+/// clients (as Redis's own active expiry works in slices).
+const SLICE: Duration = Duration::from_millis(2);
+
+/// Waiters answered and permits given back since the module loaded: a slice ends only after
+/// real work, so the first answer due after a command comes before the next command is read.
+static ANSWERED: AtomicUsize = AtomicUsize::new(0);
+
+/// The end of a slice of work.
+#[derive(Debug, Clone, Copy)]
+pub struct Slice {
+    end: Instant,
+    answered_at_start: usize,
+}
+
+impl Slice {
+    pub fn start() -> Slice {
+        Slice {
+            end: Instant::now() + SLICE,
+            answered_at_start: ANSWERED.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Over once its time is up, and it answered somebody or took `steps` of `max_steps`
+    /// without (bookkeeping, such as a database's lines listed or a set waiter handed on,
+    /// never holds back the first answer, which a preempted process would otherwise give
+    /// only after the server read the next command).
+    pub fn is_over(&self, steps: u32, max_steps: u32) -> bool {
+        let worked =
+            ANSWERED.load(Ordering::Relaxed) != self.answered_at_start || steps >= max_steps;
+        worked && Instant::now() >= self.end
+    }
+}
+
+/// Counts a permit given back as work done in the slice.
+pub fn gave_back() {
+    ANSWERED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What became of a wait, handed to Redis with the unblocked client and back to [`reply`] and
+/// [`free`].
+#[derive(Debug)]
+pub enum Outcome {
+    /// Permits, on one semaphore or (`set`) on each of a set's, in the order named.
+    Granted {
+        holder: Vec<u8>,
+        grants: Vec<(Binding, grant::Grant)>,
+        set: bool,
+        with_ticket: bool,
+        /// Whether the client got the reply; if not, new permits are given back.
+        delivered: bool,
+    },
+    /// The wait ended without a permit.
+    TimedOut,
+    /// `SEM.WAITEMPTY`: the semaphore has no live holder (reply 1).
+    Emptied,
+    /// `SEM.WAITEMPTY`: the wait ended while it still had one (reply 0).
+    NotEmptied,
+    Failed(SemError),
+}
+
+/// The reply of an unblocked waiter.
+pub fn reply(outcome: &mut Outcome) -> RedisResult {
+    match outcome {
+        Outcome::Granted {
+            holder,
+            grants,
+            set,
+            with_ticket,
+            delivered,
+        } => {
+            *delivered = true;
+            let tickets: Vec<Option<u64>> = grants.iter().map(|(_, g)| g.ticket).collect();
+            let id = RedisValue::StringBuffer(holder.clone());
+            Ok(grant::reply(id, &tickets, *set, *with_ticket))
+        }
+        Outcome::TimedOut => Ok(RedisValue::Null),
+        Outcome::Emptied => Ok(RedisValue::Integer(1)),
+        Outcome::NotEmptied => Ok(RedisValue::Integer(0)),
+        Outcome::Failed(err) => Err(err.clone().into()),
+    }
+}
+
+/// The end of an unblocked waiter. New permits granted to a client that disconnected before
+/// its reply went out are given back (a renewal only moved a deadline: never).
+pub fn free(outcome: Outcome) {
+    if let Outcome::Granted {
+        grants,
+        delivered: false,
+        ..
+    } = outcome
+    {
+        for (binding, _) in grants.into_iter().filter(|(_, g)| !g.renewed) {
+            defer(Work::GiveBack(binding, GiveBack::Undelivered));
+        }
+    }
+}
+
+/// The head of a line, as [`serve`] sees it.
+enum Head {
+    Permits(WaiterId, Ask, u64),
+    /// A set waiter, and whether it heads every line it stands in.
+    Set(WaiterId, bool),
+}
+
+/// Grants the head of `sem`'s line while the acquire rule would, on keys already open, each
+/// grant at the server's time read for it; answers those waiting for it to empty; then
+/// schedules the next lease end. When `slice` runs out, the timer goes on after the server has
+/// answered other clients.
+pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
+    if !state::is_waited(sem) {
+        return;
+    }
+    stats::count(&COUNTERS.lines_served);
+    loop {
+        let head = with(|s| {
+            let head = s.registry.head(sem)?;
+            Some(match head.ask() {
+                Some(ask) => Head::Permits(head.id, ask.clone(), head.client),
+                None => Head::Set(head.id, s.registry.heads_every_line(head.id)),
+            })
+        });
+        let (id, ask, client) = match head {
+            Some(Head::Permits(id, ask, client)) => (id, ask, client),
+            // A set waiter: the timer serves it once it heads all of its lines (it needs their
+            // keys); until then nobody behind it here is served.
+            Some(Head::Set(id, true)) => {
+                defer(Work::ServeSet(id));
+                break;
+            }
+            Some(Head::Set(_, false)) | None => break,
+        };
+        if slice.is_over(0, 1) {
+            defer(Work::Serve(sem.clone()));
+            break;
+        }
+        let holder = store.id(&ask.holder);
+        let bind_to = ask.bound.then_some(client);
+        let sem_ref = (sem.db, sem.name.as_slice());
+        let granted = grant::try_grant(
+            store,
+            sem_ref,
+            &ask,
+            &holder,
+            clock_ms(),
+            Try::Acquire,
+            bind_to,
+        );
+        let outcome = match granted {
+            Ok(None) | Err(SemError::KindMismatch { .. }) => break,
+            Ok(Some(grant)) => Outcome::Granted {
+                holder: ask.holder.clone(),
+                grants: vec![(binding(sem, &ask.holder), grant)],
+                set: false,
+                with_ticket: ask.with_ticket,
+                delivered: false,
+            },
+            Err(err) => Outcome::Failed(err),
+        };
+        answer(id, outcome);
+    }
+    let now_ms = clock_ms();
+    answer_if_empty(store, sem, now_ms);
+    // The next lease end matters only to a line still waited (a walk of the holders).
+    let next = state::is_waited(sem).then(|| store.next_deadline(now_ms));
+    let due = with(|s| {
+        if let Some(next) = next.filter(|_| s.registry.is_waited(sem)) {
+            s.registry.set_lease_end(sem, next);
+        }
+        s.registry.next_due_ms()
+    });
+    if let Some(at) = due {
+        timer::arm(at, now_ms);
+    }
+}
+
+/// `holder`'s permit in `sem`.
+pub fn binding(sem: &SemKey, holder: &[u8]) -> Binding {
+    Binding {
+        sem: sem.clone(),
+        holder: holder.to_vec(),
+    }
+}
+
+/// Answers those who wait for `sem` to empty, if it has no live holder now (or its keys cannot
+/// be read: then with the error).
+fn answer_if_empty(store: &RedisStore, sem: &SemKey, now_ms: i64) {
+    if with(|s| s.registry.waiting_for_empty(sem)) == 0 {
+        return;
+    }
+    let failed = match semaphore::in_use(store, now_ms) {
+        Ok(0) => None,
+        Ok(_) => return,
+        Err(err) => Some(err),
+    };
+    for waiter in with(|s| {
+        let waiters = s.registry.take_empties(sem);
+        for waiter in &waiters {
+            s.by_handle.remove(&waiter.handle.key());
+        }
+        waiters
+    }) {
+        let outcome = match &failed {
+            None => Outcome::Emptied,
+            Some(err) => Outcome::Failed(err.clone()),
+        };
+        end_wait(waiter.handle, outcome, true);
+    }
+    state::disarm_if_idle();
+}
+
+/// Takes waiter `id` out of its line and unblocks it with `outcome`.
+pub fn answer(id: WaiterId, outcome: Outcome) {
+    let waiter = with(|s| {
+        let waiter = s.registry.remove(id)?;
+        s.by_handle.remove(&waiter.handle.key());
+        Some(waiter)
+    });
+    if let Some(waiter) = waiter {
+        let for_empty = waiter.for_empty();
+        end_wait(waiter.handle, outcome, for_empty);
+    }
+    state::disarm_if_idle();
+}
+
+/// Unblocks a waiter already taken out of its line (of waiters for permits, or `for_empty`),
+/// counting how its wait ended.
+pub fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
+    if let Outcome::Granted { set, .. } = &outcome {
+        stats::WAIT_TIME.record(handle.waited());
+        if *set {
+            stats::count(&COUNTERS.set_acquired);
+        }
+    }
+    stats::count(match outcome {
+        Outcome::Granted { .. } => &COUNTERS.waits_granted,
+        Outcome::TimedOut => &COUNTERS.waits_timed_out,
+        Outcome::Emptied => &COUNTERS.empty_waits_emptied,
+        Outcome::NotEmptied => &COUNTERS.empty_waits_timed_out,
+        Outcome::Failed(_) if for_empty => &COUNTERS.empty_waits_cancelled,
+        Outcome::Failed(_) => &COUNTERS.waits_cancelled,
+    });
+    ANSWERED.fetch_add(1, Ordering::Relaxed);
+    block::unblock(handle, Box::into_raw(Box::new(outcome)).cast());
+}
