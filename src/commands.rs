@@ -205,15 +205,15 @@ fn wait_empty(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         return Ok(RedisValue::Integer(1));
     }
     // Inside MULTI or a script, as WAIT: the answer is what holds now.
-    let caller = caller(ctx);
+    let caller = caller(ctx, true);
     if !caller.may_block {
         return Ok(RedisValue::Integer(0));
     }
     if !is_primary(ctx) {
         return Err(SemError::ReplicaCannotWait);
     }
-    let line = vec![(call.sem(ctx), store.next_deadline(now))];
-    waiting::block(ctx, caller.client, Wants::Empty, line, now, wait_ms)?;
+    let line = [(call.sem(ctx), store.next_deadline(now))];
+    waiting::block(ctx, caller.client, Wants::Empty, &line, now, wait_ms)?;
     stats::count(&COUNTERS.empty_waits_started);
     Ok(RedisValue::NoReply)
 }
@@ -228,7 +228,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
     let limit = parse_limit(limit.as_slice())?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
     let options = parse_options(Form::Single(kind), limit, options, |a| a.as_slice())?;
-    let caller = caller(ctx);
+    let caller = caller(ctx, options.bound || options.wait_ms.is_some());
     if options.bound && caller.in_script {
         return Err(SemError::BoundInScript);
     }
@@ -273,12 +273,12 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
             write.commit();
             return Ok(RedisValue::Null);
         };
-        let line = vec![(write.key(), write.next_deadline(now))];
+        let line = [(write.key(), write.next_deadline(now))];
         let ask = Ask {
             holder: id.as_slice().to_vec(),
             ..ask
         };
-        waiting::block(ctx, caller.client, Wants::Permits(ask), line, now, wait_ms)?;
+        waiting::block(ctx, caller.client, Wants::Permits(ask), &line, now, wait_ms)?;
         stats::count(&COUNTERS.waits_started);
         write.commit();
         return Ok(RedisValue::NoReply);
@@ -288,7 +288,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
     }
     write.commit();
     let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
-    Ok(grant::reply(id, &[granted.ticket], false, ask.with_ticket))
+    Ok(grant::reply(id, [granted.ticket], false, ask.with_ticket))
 }
 
 /// A SEM.* call's arguments, seen without the key names the command filter inserted.

@@ -121,19 +121,23 @@ pub fn grant_all<'a, W: DerefMut<Target = RedisStore<'a>>>(
 /// tickets come as an array in the order named (0 where a semaphore has none).
 pub fn reply(
     holder: RedisValue,
-    tickets: &[Option<u64>],
+    tickets: impl IntoIterator<Item = Option<u64>>,
     set: bool,
     with_ticket: bool,
 ) -> RedisValue {
     if !with_ticket {
         return holder;
     }
-    let ticket = |t: &Option<u64>| RedisValue::Integer(t.unwrap_or(0) as i64);
+    let mut tickets = tickets.into_iter();
     let tickets = if set {
-        RedisValue::Array(tickets.iter().map(ticket).collect())
+        RedisValue::Array(
+            tickets
+                .map(|t| RedisValue::Integer(t.unwrap_or(0) as i64))
+                .collect(),
+        )
     } else {
-        match tickets.first() {
-            Some(Some(t)) => RedisValue::Integer(*t as i64),
+        match tickets.next() {
+            Some(Some(t)) => RedisValue::Integer(t as i64),
             _ => return holder,
         }
     };

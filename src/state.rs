@@ -49,7 +49,7 @@ pub struct State {
 thread_local! {
     /// Redis runs every command, callback and timer on its main thread: a re-entry (a callback
     /// coming back while the state is borrowed) is a clear panic, never a deadlock.
-    static STATE: RefCell<State> = RefCell::new(State::default());
+    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
 }
 
 /// Waiters and bindings, readable without a borrow: the hot paths of commands and the filter
@@ -63,7 +63,8 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 pub fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
     let (result, waiters, bindings) = STATE.with(|cell| {
         let mut state = cell.borrow_mut();
-        let result = f(&mut state);
+        let state = state.get_or_insert_with(State::default);
+        let result = f(state);
         let (waiters, bindings) = (state.registry.total_waiters(), state.registry.bound_count());
         if waiters == 0 && WAITERS.load(Ordering::Relaxed) != 0 {
             server_names::forget_all();

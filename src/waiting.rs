@@ -160,7 +160,7 @@ pub fn block(
     ctx: &Context,
     client: u64,
     wants: Wants,
-    sems: Vec<(SemKey, Option<i64>)>,
+    sems: &[(SemKey, Option<i64>)],
     now_ms: i64,
     wait_ms: i64,
 ) -> Result<(), SemError> {
@@ -177,7 +177,7 @@ pub fn block(
     let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
     let key = blocked.key();
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
-    for (sem, _) in &sems {
+    for (sem, _) in sems {
         server_names::watch(sem.db, &sem.name);
     }
     let due = with(|s| {
@@ -187,7 +187,7 @@ pub fn block(
             .enqueue(first, client, wants, now_ms, until, blocked);
         s.by_handle.insert(key, id);
         for (sem, next) in sems {
-            s.registry.set_lease_end(&sem, next);
+            s.registry.set_lease_end(sem, *next);
         }
         s.registry.next_due_ms()
     });
@@ -480,14 +480,12 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
             let refs: Vec<(i32, &[u8])> = sems.iter().map(|s| (s.db, s.name.as_slice())).collect();
             let bind_to = asks[0].bound.then_some(client);
             match grant::grant_all(&mut writes, &refs, &asks, &holder, now, bind_to) {
-                Ok(grants) => Outcome::Granted {
-                    holder: asks[0].holder.clone(),
+                Ok(grants) => Outcome::GrantedSet {
                     grants: sems
                         .iter()
                         .map(|sem| binding(sem, &asks[0].holder))
                         .zip(grants)
                         .collect(),
-                    set: true,
                     with_ticket: asks[0].with_ticket,
                     delivered: false,
                 },

@@ -11,7 +11,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redis_module::{Context, RedisResult, RedisValue};
+use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
 use crate::error::SemError;
 use crate::grant::{self, Try};
@@ -29,7 +29,7 @@ use crate::store::{RedisStore, SemKeys};
 pub struct Write<'a> {
     store: RedisStore<'a>,
     ctx: &'a Context,
-    name: &'a [u8],
+    name: &'a RedisString,
     /// The timer's slice of work, when the timer writes.
     slice: Option<Slice>,
     when: Serve,
@@ -63,7 +63,7 @@ impl<'a> Write<'a> {
         Ok(Write {
             store,
             ctx,
-            name: keys.name.as_slice(),
+            name: keys.name,
             slice: None,
             when: Serve::IfFreed,
             committed: false,
@@ -86,14 +86,14 @@ impl<'a> Write<'a> {
 
     /// The semaphore, as the grant and the waiting side name it.
     pub fn sem(&self) -> (i32, &'a [u8]) {
-        (selected_db(self.ctx), self.name)
+        (selected_db(self.ctx), self.name.as_slice())
     }
 
     /// The semaphore, as the waiting side keys it.
     pub fn key(&self) -> SemKey {
         SemKey {
             db: selected_db(self.ctx),
-            name: self.name.to_vec(),
+            name: self.name.as_slice().to_vec(),
         }
     }
 
@@ -117,12 +117,15 @@ impl<'a> Write<'a> {
             let sem = self.key();
             state::forget_gone(&mut self.store, || sem);
         }
+        if !state::queued_anywhere() {
+            return;
+        }
         let serve_now = match self.when {
             Serve::IfFreed => self.store.may_have_freed(),
             Serve::Always => true,
             Serve::Never => false,
         };
-        if !serve_now || !state::queued_anywhere() {
+        if !serve_now {
             return;
         }
         let sem = self.key();
@@ -194,13 +197,18 @@ pub fn gave_back() {
 /// [`free`].
 #[derive(Debug)]
 pub enum Outcome {
-    /// Permits, on one semaphore or (`set`) on each of a set's, in the order named.
+    /// Permits on one semaphore.
     Granted {
-        holder: Vec<u8>,
-        grants: Vec<(Binding, grant::Grant)>,
-        set: bool,
+        binding: Binding,
+        grant: grant::Grant,
         with_ticket: bool,
-        /// Whether the client got the reply; if not, new permits are given back.
+        /// Whether the client got the reply; if not, a new permit is given back.
+        delivered: bool,
+    },
+    /// Permits on each of a set's semaphores, in the order named.
+    GrantedSet {
+        grants: Vec<(Binding, grant::Grant)>,
+        with_ticket: bool,
         delivered: bool,
     },
     /// The wait ended without a permit.
@@ -216,16 +224,32 @@ pub enum Outcome {
 pub fn reply(outcome: &mut Outcome) -> RedisResult {
     match outcome {
         Outcome::Granted {
-            holder,
-            grants,
-            set,
+            binding,
+            grant,
             with_ticket,
             delivered,
         } => {
             *delivered = true;
-            let tickets: Vec<Option<u64>> = grants.iter().map(|(_, g)| g.ticket).collect();
-            let id = RedisValue::StringBuffer(holder.clone());
-            Ok(grant::reply(id, &tickets, *set, *with_ticket))
+            let id = RedisValue::StringBuffer(binding.holder.clone());
+            Ok(grant::reply(id, [grant.ticket], false, *with_ticket))
+        }
+        Outcome::GrantedSet {
+            grants,
+            with_ticket,
+            delivered,
+        } => {
+            *delivered = true;
+            let holder = grants
+                .first()
+                .map(|(b, _)| b.holder.clone())
+                .unwrap_or_default();
+            let tickets = grants.iter().map(|(_, g)| g.ticket);
+            Ok(grant::reply(
+                RedisValue::StringBuffer(holder),
+                tickets,
+                true,
+                *with_ticket,
+            ))
         }
         Outcome::TimedOut => Ok(RedisValue::Null),
         Outcome::Emptied => Ok(RedisValue::Integer(1)),
@@ -237,15 +261,22 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
 /// The end of an unblocked waiter. New permits granted to a client that disconnected before
 /// its reply went out are given back (a renewal only moved a deadline: never).
 pub fn free(outcome: Outcome) {
-    if let Outcome::Granted {
-        grants,
-        delivered: false,
-        ..
-    } = outcome
-    {
-        for (binding, _) in grants.into_iter().filter(|(_, g)| !g.renewed) {
-            defer(Work::GiveBack(binding, GiveBack::Undelivered));
-        }
+    let grants = match outcome {
+        Outcome::Granted {
+            binding,
+            grant,
+            delivered: false,
+            ..
+        } => vec![(binding, grant)],
+        Outcome::GrantedSet {
+            grants,
+            delivered: false,
+            ..
+        } => grants,
+        _ => return,
+    };
+    for (binding, _) in grants.into_iter().filter(|(_, g)| !g.renewed) {
+        defer(Work::GiveBack(binding, GiveBack::Undelivered));
     }
 }
 
@@ -265,7 +296,8 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         return;
     }
     stats::count(&COUNTERS.lines_served);
-    loop {
+    // Nothing is looked up once the last waiter anywhere is answered (a hand-off's usual end).
+    while state::queued_anywhere() {
         let head = with(|s| {
             let head = s.registry.head(sem)?;
             Some(match head.ask() {
@@ -302,15 +334,17 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         let outcome = match granted {
             Ok(None) | Err(SemError::KindMismatch { .. }) => break,
             Ok(Some(grant)) => Outcome::Granted {
-                holder: ask.holder.clone(),
-                grants: vec![(binding(sem, &ask.holder), grant)],
-                set: false,
+                binding: binding(sem, &ask.holder),
+                grant,
                 with_ticket: ask.with_ticket,
                 delivered: false,
             },
             Err(err) => Outcome::Failed(err),
         };
         answer(id, outcome);
+    }
+    if !state::queued_anywhere() {
+        return;
     }
     let now_ms = clock_ms();
     answer_if_empty(store, sem, now_ms);
@@ -379,14 +413,14 @@ pub fn answer(id: WaiterId, outcome: Outcome) {
 /// Unblocks a waiter already taken out of its line (of waiters for permits, or `for_empty`),
 /// counting how its wait ended.
 pub fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
-    if let Outcome::Granted { set, .. } = &outcome {
+    if let Outcome::Granted { .. } | Outcome::GrantedSet { .. } = &outcome {
         stats::WAIT_TIME.record(handle.waited());
-        if *set {
-            stats::count(&COUNTERS.set_acquired);
-        }
+    }
+    if let Outcome::GrantedSet { .. } = &outcome {
+        stats::count(&COUNTERS.set_acquired);
     }
     stats::count(match outcome {
-        Outcome::Granted { .. } => &COUNTERS.waits_granted,
+        Outcome::Granted { .. } | Outcome::GrantedSet { .. } => &COUNTERS.waits_granted,
         Outcome::TimedOut => &COUNTERS.waits_timed_out,
         Outcome::Emptied => &COUNTERS.empty_waits_emptied,
         Outcome::NotEmptied => &COUNTERS.empty_waits_timed_out,

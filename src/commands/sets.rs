@@ -187,7 +187,7 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
     };
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
     let options = parse_options(Form::Set, 0, options, |a| a.as_slice())?;
-    let caller = caller(ctx);
+    let caller = caller(ctx, true);
     if options.bound && caller.in_script {
         return Err(SemError::BoundInScript);
     }
@@ -242,7 +242,7 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
             .map(|i| (call.sem(ctx, i), writes[i].next_deadline(now)))
             .collect::<Vec<_>>();
         let parts = lines.iter().map(|(sem, _)| sem.clone()).zip(asks).collect();
-        waiting::block(ctx, caller.client, Wants::Set(parts), lines, now, wait_ms)?;
+        waiting::block(ctx, caller.client, Wants::Set(parts), &lines, now, wait_ms)?;
         stats::count(&COUNTERS.waits_started);
         writes.into_iter().for_each(Write::commit);
         return Ok(RedisValue::NoReply);
@@ -255,9 +255,9 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
     let grants = grant::grant_all(&mut writes, &sems, &asks, id, now, bind_to)?;
     writes.into_iter().for_each(Write::commit);
     stats::count(&COUNTERS.set_acquired);
-    let tickets: Vec<Option<u64>> = grants.iter().map(|g| g.ticket).collect();
+    let tickets = grants.iter().map(|g| g.ticket);
     let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
-    Ok(grant::reply(id, &tickets, true, options.with_ticket))
+    Ok(grant::reply(id, tickets, true, options.with_ticket))
 }
 
 /// `SEM.RELEASEALL numsems name [name ...] identifier`

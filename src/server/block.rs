@@ -44,8 +44,16 @@ pub struct Caller {
     pub client: u64,
 }
 
-/// The caller of the command of `ctx`.
-pub fn caller(ctx: &Context) -> Caller {
+/// The caller of the command of `ctx`; `needed`: false for a call that neither waits nor binds,
+/// which reads nothing (and is told it may not block, from no connection).
+pub fn caller(ctx: &Context, needed: bool) -> Caller {
+    if !needed {
+        return Caller {
+            may_block: false,
+            in_script: false,
+            client: 0,
+        };
+    }
     let deny = raw::REDISMODULE_CTX_FLAGS_MULTI
         | raw::REDISMODULE_CTX_FLAGS_LUA
         | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING;
