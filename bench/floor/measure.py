@@ -1,4 +1,5 @@
-"""The floor a minimal C module reaches on a plain acquire/release pair and a hand-off, beside
+"""The floor a minimal C module reaches on a plain acquire/release pair and a hand-off (also
+doing redsem's work besides the recipe's: csem.c, WORK=1), beside
 redsem, the non-fair Lua script and BLPOP, in instructions under callgrind: one connection per
 role, sequential round trips, a warm-up, then the operations between callgrind_control -z and
 -d; serverCron left out. Usage: bench/floor/measure (builds csem.so, then runs this)."""
@@ -77,6 +78,7 @@ rows = [
   ("non-fair Lua script (EVALSHA) + ZREM", [], lua),
   ("C module, no ACL check", [[CSEM, "0"]], csem),
   ("C module, ACL check on 4 derived keys", [[CSEM, "1"]], csem),
+  ("C module, ACL check and redsem's other work", [[CSEM, "1", "1"]], csem),
   ("redsem SEM.ACQUIRE + SEM.RELEASE", [[SEM]], sem),
 ]
 res = {}
@@ -110,6 +112,7 @@ hrows = [
   ("BLPOP tok 5 / RPUSH tok x", [], lambda c, me: None, lambda me: resp("BLPOP", "tok", 5), lambda c, me: c.call("RPUSH", "tok", "x")),
   ("C module, no ACL check", [[CSEM, "0"]], lambda c, me: c.call("CSEM.ACQUIRE", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIRE", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),
   ("C module, ACL check on 4 derived keys", [[CSEM, "1"]], lambda c, me: c.call("CSEM.ACQUIRE", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIRE", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),
+  ("C module, ACL check and redsem's other work", [[CSEM, "1", "1"]], lambda c, me: c.call("CSEM.ACQUIRE", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIRE", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),
   ("redsem SEM.ACQUIRE ... WAIT 5 / SEM.RELEASE", [[SEM]], lambda c, me: c.call("SEM.ACQUIRE", "s", 1, 60, "ID", me), lambda me: resp("SEM.ACQUIRE", "s", 1, 60, "ID", me, "WAIT", 5), lambda c, me: c.call("SEM.RELEASE", "s", me)),
 ]
 hres = {}
