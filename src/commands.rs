@@ -5,7 +5,7 @@
 use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use redis_module::{raw, Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, RedisResult, RedisString, RedisValue};
 use serde_json::{json, Value};
 
 use crate::args::{
@@ -24,7 +24,9 @@ use crate::server::block::caller;
 use crate::server::command::{run, Arg, Expanded};
 use crate::server::command_info::key_flags;
 use crate::server::key::Access;
-use crate::server::{guard, is_keys_position_request, is_primary, key_at, now_ms, selected_db};
+use crate::server::{
+    guard, in_cluster, is_keys_position_request, is_primary, key_at, now_ms, selected_db,
+};
 use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
@@ -308,7 +310,7 @@ impl<'a> Call<'a> {
         non_empty(name, SemError::EmptyName)?;
         // Redis refuses keys of several slots (CROSSSLOT) before the call; this names the
         // cause for the rare name whose derived keys share its slot by chance.
-        if ctx.get_flags().contains(ContextFlags::CLUSTER) && !has_hash_tag(name) {
+        if in_cluster(ctx) && !has_hash_tag(name) {
             return Err(SemError::NeedsHashTag);
         }
         // The keys are there: the client or the filter sent them, or `with_keys` inserted them.
@@ -361,7 +363,7 @@ fn with_keys(ctx: &Context, args: &[Arg], command: Command) -> Result<Option<Exp
     let Some(plan) = key_plan(command, args.len(), |i| args.get(i).map(|a| a.as_slice())) else {
         return Ok(None);
     };
-    if ctx.get_flags().contains(ContextFlags::CLUSTER) {
+    if in_cluster(ctx) {
         return Err(SemError::NeedsKeys);
     }
     let expanded = Expanded::new(args, plan.at(), plan.names(), command.derived_suffixes());

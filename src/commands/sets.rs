@@ -5,7 +5,7 @@
 //! acquire would, so everything else (refresh, release, expiry, BOUND, replication) works per
 //! semaphore unchanged.
 
-use redis_module::{Context, ContextFlags, RedisString, RedisValue};
+use redis_module::{Context, RedisString, RedisValue};
 
 use super::{ended, identifier, new_identifier, Arg};
 use crate::args::{parse_count, parse_lease_ms, parse_limit};
@@ -17,7 +17,7 @@ use crate::queue::{SemKey, Wants};
 use crate::request::{parse_options, Ask, Form};
 use crate::semaphore::{self, AcquireRequest, Holder};
 use crate::server::block::caller;
-use crate::server::{key_at, now_ms, selected_db};
+use crate::server::{in_cluster, key_at, now_ms, selected_db};
 use crate::stats::{self, COUNTERS};
 use crate::store::SemKeys;
 use crate::types::Kind;
@@ -66,7 +66,7 @@ impl<'a> SetCall<'a> {
             names,
             sent,
         };
-        let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+        let cluster = in_cluster(ctx);
         for (i, &pos) in call.names.iter().enumerate() {
             let name = args[pos].as_slice();
             if name.is_empty() {

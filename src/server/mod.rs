@@ -206,6 +206,23 @@ pub fn writes_paused() -> bool {
     unsafe { raw::RedisModule_AvoidReplicaTraffic.unwrap()() != 0 }
 }
 
+/// Whether the server runs in Redis Cluster mode. `cluster-enabled` cannot change while the
+/// server runs, so it is read once (a context's flags cost every call a walk of the server's
+/// state).
+pub fn in_cluster(ctx: &Context) -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static CLUSTER: AtomicU8 = AtomicU8::new(0);
+    match CLUSTER.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let cluster = context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0;
+            CLUSTER.store(if cluster { 2 } else { 1 }, Ordering::Relaxed);
+            cluster
+        }
+    }
+}
+
 /// Whether this node is a primary (it may write).
 pub fn is_primary(ctx: &Context) -> bool {
     context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_MASTER != 0
@@ -215,7 +232,7 @@ pub fn is_primary(ctx: &Context) -> bool {
 /// only while it owns their slot and, during a migration, holds what exists of them. Asked by
 /// running `EXISTS` on them, which Redis checks as it checks any command.
 pub fn cluster_can_serve(ctx: &Context, keys: &[&RedisString; 5]) -> bool {
-    if context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER == 0 {
+    if !in_cluster(ctx) {
         return true;
     }
     // SAFETY: the format letters match the three strings; a reply is freed at once.
