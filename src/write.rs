@@ -297,6 +297,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     }
     stats::count(&COUNTERS.lines_served);
     // Nothing is looked up once the last waiter anywhere is answered (a hand-off's usual end).
+    let mut granted_any = false;
     while state::queued_anywhere() {
         let head = with(|s| {
             let head = s.registry.head(sem)?;
@@ -315,10 +316,13 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
             }
             Some(Head::Set(_, false)) | None => break,
         };
-        if slice.is_over(0, 1) {
+        // A line, once begun, gets at least one grant: the slice is looked at between grants
+        // (and by the timer between lines), so no line is served twice for one change.
+        if granted_any && slice.is_over(0, 1) {
             defer(Work::Serve(sem.clone()));
             break;
         }
+        granted_any = true;
         let holder = store.id(&ask.holder);
         let bind_to = ask.bound.then_some(client);
         let sem_ref = (sem.db, sem.name.as_slice());
