@@ -374,6 +374,7 @@ impl<H> Registry<H> {
 
     /// Schedules (or moves, or with `None` cancels) `sem`'s next lease end.
     pub fn set_lease_end(&mut self, sem: &SemKey, at_ms: Option<i64>) {
+        let at_ms = at_ms.filter(|&at| self.lease_end_matters(sem, at));
         let current = self.lease_ends.get(sem).copied();
         if current.map(|(at, _)| at) == at_ms {
             return;
@@ -386,6 +387,22 @@ impl<H> Registry<H> {
             let slot = self.schedule_at(at, Due::LeaseEnd(sem.clone()));
             self.lease_ends.insert(sem.clone(), slot);
         }
+    }
+
+    /// Whether a lease end at `at_ms` may serve somebody waiting for `sem`: not when the line's
+    /// only waiter stops waiting first (a newcomer schedules the lease end again as it
+    /// arrives). Longer lines and waits for empty are taken as needing it (a look-up each).
+    fn lease_end_matters(&self, sem: &SemKey, at_ms: i64) -> bool {
+        if self.empties.contains_key(sem) {
+            return true;
+        }
+        let Some(line) = self.lines.get(sem).filter(|line| line.len() == 1) else {
+            return true;
+        };
+        line.first()
+            .and_then(|id| self.waiters.get(id))
+            .and_then(|waiter| waiter.until_ms)
+            .is_none_or(|until| at_ms <= until)
     }
 
     fn schedule_at(&mut self, at_ms: i64, due: Due) -> (i64, u64) {
@@ -736,6 +753,33 @@ mod tests {
         assert_eq!(r.take_one_due(25), Some(Due::Timeout(a)));
         assert_eq!(r.take_one_due(25), None);
         assert_eq!(r.scheduled(), 0);
+    }
+
+    #[test]
+    fn a_lease_end_after_the_only_waiters_own_end_is_not_kept() {
+        let mut r = Registry::default();
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(100), ());
+        r.set_lease_end(&sem("s"), Some(150));
+        assert_eq!(r.next_due_ms(), Some(100), "only the wait's end");
+        assert_eq!(r.scheduled(), 1);
+        r.set_lease_end(&sem("s"), Some(100));
+        assert_eq!(
+            r.scheduled(),
+            2,
+            "at the wait's very end it may still serve"
+        );
+        // A second waiter (waiting longer): the lease end counts again.
+        let b = r.enqueue(sem("s"), 2, ask("b"), 1, None, ());
+        r.set_lease_end(&sem("s"), Some(150));
+        assert_eq!(r.scheduled(), 2);
+        r.remove(a);
+        r.remove(b);
+        assert_eq!(r.scheduled(), 0);
+        // Somebody waiting for the semaphore to empty needs it too.
+        r.enqueue(sem("t"), 3, ask("c"), 0, Some(10), ());
+        r.enqueue(sem("t"), 4, Wants::Empty, 0, Some(10), ());
+        r.set_lease_end(&sem("t"), Some(50));
+        assert_eq!(r.scheduled(), 3);
     }
 
     #[test]
