@@ -31,7 +31,7 @@ use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
 use crate::waiting;
-use crate::write::Write;
+use crate::write::{Ready, Write};
 
 mod sets;
 
@@ -64,23 +64,26 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
         }
         let expanded = with_keys(ctx, args, command)?;
         let args = expanded.as_ref().map_or(args, Expanded::args);
+        // The lines of the semaphores written are served when `ready` goes, after the handler.
         if command.set_step().is_some() {
             let call = sets::SetCall::new(ctx, args, command)?;
+            let ready = Ready::new(ctx);
             return match command {
-                Command::AcquireAll => sets::acquire_all(ctx, &call),
-                Command::ReleaseAll => sets::release_all(ctx, &call),
-                _ => sets::refresh_all(ctx, &call),
+                Command::AcquireAll => sets::acquire_all(ctx, &ready, &call),
+                Command::ReleaseAll => sets::release_all(&ready, &call),
+                _ => sets::refresh_all(&ready, &call),
             };
         }
         let call = Call::new(ctx, args, command)?;
+        let ready = Ready::new(ctx);
         match command {
-            Command::Acquire => acquire(ctx, &call, Kind::Plain),
-            Command::AcquireFair => acquire(ctx, &call, Kind::Fair),
-            Command::Refresh => refresh(ctx, &call),
-            Command::Release => release(ctx, &call),
+            Command::Acquire => acquire(ctx, &ready, &call, Kind::Plain),
+            Command::AcquireFair => acquire(ctx, &ready, &call, Kind::Fair),
+            Command::Refresh => refresh(&ready, &call),
+            Command::Release => release(&ready, &call),
             Command::Get => get(ctx, &call),
             Command::WaitEmpty => wait_empty(ctx, &call),
-            Command::Limit => limit(ctx, &call),
+            Command::Limit => limit(ctx, &ready, &call),
             Command::AcquireAll | Command::ReleaseAll | Command::RefreshAll => {
                 Err(SemError::Internal)
             }
@@ -93,11 +96,11 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
 }
 
 /// `SEM.REFRESH name identifier lease`
-fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
+fn refresh<'a>(ready: &Ready<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
     let [id, lease] = call.exact_args()?;
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut write = Write::open(ctx, &call.keys())?;
+    let mut write = Write::open(ready, &call.keys())?;
     let refreshed = semaphore::refresh(&mut *write, now_ms(), id, lease_ms)?;
     ended(&mut write, refreshed, id, false);
     write.commit();
@@ -105,7 +108,7 @@ fn refresh(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 }
 
 /// `SEM.RELEASE name identifier [COUNT k]`
-fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
+fn release<'a>(ready: &Ready<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
     let [id, options @ ..] = call.options() else {
         return Err(SemError::Arity(call.command.name()));
     };
@@ -120,7 +123,7 @@ fn release(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
         }
     }
     let id = identifier(id)?;
-    let mut write = Write::open(ctx, &call.keys())?;
+    let mut write = Write::open(ready, &call.keys())?;
     let released = semaphore::release(&mut *write, now_ms(), id, count)?;
     ended(&mut write, released, id, true);
     write.commit();
@@ -169,7 +172,7 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 /// `SEM.LIMIT name [n | CLEAR]`: the operator's limit, which every acquire of `name` uses
 /// instead of its own while it is stored (0 pauses the semaphore). A raised limit serves the
 /// line at once; nobody loses a permit to a lowered one.
-fn limit(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
+fn limit<'a>(ctx: &Context, ready: &Ready<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
     let change = match call.options() {
         [] => None,
         [arg] if arg.as_slice().eq_ignore_ascii_case(b"CLEAR") => Some(None),
@@ -183,7 +186,7 @@ fn limit(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
             None => RedisValue::Null,
         });
     };
-    let mut write = Write::open(ctx, &call.keys())?;
+    let mut write = Write::open(ready, &call.keys())?;
     let had = write.stored_limit()?.is_some();
     // A limit set to what it was changes nothing, and ends nothing.
     if write.set_stored_limit(limit)? {
@@ -223,7 +226,12 @@ fn wait_empty(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 /// `SEM.ACQUIRE name limit lease [ID identifier] [COUNT n] [WAIT seconds] [BOUND]` and
 /// `SEM.ACQUIREFAIR name limit lease [ID identifier] [COUNT n] [WITHTICKET] [WAIT seconds]
 /// [BOUND]`
-fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemError> {
+fn acquire<'a>(
+    ctx: &Context,
+    ready: &Ready<'a>,
+    call: &Call<'a>,
+    kind: Kind,
+) -> Result<RedisValue, SemError> {
     let [limit, lease, options @ ..] = call.options() else {
         return Err(SemError::Arity(call.command.name()));
     };
@@ -234,7 +242,7 @@ fn acquire(ctx: &Context, call: &Call, kind: Kind) -> Result<RedisValue, SemErro
     if options.bound && caller.in_script {
         return Err(SemError::BoundInScript);
     }
-    let mut write = Write::open(ctx, &call.keys())?;
+    let mut write = Write::open(ready, &call.keys())?;
     let made;
     let id = match options.id {
         Some(id) => &**id,

@@ -35,7 +35,7 @@ pub use crate::state::{
 use crate::state::{defer, is_waited, with, GiveBack, Work};
 use crate::stats::{self, COUNTERS};
 use crate::store::SemKeys;
-use crate::write::{self, answer, binding, end_wait, Outcome, Slice, Write};
+use crate::write::{self, answer, binding, end_wait, Outcome, Ready, Slice, Write};
 
 /// A permit was granted BOUND to the caller's connection: follow connections closing.
 pub fn follow_bound(ctx: &Context) {
@@ -458,11 +458,13 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
     let (sems, asks): (Vec<SemKey>, Vec<Ask>) = parts.into_iter().unzip();
     let names: Result<Vec<KeyNames>, SemError> =
         sems.iter().map(|sem| KeyNames::of(ctx, sem)).collect();
+    // Each write's end hands its line to `ready`, which serves it when it goes (below).
+    let ready = Ready::in_slice(ctx, slice);
     let writes: Result<Vec<Write>, SemError> =
         names.as_ref().map_err(Clone::clone).and_then(|names| {
             names
                 .iter()
-                .map(|names| Write::open_to_serve(ctx, &names.keys(), slice))
+                .map(|names| Write::open_to_serve(&ready, &names.keys()))
                 .collect()
         });
     let mut writes = match writes {
@@ -510,7 +512,7 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
         Err(err) => Outcome::Failed(err),
     };
     answer(id, outcome);
-    // Each write's end serves its line: whoever stood behind the set waiter may fit now.
+    // Whoever stood behind the set waiter may fit now: `ready` serves each line as it goes.
     drop(writes);
 }
 
@@ -520,8 +522,11 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: Slice) {
     if !is_waited(sem) {
         return;
     }
-    let opened = KeyNames::of(ctx, sem)
-        .and_then(|names| Write::open_to_serve(ctx, &names.keys(), slice).map(Write::commit));
+    let opened = KeyNames::of(ctx, sem).and_then(|names| {
+        let ready = Ready::in_slice(ctx, slice);
+        let opened = Write::open_to_serve(&ready, &names.keys()).map(Write::commit);
+        opened
+    });
     if let Err(err) = opened {
         let waiters = with(|s| {
             let mut waiters = Vec::new();
@@ -557,7 +562,8 @@ fn give_back(ctx: &Context, binding: &Binding, why: GiveBack, slice: Slice) {
     let Ok(names) = KeyNames::of(ctx, &binding.sem) else {
         return;
     };
-    let Ok(mut write) = Write::open_to_serve(ctx, &names.keys(), slice) else {
+    let ready = Ready::in_slice(ctx, slice);
+    let Ok(mut write) = Write::open_to_serve(&ready, &names.keys()) else {
         return;
     };
     let holder = write.id(&binding.holder);

@@ -1,12 +1,15 @@
 //! A write to one semaphore's keys, and what follows it. Every writer, the module's commands and
-//! its timer alike, changes a semaphore through a [`Write`]; the write's end, which no path can
-//! skip (it runs when the handle goes, `?` included), forgets the bindings of permits that went,
-//! serves the semaphore's line on the same open keys, and settles the keys' expiry. So a grant
+//! its timer alike, changes a semaphore through a [`Write`] opened in a [`Ready`]: the writes of
+//! one command or timer step. A write's end, which no path can skip (it runs when the handle
+//! goes, `?` included), only hands its open keys to the `Ready`; when that goes, one place
+//! ([`Ready`]'s drop) forgets the bindings of permits that went, serves each written
+//! semaphore's line on the same open keys, and closes them, settling their expiry. So a grant
 //! made for a waiter is replicated with what freed it, in one MULTI/EXEC.
 //!
 //! Serving a line ([`serve`]) grants its head while the acquire rule would, through the one
 //! grant (`grant.rs`), and answers it: the blocked client's reply is the grant's reply.
 
+use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -25,13 +28,97 @@ use crate::state::{self, defer, with, GiveBack, Work};
 use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 
-/// One semaphore's keys, open for a write; its end serves the line.
-pub struct Write<'a> {
-    store: RedisStore<'a>,
+/// The writes of one command, or of one step of the timer. A write's end hands its keys, still
+/// open, to the `Ready` it was opened in; when the `Ready` goes (right after the command's
+/// handler, or the timer's step), it serves the line of each semaphore written, on those keys,
+/// as Redis serves the keys its commands signalled ready once the command is done. No handler
+/// can skip it, and a grant made for a waiter is replicated with what freed it, in one
+/// MULTI/EXEC.
+pub struct Ready<'a> {
     ctx: &'a Context,
-    name: &'a RedisString,
     /// The timer's slice of work, when the timer writes.
     slice: Option<Slice>,
+    written: RefCell<Vec<Written<'a>>>,
+}
+
+/// A write whose end may concern a waiter or a binding.
+struct Written<'a> {
+    store: RedisStore<'a>,
+    name: &'a RedisString,
+    when: Serve,
+}
+
+impl<'a> Ready<'a> {
+    /// For a command.
+    pub fn new(ctx: &'a Context) -> Ready<'a> {
+        Ready {
+            ctx,
+            slice: None,
+            written: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// For a step of the timer, within its `slice`.
+    pub fn in_slice(ctx: &'a Context, slice: Slice) -> Ready<'a> {
+        Ready {
+            ctx,
+            slice: Some(slice),
+            written: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Keeps a write that ended for the end of the command. While nobody waits and nothing is
+    /// bound (most calls) its keys close at once, settling their expiry.
+    fn written(&self, written: Written<'a>) {
+        if state::queued_anywhere() || state::any_bindings() {
+            self.written.borrow_mut().push(written);
+        }
+    }
+
+    /// What follows a write: the bindings of the permits it removed (or found gone with their
+    /// key) end; then the line is served, on the same open keys. The keys close after it,
+    /// settling their expiry after the line's grants.
+    fn follow(&self, written: &mut Written<'a>) {
+        let sem = || SemKey {
+            db: selected_db(self.ctx),
+            name: written.name.as_slice().to_vec(),
+        };
+        if state::any_bindings() {
+            state::forget_gone(&mut written.store, sem);
+        }
+        if !state::queued_anywhere() {
+            return;
+        }
+        let serve_now = match written.when {
+            Serve::IfFreed => written.store.may_have_freed(),
+            Serve::Always => true,
+            Serve::Never => false,
+        };
+        if serve_now {
+            let slice = self.slice.unwrap_or_else(Slice::start);
+            serve(&mut written.store, &sem(), &slice);
+        }
+    }
+}
+
+impl Drop for Ready<'_> {
+    fn drop(&mut self) {
+        // A panic (a bug) unwinding through a command leaves the lines to the next write or
+        // the timer: nothing more runs on a state that may be half changed.
+        if std::thread::panicking() {
+            return;
+        }
+        for mut written in self.written.take() {
+            self.follow(&mut written);
+        }
+    }
+}
+
+/// One semaphore's keys, open for a write in a [`Ready`]; its end hands them back to it.
+pub struct Write<'r, 'a> {
+    ready: &'r Ready<'a>,
+    store: Option<RedisStore<'a>>,
+    name: &'a RedisString,
     when: Serve,
     /// Whether the caller ended the write; one dropped on an error path ends it only if it
     /// changed a key (an error before any change leaves everything as it was).
@@ -51,34 +138,31 @@ enum Serve {
     Never,
 }
 
-impl<'a> Write<'a> {
+impl<'r, 'a> Write<'r, 'a> {
     /// Opens the keys for writing. A key of the wrong type is an error before anything changes.
-    pub fn open(ctx: &'a Context, keys: &SemKeys<'a>) -> Result<Write<'a>, SemError> {
-        let mut store = RedisStore::open(ctx, keys, Access::Write)?;
+    pub fn open(ready: &'r Ready<'a>, keys: &SemKeys<'a>) -> Result<Write<'r, 'a>, SemError> {
+        let mut store = RedisStore::open(ready.ctx, keys, Access::Write)?;
         // While some connection holds BOUND permits, the removed holders are kept so their
         // bindings can go too.
         if state::any_bindings() {
             store.keep_removed();
         }
         Ok(Write {
-            store,
-            ctx,
+            ready,
+            store: Some(store),
             name: keys.name,
-            slice: None,
             when: Serve::IfFreed,
             committed: false,
         })
     }
 
-    /// Opens the keys from the timer, within its `slice`, to serve the line whatever the write.
+    /// Opens the keys from the timer, to serve the line whatever the write.
     pub fn open_to_serve(
-        ctx: &'a Context,
+        ready: &'r Ready<'a>,
         keys: &SemKeys<'a>,
-        slice: Slice,
-    ) -> Result<Write<'a>, SemError> {
-        let mut write = Write::open(ctx, keys)?;
-        write.store.keep_removed();
-        write.slice = Some(slice);
+    ) -> Result<Write<'r, 'a>, SemError> {
+        let mut write = Write::open(ready, keys)?;
+        write.keep_removed();
         write.when = Serve::Always;
         write.committed = true;
         Ok(write)
@@ -86,18 +170,18 @@ impl<'a> Write<'a> {
 
     /// The semaphore, as the grant and the waiting side name it.
     pub fn sem(&self) -> (i32, &'a [u8]) {
-        (selected_db(self.ctx), self.name.as_slice())
+        (selected_db(self.ready.ctx), self.name.as_slice())
     }
 
     /// The semaphore, as the waiting side keys it.
     pub fn key(&self) -> SemKey {
         SemKey {
-            db: selected_db(self.ctx),
+            db: selected_db(self.ready.ctx),
             name: self.name.as_slice().to_vec(),
         }
     }
 
-    /// Ends the write (see the module documentation).
+    /// Ends the write (see [`Ready`]).
     pub fn commit(mut self) {
         self.committed = true;
     }
@@ -107,50 +191,34 @@ impl<'a> Write<'a> {
         self.when = Serve::Never;
         self.committed = true;
     }
-
-    fn end(&mut self) {
-        if !self.committed && !self.store.changed() {
-            return;
-        }
-        // Bindings of the permits the write removed (or found gone with their key) end.
-        if state::any_bindings() {
-            let sem = self.key();
-            state::forget_gone(&mut self.store, || sem);
-        }
-        if !state::queued_anywhere() {
-            return;
-        }
-        let serve_now = match self.when {
-            Serve::IfFreed => self.store.may_have_freed(),
-            Serve::Always => true,
-            Serve::Never => false,
-        };
-        if !serve_now {
-            return;
-        }
-        let sem = self.key();
-        let slice = self.slice.unwrap_or_else(Slice::start);
-        serve(&mut self.store, &sem, &slice);
-    }
 }
 
-impl Drop for Write<'_> {
+impl Drop for Write<'_, '_> {
+    /// The end of the write: one dropped on an error path before any change ends nothing.
     fn drop(&mut self) {
-        self.end();
-        // The store's own drop settles the expiry, after the line's grants.
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        if self.committed || store.changed() {
+            self.ready.written(Written {
+                store,
+                name: self.name,
+                when: self.when,
+            });
+        }
     }
 }
 
-impl<'a> Deref for Write<'a> {
+impl<'a> Deref for Write<'_, 'a> {
     type Target = RedisStore<'a>;
     fn deref(&self) -> &RedisStore<'a> {
-        &self.store
+        self.store.as_ref().expect("open until the write's end")
     }
 }
 
-impl<'a> DerefMut for Write<'a> {
+impl<'a> DerefMut for Write<'_, 'a> {
     fn deref_mut(&mut self) -> &mut RedisStore<'a> {
-        &mut self.store
+        self.store.as_mut().expect("open until the write's end")
     }
 }
 

@@ -22,7 +22,7 @@ use crate::stats::{self, COUNTERS};
 use crate::store::SemKeys;
 use crate::types::Kind;
 use crate::waiting;
-use crate::write::Write;
+use crate::write::{Ready, Write};
 
 /// A call on a set of semaphores, seen without the keys the filter appended.
 pub struct SetCall<'a> {
@@ -116,9 +116,9 @@ impl<'a> SetCall<'a> {
 
     /// Every semaphore's keys, opened for writing; a key of the wrong type is an error before
     /// anything changes.
-    fn open_all(&self, ctx: &'a Context) -> Result<Vec<Write<'a>>, SemError> {
+    fn open_all<'r>(&self, ready: &'r Ready<'a>) -> Result<Vec<Write<'r, 'a>>, SemError> {
         (0..self.names.len())
-            .map(|i| Write::open(ctx, &self.keys(i)))
+            .map(|i| Write::open(ready, &self.keys(i)))
             .collect()
     }
 }
@@ -175,7 +175,11 @@ pub fn report_keys(
 
 /// `SEM.ACQUIREALL numsems name limit count [name limit count ...] lease [ID identifier]
 /// [FAIR] [WITHTICKET] [WAIT seconds] [BOUND]`
-pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError> {
+pub fn acquire_all<'a>(
+    ctx: &Context,
+    ready: &Ready<'a>,
+    call: &SetCall<'a>,
+) -> Result<RedisValue, SemError> {
     let mut counts = Vec::with_capacity(call.names.len());
     for &pos in &call.names {
         let limit = parse_limit(call.args[pos + 1].as_slice())?;
@@ -192,7 +196,7 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
         return Err(SemError::BoundInScript);
     }
     let kind = options.kind;
-    let mut writes = call.open_all(ctx)?;
+    let mut writes = call.open_all(ready)?;
     let made;
     let id: &RedisString = match options.id {
         Some(id) => id,
@@ -261,12 +265,12 @@ pub fn acquire_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
 }
 
 /// `SEM.RELEASEALL numsems name [name ...] identifier`
-pub fn release_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError> {
+pub fn release_all<'a>(ready: &Ready<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
     let [id] = call.rest() else {
         return Err(SemError::Arity(call.command.name()));
     };
     let id = identifier(id)?;
-    let mut writes = call.open_all(ctx)?;
+    let mut writes = call.open_all(ready)?;
     let now = now_ms();
     // Every semaphore is surveyed before the first change: an error changes none of them.
     for write in &writes {
@@ -283,13 +287,13 @@ pub fn release_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError
 }
 
 /// `SEM.REFRESHALL numsems name [name ...] identifier lease`
-pub fn refresh_all(ctx: &Context, call: &SetCall) -> Result<RedisValue, SemError> {
+pub fn refresh_all<'a>(ready: &Ready<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
     let [id, lease] = call.rest() else {
         return Err(SemError::Arity(call.command.name()));
     };
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut writes = call.open_all(ctx)?;
+    let mut writes = call.open_all(ready)?;
     let now = now_ms();
     for write in &writes {
         semaphore::check_refresh(&**write, now)?;
