@@ -127,9 +127,14 @@ fn settle(ctx: &Context) {
 /// Stops the timer once nobody waits and nothing is left to do: an armed timer keeps
 /// `MODULE UNLOAD` refused.
 pub fn disarm_if_idle() {
-    if with(|s| s.registry.next_due_ms().is_none() && s.work.is_empty()) {
+    if with(is_idle) {
         timer::disarm();
     }
+}
+
+/// Whether nothing is left for the timer: no wait or lease end due, no work deferred.
+pub fn is_idle(s: &mut State) -> bool {
+    s.registry.next_due_ms().is_none() && s.work.is_empty()
 }
 
 /// Whether anybody waits for any semaphore (no borrow).

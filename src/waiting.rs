@@ -1,7 +1,7 @@
 //! Waiting inside the server: the wait queue's rules (`queue.rs`) applied to Redis.
 //!
 //! A caller that waits is blocked here ([`block`]: permits, a set's permits, or an empty
-//! semaphore) and served by the end of the next write to its semaphore (`write.rs`): a release
+//! semaphore) and served after the next write to its semaphore (`write.rs`, `Ready`): a release
 //! or a refresh inside its own command, so the grant is replicated with what freed it, in one
 //! MULTI/EXEC; and the module's timer for what happens outside any command of ours: a lease
 //! running out, a wait ending, a connection with BOUND permits closing, another client
@@ -555,7 +555,7 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: Slice) {
 }
 
 /// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
-/// grant never reached the client. The write's end serves the line.
+/// grant never reached the client. The step's `Ready` serves the line after the write.
 fn give_back(ctx: &Context, binding: &Binding, why: GiveBack, slice: Slice) {
     write::gave_back();
     with(|s| s.registry.unbind(binding));

@@ -38,7 +38,10 @@ pub struct Ready<'a> {
     ctx: &'a Context,
     /// The timer's slice of work, when the timer writes.
     slice: Option<Slice>,
-    written: RefCell<Vec<Written<'a>>>,
+    /// The writes kept for the end: the first inline (most calls write one semaphore, and
+    /// need no allocation), then the others.
+    first: RefCell<Option<Written<'a>>>,
+    more: RefCell<Vec<Written<'a>>>,
 }
 
 /// A write whose end may concern a waiter or a binding.
@@ -54,7 +57,8 @@ impl<'a> Ready<'a> {
         Ready {
             ctx,
             slice: None,
-            written: RefCell::new(Vec::new()),
+            first: RefCell::new(None),
+            more: RefCell::new(Vec::new()),
         }
     }
 
@@ -63,15 +67,18 @@ impl<'a> Ready<'a> {
         Ready {
             ctx,
             slice: Some(slice),
-            written: RefCell::new(Vec::new()),
+            first: RefCell::new(None),
+            more: RefCell::new(Vec::new()),
         }
     }
 
-    /// Keeps a write that ended for the end of the command. While nobody waits and nothing is
-    /// bound (most calls) its keys close at once, settling their expiry.
+    /// Keeps a write that ended for the end of the command.
     fn written(&self, written: Written<'a>) {
-        if state::queued_anywhere() || state::any_bindings() {
-            self.written.borrow_mut().push(written);
+        let mut first = self.first.borrow_mut();
+        if first.is_none() {
+            *first = Some(written);
+        } else {
+            self.more.borrow_mut().push(written);
         }
     }
 
@@ -105,10 +112,13 @@ impl Drop for Ready<'_> {
     fn drop(&mut self) {
         // A panic (a bug) unwinding through a command leaves the lines to the next write or
         // the timer: nothing more runs on a state that may be half changed.
-        if std::thread::panicking() {
+        if self.first.get_mut().is_none() || std::thread::panicking() {
             return;
         }
-        for mut written in self.written.take() {
+        if let Some(mut written) = self.first.take() {
+            self.follow(&mut written);
+        }
+        for mut written in self.more.take() {
             self.follow(&mut written);
         }
     }
@@ -196,10 +206,15 @@ impl<'r, 'a> Write<'r, 'a> {
 impl Drop for Write<'_, '_> {
     /// The end of the write: one dropped on an error path before any change ends nothing.
     fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
+        let Some(store) = &self.store else {
             return;
         };
-        if self.committed || store.changed() {
+        let ended = self.committed || store.changed();
+        // While nobody waits and nothing is bound (most calls), the keys close here.
+        if !ended || (!state::queued_anywhere() && !state::any_bindings()) {
+            return;
+        }
+        if let Some(store) = self.store.take() {
             self.ready.written(Written {
                 store,
                 name: self.name,
@@ -297,8 +312,9 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
             with_ticket,
             delivered,
         } => {
+            // Delivered: nothing is given back, so the identifier moves into the reply.
             *delivered = true;
-            let id = RedisValue::StringBuffer(binding.holder.clone());
+            let id = RedisValue::StringBuffer(std::mem::take(&mut binding.holder));
             Ok(grant::reply(id, [grant.ticket], false, *with_ticket))
         }
         Outcome::GrantedSet {
@@ -308,8 +324,8 @@ pub fn reply(outcome: &mut Outcome) -> RedisResult {
         } => {
             *delivered = true;
             let holder = grants
-                .first()
-                .map(|(b, _)| b.holder.clone())
+                .first_mut()
+                .map(|(b, _)| std::mem::take(&mut b.holder))
                 .unwrap_or_default();
             let tickets = grants.iter().map(|(_, g)| g.ticket);
             Ok(grant::reply(
@@ -406,9 +422,13 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         let outcome = match granted {
             Ok(None) | Err(SemError::KindMismatch { .. }) => break,
             Ok(Some(grant)) => Outcome::Granted {
-                binding: binding(sem, &ask.holder),
-                grant,
                 with_ticket: ask.with_ticket,
+                // The waiter's own copy of its request: its identifier moves on.
+                binding: Binding {
+                    sem: sem.clone(),
+                    holder: ask.holder,
+                },
+                grant,
                 delivered: false,
             },
             Err(err) => Outcome::Failed(err),
@@ -470,16 +490,21 @@ fn answer_if_empty(store: &RedisStore, sem: &SemKey, now_ms: i64) {
 
 /// Takes waiter `id` out of its line and unblocks it with `outcome`.
 pub fn answer(id: WaiterId, outcome: Outcome) {
-    let waiter = with(|s| {
-        let waiter = s.registry.remove(id)?;
-        s.by_handle.remove(&waiter.handle.key());
-        Some(waiter)
+    let (waiter, idle) = with(|s| {
+        let waiter = s.registry.remove(id);
+        if let Some(waiter) = &waiter {
+            s.by_handle.remove(&waiter.handle.key());
+        }
+        (waiter, state::is_idle(s))
     });
     if let Some(waiter) = waiter {
         let for_empty = waiter.for_empty();
         end_wait(waiter.handle, outcome, for_empty);
     }
-    state::disarm_if_idle();
+    // Nothing left for the timer: an armed timer keeps `MODULE UNLOAD` refused.
+    if idle {
+        timer::disarm();
+    }
 }
 
 /// Unblocks a waiter already taken out of its line (of waiters for permits, or `for_empty`),

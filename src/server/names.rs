@@ -5,7 +5,7 @@
 //! side's registry tells). Names are added when a client starts to wait, and all are forgotten
 //! when nobody waits any more.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 
 use crate::keys::DERIVED;
 
@@ -32,10 +32,26 @@ fn bit(db: i32, name: &[u8]) -> (usize, u64) {
     (index / 64, 1 << (index % 64))
 }
 
+/// The words set since the filter was last cleared, while they are few (a count above
+/// `TOUCHED.len()` means many): clearing those alone spares the usual hand-off, whose last
+/// waiter leaves after one name was watched, a store to every word.
+static TOUCHED: [AtomicU16; 32] = [const { AtomicU16::new(0) }; 32];
+static TOUCHED_LEN: AtomicUsize = AtomicUsize::new(0);
+
 /// Somebody waits on the semaphore `name` of database `db`.
 pub fn watch(db: i32, name: &[u8]) {
     let (word, mask) = bit(db, name);
-    BITS[word].fetch_or(mask, Ordering::Relaxed);
+    if BITS[word].fetch_or(mask, Ordering::Relaxed) != 0 {
+        return;
+    }
+    let len = TOUCHED_LEN.load(Ordering::Relaxed);
+    if let Some(slot) = TOUCHED.get(len) {
+        slot.store(word as u16, Ordering::Relaxed);
+    }
+    TOUCHED_LEN.store(
+        len.saturating_add(1).min(TOUCHED.len() + 1),
+        Ordering::Relaxed,
+    );
 }
 
 fn holds(db: i32, name: &[u8]) -> bool {
@@ -58,8 +74,18 @@ pub fn may_concern(db: i32, key: &[u8]) -> bool {
 
 /// Nobody waits any more.
 pub fn forget_all() {
-    for word in &BITS {
-        word.store(0, Ordering::Relaxed);
+    let len = TOUCHED_LEN.swap(0, Ordering::Relaxed);
+    match TOUCHED.get(..len) {
+        Some(touched) => {
+            for word in touched {
+                BITS[usize::from(word.load(Ordering::Relaxed))].store(0, Ordering::Relaxed);
+            }
+        }
+        None => {
+            for word in &BITS {
+                word.store(0, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -81,5 +107,20 @@ mod tests {
         forget_all();
         assert!(!may_concern(0, b"jobs"));
         assert!(!may_concern(0, b"jobs:owner"));
+        // Forgetting clears every word set, whether few or many names were watched (one test:
+        // the filter is one for the process).
+        for names in [1, 31, 32, 33, 5000] {
+            forget_all();
+            for i in 0..names {
+                watch(i % 3, format!("sem{i}").as_bytes());
+            }
+            assert!(may_concern(0, b"sem0"));
+            forget_all();
+            let set = BITS
+                .iter()
+                .filter(|w| w.load(Ordering::Relaxed) != 0)
+                .count();
+            assert_eq!(set, 0, "{names} names watched");
+        }
     }
 }
