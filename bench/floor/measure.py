@@ -1,8 +1,13 @@
 """The floor a minimal C module reaches on a plain acquire/release pair and a hand-off (also
-doing redsem's work besides the recipe's: csem.c, WORK=1), beside
-redsem, the non-fair Lua script and BLPOP, in instructions under callgrind: one connection per
-role, sequential round trips, a warm-up, then the operations between callgrind_control -z and
--d; serverCron left out. Usage: bench/floor/measure (builds csem.so, then runs this)."""
+doing redsem's work besides the recipe's: csem.c, WORK=1: the derived keys looked for, the
+keyspace events Redis's own commands fire for each change and redsem's own, for a wait its
+timer, the next lease end, the flush and swap server events, and on Redis before 7.2 other
+clients' deletes followed through keyspace events with a filter of the waited names), beside
+redsem, the non-fair Lua script and BLPOP, and a fair hand-off (CSEM.ACQUIREFAIR: the fair
+recipe, holders, owners by ticket and a counter) beside redsem's SEM.ACQUIREFAIR, in
+instructions under callgrind: one connection per role, sequential round trips, a warm-up, then
+the operations between callgrind_control -z and -d; serverCron left out. Usage:
+bench/floor/measure (builds csem.so, then runs this)."""
 import os, socket, subprocess, sys, time, glob, re
 N = 1000
 def resp(*a):
@@ -114,6 +119,8 @@ hrows = [
   ("C module, ACL check on 4 derived keys", [[CSEM, "1"]], lambda c, me: c.call("CSEM.ACQUIRE", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIRE", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),
   ("C module, ACL check and redsem's other work", [[CSEM, "1", "1"]], lambda c, me: c.call("CSEM.ACQUIRE", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIRE", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),
   ("redsem SEM.ACQUIRE ... WAIT 5 / SEM.RELEASE", [[SEM]], lambda c, me: c.call("SEM.ACQUIRE", "s", 1, 60, "ID", me), lambda me: resp("SEM.ACQUIRE", "s", 1, 60, "ID", me, "WAIT", 5), lambda c, me: c.call("SEM.RELEASE", "s", me)),
+  ("C module fair, ACL check and redsem's other work", [[CSEM, "1", "1"]], lambda c, me: c.call("CSEM.ACQUIREFAIR", "s", 1, 60000, me), lambda me: resp("CSEM.ACQUIREFAIR", "s", 1, 60000, me, 5000), lambda c, me: c.call("CSEM.RELEASE", "s", me)),
+  ("redsem SEM.ACQUIREFAIR ... WAIT 5 / SEM.RELEASE", [[SEM]], lambda c, me: c.call("SEM.ACQUIREFAIR", "s", 1, 60, "ID", me), lambda me: resp("SEM.ACQUIREFAIR", "s", 1, 60, "ID", me, "WAIT", 5), lambda c, me: c.call("SEM.RELEASE", "s", me)),
 ]
 hres = {}
 for label, mods, first, wait, give in hrows:
