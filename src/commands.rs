@@ -346,7 +346,7 @@ impl<'a> Call<'a> {
     fn sem(&self, ctx: &Context) -> SemKey {
         SemKey {
             db: selected_db(ctx),
-            name: self.args[1].as_slice().to_vec(),
+            name: self.args[1].as_slice().into(),
         }
     }
 

@@ -65,7 +65,7 @@ pub fn try_grant(
     };
     let key = || SemKey {
         db: sem.0,
-        name: sem.1.to_vec(),
+        name: sem.1.into(),
     };
     // Bindings of permits the rule removed (expired) go, granted or not; before a grant's
     // own: one may be an expired permit of the identifier granted now.

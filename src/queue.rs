@@ -20,6 +20,7 @@
 //!   any change (no barging).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::rc::Rc;
 
 pub use crate::request::Ask;
 use crate::types::Kind;
@@ -28,7 +29,8 @@ use crate::types::Kind;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SemKey {
     pub db: i32,
-    pub name: Vec<u8>,
+    /// Shared: the registry, the lines and the bindings each keep a copy.
+    pub name: Rc<[u8]>,
 }
 
 pub type WaiterId = u64;
@@ -102,7 +104,7 @@ pub enum Arrival {
 fn db_range(db: i32) -> std::ops::Range<SemKey> {
     let first = |db| SemKey {
         db,
-        name: Vec::new(),
+        name: Rc::from([]),
     };
     first(db)..first(db.saturating_add(1))
 }
@@ -564,7 +566,7 @@ mod tests {
     fn sem(name: &str) -> SemKey {
         SemKey {
             db: 0,
-            name: name.as_bytes().to_vec(),
+            name: name.as_bytes().into(),
         }
     }
 

@@ -47,7 +47,7 @@ pub fn waits_on(db: i32, name: &[u8]) -> bool {
     queued_anywhere()
         && is_waited(&SemKey {
             db,
-            name: name.to_vec(),
+            name: name.into(),
         })
 }
 
@@ -298,7 +298,7 @@ pub fn touched(db: i32, key: &[u8]) {
         names
             .map(|name| SemKey {
                 db,
-                name: name.to_vec(),
+                name: name.into(),
             })
             .filter(|sem| s.registry.is_waited(sem))
             .collect()
@@ -479,7 +479,7 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
     let holder = writes[0].id(&asks[0].holder);
     let outcome = match grant::survey(&writes, &asks, &holder, now) {
         Ok(fits) if fits.iter().all(|&(fits, _)| fits) => {
-            let refs: Vec<(i32, &[u8])> = sems.iter().map(|s| (s.db, s.name.as_slice())).collect();
+            let refs: Vec<(i32, &[u8])> = sems.iter().map(|s| (s.db, &*s.name)).collect();
             let bind_to = asks[0].bound.then_some(client);
             match grant::grant_all(&mut writes, &refs, &asks, &holder, now, bind_to) {
                 Ok(grants) => Outcome::GrantedSet {

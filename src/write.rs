@@ -88,7 +88,7 @@ impl<'a> Ready<'a> {
     fn follow(&self, written: &mut Written<'a>) {
         let sem = || SemKey {
             db: selected_db(self.ctx),
-            name: written.name.as_slice().to_vec(),
+            name: written.name.as_slice().into(),
         };
         if state::any_bindings() {
             state::forget_gone(&mut written.store, sem);
@@ -187,7 +187,7 @@ impl<'r, 'a> Write<'r, 'a> {
     pub fn key(&self) -> SemKey {
         SemKey {
             db: selected_db(self.ready.ctx),
-            name: self.name.as_slice().to_vec(),
+            name: self.name.as_slice().into(),
         }
     }
 
@@ -409,7 +409,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         granted_any = true;
         let holder = store.id(&ask.holder);
         let bind_to = ask.bound.then_some(client);
-        let sem_ref = (sem.db, sem.name.as_slice());
+        let sem_ref = (sem.db, &*sem.name);
         let granted = grant::try_grant(
             store,
             sem_ref,

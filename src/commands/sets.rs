@@ -110,7 +110,7 @@ impl<'a> SetCall<'a> {
     fn sem(&self, ctx: &Context, i: usize) -> SemKey {
         SemKey {
             db: selected_db(ctx),
-            name: self.args[self.names[i]].as_slice().to_vec(),
+            name: self.args[self.names[i]].as_slice().into(),
         }
     }
 
