@@ -159,14 +159,54 @@ static int acl_ok(RedisModuleCtx *ctx, RedisModuleString *name) {
     return ok;
 }
 
+/* One member added, replicated, with its event. */
+static void add(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleString *name, long long score, RedisModuleString *id) {
+    int flags = 0;
+    RedisModule_ZsetAdd(key, (double)score, id, &flags);
+    RedisModule_Replicate(ctx, "ZADD", "sls", name, score, id);
+    ev(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", name);
+}
+/* The key's expiry moved to `deadline` when that is later, replicated, with its event. */
+static void expire_to(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleString *name, long long deadline) {
+    if (RedisModule_GetAbsExpire(key) >= deadline) return;
+    RedisModule_SetAbsExpire(key, deadline);
+    RedisModule_Replicate(ctx, "PEXPIREAT", "sl", name, deadline);
+    ev(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", name);
+}
+/* A plain grant: the holder added by lease end, the key's expiry moved. */
+static void plain_grant(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleString *name, RedisModuleString *id, long long deadline) {
+    add(ctx, key, name, deadline, id);
+    expire_to(ctx, key, name, deadline);
+    if (same_work) RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, "sem.acquire", name);
+}
+/* The caller waits (one waiter at a time): `argv` is the acquire's. */
+static void start_wait(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleString **argv, long long now,
+                       long long lease, int fair, long long wait_ms) {
+    work_of_wait(ctx, key, argv[1], now, wait_ms);
+    RedisModule_CloseKey(key);
+    if (waiter_id) RedisModule_FreeString(NULL, waiter_id);
+    if (waiter_name) RedisModule_FreeString(NULL, waiter_name);
+    RedisModule_RetainString(NULL, argv[4]); waiter_id = argv[4];
+    RedisModule_RetainString(NULL, argv[1]); waiter_name = argv[1];
+    waiter_lease = lease;
+    waiter_fair = fair;
+    waiter = RedisModule_BlockClient(ctx, grant_reply, timeout_reply, free_data, wait_ms);
+}
+
+/* An acquire's arity, numbers and ACL; false once it replied with the error. */
+static int acquire_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, long long *limit, long long *lease) {
+    if (argc != 5 && argc != 6) return RedisModule_WrongArity(ctx), 0;
+    if (RedisModule_StringToLongLong(argv[2], limit) != REDISMODULE_OK ||
+        RedisModule_StringToLongLong(argv[3], lease) != REDISMODULE_OK)
+        return RedisModule_ReplyWithError(ctx, "ERR bad number"), 0;
+    if (!acl_ok(ctx, argv[1])) return RedisModule_ReplyWithError(ctx, "NOPERM"), 0;
+    return 1;
+}
+
 /* CSEM.ACQUIRE name limit lease_ms id */
 static int acquire(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    if (argc != 5 && argc != 6) return RedisModule_WrongArity(ctx);
     long long limit, lease;
-    if (RedisModule_StringToLongLong(argv[2], &limit) != REDISMODULE_OK ||
-        RedisModule_StringToLongLong(argv[3], &lease) != REDISMODULE_OK)
-        return RedisModule_ReplyWithError(ctx, "ERR bad number");
-    if (!acl_ok(ctx, argv[1])) return RedisModule_ReplyWithError(ctx, "NOPERM");
+    if (!acquire_args(ctx, argv, argc, &limit, &lease)) return REDISMODULE_OK;
     long long now = RedisModule_Milliseconds();
     RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ|REDISMODULE_WRITE);
     int type = RedisModule_KeyType(key);
@@ -192,32 +232,13 @@ static int acquire(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if ((long long)RedisModule_ValueLength(key) >= limit) {
         long long wait_ms;
         if (argc == 6 && !waiter && RedisModule_StringToLongLong(argv[5], &wait_ms) == REDISMODULE_OK) {
-            work_of_wait(ctx, key, argv[1], now, wait_ms);
-            RedisModule_CloseKey(key);
-            if (waiter_id) RedisModule_FreeString(NULL, waiter_id);
-            if (waiter_name) RedisModule_FreeString(NULL, waiter_name);
-            RedisModule_RetainString(NULL, argv[4]); waiter_id = argv[4];
-            RedisModule_RetainString(NULL, argv[1]); waiter_name = argv[1];
-            waiter_lease = lease;
-            waiter_fair = 0;
-            waiter = RedisModule_BlockClient(ctx, grant_reply, timeout_reply, free_data, wait_ms);
+            start_wait(ctx, key, argv, now, lease, 0, wait_ms);
             return REDISMODULE_OK;
         }
         RedisModule_CloseKey(key);
         return RedisModule_ReplyWithNull(ctx);
     }
-    long long deadline = now + lease;
-    int flags = 0;
-    RedisModule_ZsetAdd(key, (double)deadline, argv[4], &flags);
-    RedisModule_Replicate(ctx, "ZADD", "sls", argv[1], deadline, argv[4]);
-    ev(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[1]);
-    mstime_t expire = RedisModule_GetAbsExpire(key);
-    if (expire < deadline) {
-        RedisModule_SetAbsExpire(key, deadline);
-        RedisModule_Replicate(ctx, "PEXPIREAT", "sl", argv[1], deadline);
-        ev(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", argv[1]);
-    }
-    if (same_work) RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, "sem.acquire", argv[1]);
+    plain_grant(ctx, key, argv[1], argv[4], now + lease);
     RedisModule_CloseKey(key);
     return RedisModule_ReplyWithString(ctx, argv[4]);
 }
@@ -246,35 +267,17 @@ static void fair_grant(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleKey 
     ev(ctx, REDISMODULE_NOTIFY_STRING, "set", cname);
     RedisModule_CloseKey(ck);
     RedisModule_FreeString(ctx, cname);
-    int flags = 0;
-    RedisModule_ZsetAdd(owner, (double)ticket, id, &flags);
-    RedisModule_Replicate(ctx, "ZADD", "sls", oname, ticket, id);
-    ev(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", oname);
-    flags = 0;
-    RedisModule_ZsetAdd(key, (double)deadline, id, &flags);
-    RedisModule_Replicate(ctx, "ZADD", "sls", name, deadline, id);
-    ev(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", name);
-    if (RedisModule_GetAbsExpire(owner) < deadline) {
-        RedisModule_SetAbsExpire(owner, deadline);
-        RedisModule_Replicate(ctx, "PEXPIREAT", "sl", oname, deadline);
-        ev(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", oname);
-    }
-    if (RedisModule_GetAbsExpire(key) < deadline) {
-        RedisModule_SetAbsExpire(key, deadline);
-        RedisModule_Replicate(ctx, "PEXPIREAT", "sl", name, deadline);
-        ev(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", name);
-    }
+    add(ctx, owner, oname, ticket, id);
+    add(ctx, key, name, deadline, id);
+    expire_to(ctx, owner, oname, deadline);
+    expire_to(ctx, key, name, deadline);
     if (same_work) RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, "sem.acquire", name);
 }
 
 /* CSEM.ACQUIREFAIR name limit lease_ms id [wait_ms] */
 static int acquire_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    if (argc != 5 && argc != 6) return RedisModule_WrongArity(ctx);
     long long limit, lease;
-    if (RedisModule_StringToLongLong(argv[2], &limit) != REDISMODULE_OK ||
-        RedisModule_StringToLongLong(argv[3], &lease) != REDISMODULE_OK)
-        return RedisModule_ReplyWithError(ctx, "ERR bad number");
-    if (!acl_ok(ctx, argv[1])) return RedisModule_ReplyWithError(ctx, "NOPERM");
+    if (!acquire_args(ctx, argv, argc, &limit, &lease)) return REDISMODULE_OK;
     fair_seen = 1;
     long long now = RedisModule_Milliseconds();
     RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ|REDISMODULE_WRITE);
@@ -312,15 +315,7 @@ static int acquire_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
         RedisModule_CloseKey(owner);
         RedisModule_FreeString(ctx, oname);
         if (argc == 6 && !waiter && RedisModule_StringToLongLong(argv[5], &wait_ms) == REDISMODULE_OK) {
-            work_of_wait(ctx, key, argv[1], now, wait_ms);
-            RedisModule_CloseKey(key);
-            if (waiter_id) RedisModule_FreeString(NULL, waiter_id);
-            if (waiter_name) RedisModule_FreeString(NULL, waiter_name);
-            RedisModule_RetainString(NULL, argv[4]); waiter_id = argv[4];
-            RedisModule_RetainString(NULL, argv[1]); waiter_name = argv[1];
-            waiter_lease = lease;
-            waiter_fair = 1;
-            waiter = RedisModule_BlockClient(ctx, grant_reply, timeout_reply, free_data, wait_ms);
+            start_wait(ctx, key, argv, now, lease, 1, wait_ms);
             return REDISMODULE_OK;
         }
         RedisModule_CloseKey(key);
@@ -352,17 +347,7 @@ static int grant_reply(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
         return RedisModule_ReplyWithString(ctx, id);
     }
     RedisModuleKey *key = RedisModule_OpenKey(ctx, waiter_name, REDISMODULE_READ|REDISMODULE_WRITE);
-    long long deadline = RedisModule_Milliseconds() + waiter_lease;
-    int flags = 0;
-    RedisModule_ZsetAdd(key, (double)deadline, id, &flags);
-    RedisModule_Replicate(ctx, "ZADD", "sls", waiter_name, deadline, id);
-    ev(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", waiter_name);
-    if (RedisModule_GetAbsExpire(key) < deadline) {
-        RedisModule_SetAbsExpire(key, deadline);
-        RedisModule_Replicate(ctx, "PEXPIREAT", "sl", waiter_name, deadline);
-        ev(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", waiter_name);
-    }
-    if (same_work) RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, "sem.acquire", waiter_name);
+    plain_grant(ctx, key, waiter_name, id, RedisModule_Milliseconds() + waiter_lease);
     RedisModule_CloseKey(key);
     return RedisModule_ReplyWithString(ctx, id);
 }
