@@ -35,6 +35,12 @@ pub struct SemKey {
 
 pub type WaiterId = u64;
 
+/// What the server knows a waiting client by (its blocked-client handle): the registry indexes
+/// its waiters by it, for the callbacks that name a waiter only so.
+pub trait Handle {
+    fn key(&self) -> usize;
+}
+
 /// What a waiter waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Wants {
@@ -170,6 +176,8 @@ impl std::hash::Hasher for IdHasher {
 pub struct Registry<H> {
     next_id: WaiterId,
     waiters: IdMap<WaiterId, Waiter<H>>,
+    /// Each waiter by its handle's key.
+    by_handle: IdMap<usize, WaiterId>,
     /// Each semaphore's waiters in arrival order (ids only grow). Ordered by database first,
     /// so one database's lines are a range.
     lines: BTreeMap<SemKey, BTreeSet<WaiterId>>,
@@ -196,6 +204,7 @@ impl<H> Default for Registry<H> {
         Registry {
             next_id: 1,
             waiters: IdMap::default(),
+            by_handle: IdMap::default(),
             lines: BTreeMap::new(),
             empties: BTreeMap::new(),
             empty_waiters: 0,
@@ -210,7 +219,7 @@ impl<H> Default for Registry<H> {
     }
 }
 
-impl<H> Registry<H> {
+impl<H: Handle> Registry<H> {
     /// Adds a waiter for what it `wants`: at the end of `sem`'s line (permits), of the line of
     /// each semaphore a set names (`sem` is the first), or among those waiting for `sem` to
     /// empty.
@@ -252,6 +261,7 @@ impl<H> Registry<H> {
             until_ms,
             handle,
         };
+        self.by_handle.insert(waiter.handle.key(), id);
         self.waiters.insert(id, waiter);
         id
     }
@@ -259,6 +269,7 @@ impl<H> Registry<H> {
     /// Takes a waiter out, wherever it is in its line.
     pub fn remove(&mut self, id: WaiterId) -> Option<Waiter<H>> {
         let waiter = self.waiters.remove(&id)?;
+        self.by_handle.remove(&waiter.handle.key());
         if let Some(slot) = self.timeouts.remove(&id) {
             self.schedule.remove(&slot);
         }
@@ -282,6 +293,12 @@ impl<H> Registry<H> {
             }
         }
         Some(waiter)
+    }
+
+    /// Takes out the waiter whose handle has `key`.
+    pub fn remove_by_handle(&mut self, key: usize) -> Option<Waiter<H>> {
+        let id = *self.by_handle.get(&key)?;
+        self.remove(id)
     }
 
     pub fn waiter(&self, id: WaiterId) -> Option<&Waiter<H>> {
@@ -563,6 +580,12 @@ impl<H> Registry<H> {
 mod tests {
     use super::*;
 
+    impl Handle for usize {
+        fn key(&self) -> usize {
+            *self
+        }
+    }
+
     fn sem(name: &str) -> SemKey {
         SemKey {
             db: 0,
@@ -611,12 +634,30 @@ mod tests {
     }
 
     #[test]
+    fn the_handle_index_follows_every_way_out() {
+        let mut r = Registry::default();
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, 101usize);
+        let b = r.enqueue(sem("s"), 2, ask("b"), 0, None, 102usize);
+        r.enqueue(sem("s"), 3, Wants::Empty, 0, None, 103usize);
+        // Answered by id: its handle names nobody any more.
+        r.remove(a).unwrap();
+        assert!(r.remove_by_handle(101).is_none());
+        // Gone by its handle (a disconnect): out of its line too.
+        assert_eq!(r.remove_by_handle(102).map(|w| w.id), Some(b));
+        assert_eq!(r.queued(&sem("s")), 0);
+        // Taken with the others waiting for empty.
+        assert_eq!(r.take_empties(&sem("s")).len(), 1);
+        assert!(r.remove_by_handle(103).is_none());
+        assert_eq!(r.total_waiters(), 0);
+    }
+
+    #[test]
     fn lines_are_first_come_first_served_per_semaphore() {
         let mut r = Registry::default();
-        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, ());
-        let b = r.enqueue(sem("s"), 2, ask("b"), 1, None, ());
-        let x = r.enqueue(sem("t"), 3, ask("x"), 2, None, ());
-        let c = r.enqueue(sem("s"), 4, ask("c"), 3, None, ());
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, 1);
+        let b = r.enqueue(sem("s"), 2, ask("b"), 1, None, 2);
+        let x = r.enqueue(sem("t"), 3, ask("x"), 2, None, 3);
+        let c = r.enqueue(sem("s"), 4, ask("c"), 3, None, 4);
         assert_eq!(r.head(&sem("s")).map(|w| w.id), Some(a));
         assert_eq!(r.queued(&sem("s")), 3);
         assert_eq!(r.longest_wait_ms(&sem("s"), 10), Some(10));
@@ -642,11 +683,11 @@ mod tests {
     fn each_database_has_its_own_lines() {
         let mut r = Registry::default();
         let in_db = |db, name| SemKey { db, ..sem(name) };
-        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, ());
-        let b = r.enqueue(in_db(3, "s"), 2, ask("b"), 0, None, ());
-        r.enqueue(in_db(3, ""), 3, ask("c"), 0, None, ());
-        r.enqueue(in_db(4, "a"), 4, ask("d"), 0, None, ());
-        r.enqueue(in_db(2, "zz"), 5, ask("e"), 0, None, ());
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, 5);
+        let b = r.enqueue(in_db(3, "s"), 2, ask("b"), 0, None, 6);
+        r.enqueue(in_db(3, ""), 3, ask("c"), 0, None, 7);
+        r.enqueue(in_db(4, "a"), 4, ask("d"), 0, None, 8);
+        r.enqueue(in_db(2, "zz"), 5, ask("e"), 0, None, 9);
         assert_eq!(r.waited(Some(3)), [in_db(3, ""), in_db(3, "s")]);
         assert_eq!(r.waited(Some(1)), []);
         assert_eq!(r.waited(None).len(), 5);
@@ -671,10 +712,10 @@ mod tests {
     #[test]
     fn a_set_waiter_stands_in_every_line_it_names() {
         let mut r = Registry::default();
-        let a = r.enqueue(sem("x"), 1, ask("a"), 0, None, ());
-        let s1 = r.enqueue(sem("y"), 2, set(&["y", "x"], "s1"), 1, Some(100), ());
-        let s2 = r.enqueue(sem("x"), 3, set(&["x", "y", "z"], "s2"), 2, None, ());
-        let b = r.enqueue(sem("z"), 4, ask("b"), 3, None, ());
+        let a = r.enqueue(sem("x"), 1, ask("a"), 0, None, 10);
+        let s1 = r.enqueue(sem("y"), 2, set(&["y", "x"], "s1"), 1, Some(100), 11);
+        let s2 = r.enqueue(sem("x"), 3, set(&["x", "y", "z"], "s2"), 2, None, 12);
+        let b = r.enqueue(sem("z"), 4, ask("b"), 3, None, 13);
         // (line, its waiters in order)
         let table = [
             ("x", vec![a, s1, s2]),
@@ -716,10 +757,10 @@ mod tests {
     #[test]
     fn waiters_for_empty_stand_outside_the_line() {
         let mut r = Registry::default();
-        let e1 = r.enqueue(sem("s"), 1, Wants::Empty, 0, Some(50), ());
-        let a = r.enqueue(sem("s"), 2, ask("a"), 1, None, ());
-        let e2 = r.enqueue(sem("s"), 3, Wants::Empty, 2, None, ());
-        r.enqueue(sem("t"), 4, Wants::Empty, 3, None, ());
+        let e1 = r.enqueue(sem("s"), 1, Wants::Empty, 0, Some(50), 14);
+        let a = r.enqueue(sem("s"), 2, ask("a"), 1, None, 15);
+        let e2 = r.enqueue(sem("s"), 3, Wants::Empty, 2, None, 16);
+        r.enqueue(sem("t"), 4, Wants::Empty, 3, None, 17);
         // The line has only the waiter for permits; the others are counted apart.
         assert_eq!(r.head(&sem("s")).map(|w| w.id), Some(a));
         assert_eq!(r.queued(&sem("s")), 1);
@@ -748,7 +789,7 @@ mod tests {
     #[test]
     fn due_times_come_out_one_at_a_time() {
         let mut r = Registry::default();
-        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(20), ());
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(20), 18);
         r.set_lease_end(&sem("s"), Some(10));
         assert_eq!(r.take_one_due(9), None);
         assert_eq!(r.take_one_due(25), Some(Due::LeaseEnd(sem("s"))));
@@ -760,7 +801,7 @@ mod tests {
     #[test]
     fn a_lease_end_after_the_only_waiters_own_end_is_not_kept() {
         let mut r = Registry::default();
-        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(100), ());
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(100), 19);
         r.set_lease_end(&sem("s"), Some(150));
         assert_eq!(r.next_due_ms(), Some(100), "only the wait's end");
         assert_eq!(r.scheduled(), 1);
@@ -771,15 +812,15 @@ mod tests {
             "at the wait's very end it may still serve"
         );
         // A second waiter (waiting longer): the lease end counts again.
-        let b = r.enqueue(sem("s"), 2, ask("b"), 1, None, ());
+        let b = r.enqueue(sem("s"), 2, ask("b"), 1, None, 20);
         r.set_lease_end(&sem("s"), Some(150));
         assert_eq!(r.scheduled(), 2);
         r.remove(a);
         r.remove(b);
         assert_eq!(r.scheduled(), 0);
         // Somebody waiting for the semaphore to empty needs it too.
-        r.enqueue(sem("t"), 3, ask("c"), 0, Some(10), ());
-        r.enqueue(sem("t"), 4, Wants::Empty, 0, Some(10), ());
+        r.enqueue(sem("t"), 3, ask("c"), 0, Some(10), 21);
+        r.enqueue(sem("t"), 4, Wants::Empty, 0, Some(10), 22);
         r.set_lease_end(&sem("t"), Some(50));
         assert_eq!(r.scheduled(), 3);
     }
@@ -787,9 +828,9 @@ mod tests {
     #[test]
     fn timeouts_and_lease_ends_come_due_in_time_order() {
         let mut r = Registry::default();
-        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(500), ());
-        let b = r.enqueue(sem("s"), 2, ask("b"), 0, Some(300), ());
-        let _forever = r.enqueue(sem("s"), 3, ask("c"), 0, None, ());
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, Some(500), 23);
+        let b = r.enqueue(sem("s"), 2, ask("b"), 0, Some(300), 24);
+        let _forever = r.enqueue(sem("s"), 3, ask("c"), 0, None, 25);
         r.set_lease_end(&sem("s"), Some(400));
         assert_eq!(r.next_due_ms(), Some(300));
         assert_eq!(r.take_due(299), []);
@@ -805,7 +846,7 @@ mod tests {
     #[test]
     fn an_empty_line_cancels_its_lease_end() {
         let mut r = Registry::default();
-        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, ());
+        let a = r.enqueue(sem("s"), 1, ask("a"), 0, None, 26);
         r.set_lease_end(&sem("s"), Some(100));
         r.remove(a);
         assert_eq!(r.next_due_ms(), None);
@@ -814,8 +855,8 @@ mod tests {
     #[test]
     fn taking_all_waiters_leaves_nothing() {
         let mut r = Registry::default();
-        r.enqueue(sem("s"), 1, ask("a"), 0, Some(10), ());
-        r.enqueue(sem("t"), 2, ask("b"), 0, None, ());
+        r.enqueue(sem("s"), 1, ask("a"), 0, Some(10), 27);
+        r.enqueue(sem("t"), 2, ask("b"), 0, None, 28);
         r.set_lease_end(&sem("t"), Some(5));
         let all: Vec<Vec<u8>> = r
             .take_all_waiters()
@@ -830,7 +871,7 @@ mod tests {
 
     #[test]
     fn bindings_follow_their_connection() {
-        let mut r: Registry<()> = Registry::default();
+        let mut r: Registry<usize> = Registry::default();
         let binding = |name: &str, holder: &str| Binding {
             sem: sem(name),
             holder: holder.as_bytes().to_vec(),

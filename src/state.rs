@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use redis_module::{Context, RedisString};
 
-use crate::queue::{Binding, IdMap, Registry, SemKey, WaiterId};
+use crate::queue::{Binding, Handle, Registry, SemKey, WaiterId};
 use crate::server::block::{self, Blocked};
 use crate::server::events;
 use crate::server::names as server_names;
@@ -41,9 +41,15 @@ pub enum GiveBack {
 #[derive(Default)]
 pub struct State {
     pub registry: Registry<Blocked>,
-    /// Blocked-client handles to their waiters, for the disconnect callback.
-    pub by_handle: IdMap<usize, WaiterId>,
     pub work: BTreeSet<Work>,
+}
+
+/// The registry indexes waiters by their blocked-client handle, which the disconnect callback
+/// names them by.
+impl Handle for Blocked {
+    fn key(&self) -> usize {
+        Blocked::key(self)
+    }
 }
 
 thread_local! {

@@ -175,17 +175,14 @@ pub fn block(
         events::follow(ctx.ctx, Needs::Bound);
     }
     let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
-    let key = blocked.key();
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
     for (sem, _) in sems {
         server_names::watch(sem.db, &sem.name);
     }
     let due = with(|s| {
         let first = sems[0].0.clone();
-        let id = s
-            .registry
+        s.registry
             .enqueue(first, client, wants, now_ms, until, blocked);
-        s.by_handle.insert(key, id);
         for (sem, next) in sems {
             s.registry.set_lease_end(sem, *next);
         }
@@ -201,10 +198,7 @@ pub fn block(
 /// whether it was still waiting; if not, the module already answered it (Redis reports a
 /// disconnect even then, until the answer is processed) and its outcome reaches [`free`].
 pub fn left(handle: usize) -> Left {
-    let waiter = with(|s| {
-        let id = s.by_handle.remove(&handle)?;
-        s.registry.remove(id)
-    });
+    let waiter = with(|s| s.registry.remove_by_handle(handle));
     let Some(waiter) = waiter else {
         return Left::NotWaiting;
     };
@@ -264,7 +258,6 @@ pub fn recheck_all() {
 pub fn became_replica() {
     stats::forget_grants();
     let waiters = with(|s| {
-        s.by_handle.clear();
         s.work.clear();
         s.registry.drop_bindings(None);
         s.registry.take_all_waiters()
@@ -531,15 +524,9 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: Slice) {
         let waiters = with(|s| {
             let mut waiters = Vec::new();
             while let Some(id) = s.registry.head(sem).map(|w| w.id) {
-                if let Some(waiter) = s.registry.remove(id) {
-                    s.by_handle.remove(&waiter.handle.key());
-                    waiters.push(waiter);
-                }
+                waiters.extend(s.registry.remove(id));
             }
-            for waiter in s.registry.take_empties(sem) {
-                s.by_handle.remove(&waiter.handle.key());
-                waiters.push(waiter);
-            }
+            waiters.extend(s.registry.take_empties(sem));
             waiters
         });
         for waiter in waiters {

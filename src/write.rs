@@ -472,13 +472,7 @@ fn answer_if_empty(store: &RedisStore, sem: &SemKey, now_ms: i64) {
         Ok(_) => return,
         Err(err) => Some(err),
     };
-    for waiter in with(|s| {
-        let waiters = s.registry.take_empties(sem);
-        for waiter in &waiters {
-            s.by_handle.remove(&waiter.handle.key());
-        }
-        waiters
-    }) {
+    for waiter in with(|s| s.registry.take_empties(sem)) {
         let outcome = match &failed {
             None => Outcome::Emptied,
             Some(err) => Outcome::Failed(err.clone()),
@@ -490,13 +484,7 @@ fn answer_if_empty(store: &RedisStore, sem: &SemKey, now_ms: i64) {
 
 /// Takes waiter `id` out of its line and unblocks it with `outcome`.
 pub fn answer(id: WaiterId, outcome: Outcome) {
-    let (waiter, idle) = with(|s| {
-        let waiter = s.registry.remove(id);
-        if let Some(waiter) = &waiter {
-            s.by_handle.remove(&waiter.handle.key());
-        }
-        (waiter, state::is_idle(s))
-    });
+    let (waiter, idle) = with(|s| (s.registry.remove(id), state::is_idle(s)));
     if let Some(waiter) = waiter {
         let for_empty = waiter.for_empty();
         end_wait(waiter.handle, outcome, for_empty);
