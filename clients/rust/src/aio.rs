@@ -1,0 +1,874 @@
+//! The async API on tokio (the `tokio` feature): the same semaphores, permits, sets and
+//! functions as the sync API, with `async` calls and a tokio task refreshing each permit.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redsem_client::aio::Semaphore;
+//!
+//! # async fn example() -> Result<(), redsem_client::Error> {
+//! let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+//! let permit = Semaphore::new(client, "jobs")
+//!     .limit(3)
+//!     .wait(Some(Duration::from_secs(10)))
+//!     .acquire()
+//!     .await?;
+//! assert!(permit.release().await?, "the lease ran out during the work");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Connections: the calls that do not block (an acquire that does not wait, refresh, release,
+//! the limit, `in_use`) share one multiplexed connection per server (the one given with
+//! [`Target::with_connection`] or [`Target::with_manager`], else one made on the first call;
+//! in Redis Cluster one per node). A waiting acquire, a `BOUND` or durable one and
+//! [`wait_empty`] block a connection or are tied to it: each gets a connection of its own,
+//! a new multiplexed connection (`Client::get_multiplexed_async_connection`) that nothing else
+//! uses. A bound permit keeps it until its release; a waiting one goes back to the shared
+//! connection once granted.
+//!
+//! A [`Permit`] dropped without [`Permit::release`] stops its refresh at once and, inside a
+//! tokio runtime, gives the permit back from a task spawned on it (outside one, the lease
+//! runs out).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Client, Cmd, FromRedisValue, RedisResult, Value};
+use tokio::task::JoinHandle;
+
+use crate::cluster::{cluster_slots, Cluster, Inner};
+use crate::core::{
+    check_name, check_set, connection_broken, deadline, durable_wait, identifier, left, lock,
+    next_step, wait_empty_op, AcquireSpec, Backend, Error, Holder, Next, Op, Request, Result,
+    Retries, SetSpec, Step,
+};
+
+/// A connection that several callers share: the redis crate's multiplexed connection, or its
+/// `ConnectionManager` (which connects again by itself).
+#[derive(Clone)]
+enum Conn {
+    Multiplexed(MultiplexedConnection),
+    Manager(ConnectionManager),
+}
+
+impl Conn {
+    async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Multiplexed(conn) => cmd.query_async(conn).await,
+            Conn::Manager(conn) => cmd.query_async(conn).await,
+        }
+    }
+}
+
+/// One server: its client (for the connections of their own) and the connection shared.
+#[derive(Clone)]
+pub struct Standalone {
+    client: Client,
+    shared: Arc<Mutex<Option<Conn>>>,
+}
+
+impl fmt::Debug for Standalone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Standalone")
+            .field("client", &self.client)
+            .finish()
+    }
+}
+
+/// Where the semaphores are: one server, or a Redis Cluster ([`Cluster`]; the long form, each
+/// call on the primary serving the name's slot).
+#[derive(Debug, Clone)]
+pub enum Target {
+    Standalone(Standalone),
+    Cluster(Cluster),
+}
+
+impl Target {
+    /// One server, the calls that do not block on `conn` (a multiplexed connection of
+    /// `client`); `client` makes the connections of their own.
+    pub fn with_connection(client: Client, conn: MultiplexedConnection) -> Self {
+        Target::standalone(client, Some(Conn::Multiplexed(conn)))
+    }
+
+    /// One server, the calls that do not block on `manager` (a `ConnectionManager` of
+    /// `client`, which connects again by itself); `client` makes the connections of their own.
+    pub fn with_manager(client: Client, manager: ConnectionManager) -> Self {
+        Target::standalone(client, Some(Conn::Manager(manager)))
+    }
+
+    fn standalone(client: Client, shared: Option<Conn>) -> Self {
+        Target::Standalone(Standalone {
+            client,
+            shared: Arc::new(Mutex::new(shared)),
+        })
+    }
+
+    fn slot(&self, names: &[String]) -> Result<Option<u16>> {
+        match self {
+            Target::Standalone(_) => Ok(None),
+            Target::Cluster(_) if names.len() == 1 => check_name(&names[0]).map(Some),
+            Target::Cluster(_) => check_set(names).map(Some),
+        }
+    }
+}
+
+impl From<Client> for Target {
+    /// One server; the shared connection is made on the first call.
+    fn from(client: Client) -> Self {
+        Target::standalone(client, None)
+    }
+}
+
+impl From<&Client> for Target {
+    fn from(client: &Client) -> Self {
+        Target::from(client.clone())
+    }
+}
+
+impl From<&Target> for Target {
+    fn from(target: &Target) -> Self {
+        target.clone()
+    }
+}
+
+impl From<Cluster> for Target {
+    fn from(cluster: Cluster) -> Self {
+        Target::Cluster(cluster)
+    }
+}
+
+impl From<&Cluster> for Target {
+    fn from(cluster: &Cluster) -> Self {
+        Target::Cluster(cluster.clone())
+    }
+}
+
+impl From<redis::cluster::ClusterClient> for Target {
+    fn from(client: redis::cluster::ClusterClient) -> Self {
+        Target::Cluster(Cluster::new(client))
+    }
+}
+
+/// The primary serving `slot`, asking the cluster (through the redis crate's async cluster
+/// connection) when it is not known.
+async fn owner(cluster: &Inner, slot: u16) -> RedisResult<String> {
+    if let Some(addr) = cluster.known_owner(slot) {
+        return Ok(addr);
+    }
+    let directory = lock(&cluster.async_directory).clone();
+    let mut directory = match directory {
+        Some(directory) => directory,
+        None => {
+            let directory = cluster.client().get_async_connection().await?;
+            *lock(&cluster.async_directory) = Some(directory.clone());
+            directory
+        }
+    };
+    let answer = directory
+        .route_command(
+            &cluster_slots(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await;
+    cluster.learn_slots(answer)?;
+    Ok(cluster.known_owner(slot).unwrap_or_default())
+}
+
+/// A connection to the node serving a slot (on one server: to the server): the shared one, or
+/// one of its own (`dedicated`), moved to the slot's new owner after a move or a failover.
+struct Link {
+    target: Target,
+    slot: Option<u16>,
+    /// On one server: whether it has the module, asked once (shared by a semaphore's clones).
+    backend: Arc<OnceLock<Backend>>,
+    dedicated: bool,
+    /// The node's address (empty on one server) and the connection in use.
+    conn: Option<(String, Conn)>,
+}
+
+impl Link {
+    fn new(target: Target, slot: Option<u16>, backend: Arc<OnceLock<Backend>>) -> Self {
+        Link {
+            target,
+            slot,
+            backend,
+            dedicated: false,
+            conn: None,
+        }
+    }
+
+    fn dedicated(mut self, dedicated: bool) -> Self {
+        self.dedicated = dedicated;
+        self
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
+    /// As the sync API's `Link::send`: to the slot's owner, following `MOVED` and `ASK`,
+    /// retrying after failures with the same call until the retry budget has passed.
+    async fn send(
+        &mut self,
+        build: &mut (dyn FnMut(Backend) -> Result<Request> + Send),
+    ) -> Result<(Value, Backend)> {
+        let cluster = match &self.target {
+            Target::Cluster(cluster) => Some(cluster.inner.clone()),
+            Target::Standalone(_) => None,
+        };
+        let mut retries = Retries::new(cluster.as_ref().map_or(Duration::ZERO, |c| c.budget));
+        let mut ask = None;
+        loop {
+            let asking: Option<String> = ask.take();
+            let err = match self.attempt(build, asking.as_deref()).await {
+                Ok(answer) => return Ok(answer),
+                Err(Error::Redis(err)) => err,
+                Err(other) => return Err(other),
+            };
+            if connection_broken(&err) {
+                self.forget_connection();
+            }
+            if asking.is_some() {
+                self.conn = None;
+            }
+            let (Some(cluster), Some(slot)) = (&cluster, self.slot) else {
+                return Err(err.into());
+            };
+            match next_step(&err, true) {
+                Next::Moved(addr) => {
+                    cluster.moved(slot, &addr);
+                    tokio::time::sleep(retries.redirect(err)?).await;
+                }
+                Next::Ask(addr) => {
+                    ask = Some(addr);
+                    tokio::time::sleep(retries.redirect(err)?).await;
+                }
+                Next::Pause => {
+                    tokio::time::sleep(retries.pause(err)?).await;
+                    cluster.forget();
+                    self.forget_connection();
+                }
+                Next::Fail => return Err(err.into()),
+            }
+        }
+    }
+
+    /// Drops the connection in use, and the shared one too when it is broken.
+    fn forget_connection(&mut self) {
+        if let Some((addr, _)) = self.conn.take() {
+            if !self.dedicated {
+                match &self.target {
+                    Target::Cluster(cluster) => {
+                        lock(&cluster.inner.shared).remove(&addr);
+                    }
+                    Target::Standalone(standalone) => {
+                        let mut shared = lock(&standalone.shared);
+                        if matches!(*shared, Some(Conn::Multiplexed(_))) {
+                            *shared = None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A connection to `addr`: one of its own, or the shared one.
+    async fn connect(&self, addr: &str, own: bool) -> RedisResult<Conn> {
+        let client = match &self.target {
+            Target::Standalone(standalone) => {
+                if !own {
+                    if let Some(conn) = lock(&standalone.shared).clone() {
+                        return Ok(conn);
+                    }
+                }
+                standalone.client.clone()
+            }
+            Target::Cluster(cluster) => {
+                if !own {
+                    if let Some(conn) = lock(&cluster.inner.shared).get(addr).cloned() {
+                        return Ok(Conn::Multiplexed(conn));
+                    }
+                }
+                cluster.inner.node(addr)?
+            }
+        };
+        let conn = client.get_multiplexed_async_connection().await?;
+        if !own {
+            match &self.target {
+                Target::Standalone(standalone) => {
+                    let mut shared = lock(&standalone.shared);
+                    if let Some(shared) = shared.clone() {
+                        return Ok(shared);
+                    }
+                    *shared = Some(Conn::Multiplexed(conn.clone()));
+                }
+                Target::Cluster(cluster) => {
+                    lock(&cluster.inner.shared).insert(addr.to_string(), conn.clone());
+                }
+            }
+        }
+        Ok(Conn::Multiplexed(conn))
+    }
+
+    /// One try: on the slot's owner, or after `ASK` (`ASKING` first, on a connection of its
+    /// own, so that nothing comes between the two) on the node it named.
+    async fn attempt(
+        &mut self,
+        build: &mut (dyn FnMut(Backend) -> Result<Request> + Send),
+        ask: Option<&str>,
+    ) -> Result<(Value, Backend)> {
+        let addr = match (&self.target, self.slot, ask) {
+            (_, _, Some(addr)) => addr.to_string(),
+            (Target::Cluster(cluster), Some(slot), None) => owner(&cluster.inner, slot).await?,
+            _ => String::new(),
+        };
+        if self.conn.as_ref().is_some_and(|(at, _)| *at != addr) || ask.is_some() {
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            let conn = self.connect(&addr, self.dedicated || ask.is_some()).await?;
+            self.conn = Some((addr.clone(), conn));
+        }
+        let mut conn = self.conn.as_ref().expect("connected above").1.clone();
+        let backend = match &self.target {
+            Target::Standalone(_) => match self.backend.get() {
+                Some(backend) => *backend,
+                None => {
+                    let backend = Backend::from_answer(redis::from_owned_redis_value(
+                        conn.query(&Backend::question()).await?,
+                    )?);
+                    *self.backend.get_or_init(|| backend)
+                }
+            },
+            Target::Cluster(cluster) => match cluster.inner.backend(&addr) {
+                Some(backend) => backend,
+                None => {
+                    let backend = Backend::from_answer(redis::from_owned_redis_value(
+                        conn.query(&Backend::question()).await?,
+                    )?);
+                    cluster.inner.set_backend(&addr, backend);
+                    backend
+                }
+            },
+        };
+        let request = build(backend)?;
+        let asking = redis::cmd("ASKING");
+        if ask.is_some() {
+            conn.query(&asking).await?;
+        }
+        let answer = match conn.query(&request.cmd).await {
+            Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
+                let eval = request.eval.as_ref().unwrap_or(&request.cmd);
+                if ask.is_some() {
+                    conn.query(&asking).await?;
+                }
+                conn.query(eval).await
+            }
+            answer => answer,
+        };
+        Ok((answer?, backend))
+    }
+
+    async fn op<T: FromRedisValue>(&mut self, op: &Op) -> Result<T> {
+        let long = self.is_cluster();
+        let (value, _) = self.send(&mut |backend| op.request(backend, long)).await?;
+        Ok(T::from_redis_value(&value)?)
+    }
+
+    async fn plain<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T> {
+        let (value, _) = self.send(&mut |_| Ok(cmd.clone().into())).await?;
+        Ok(T::from_redis_value(&value)?)
+    }
+}
+
+/// A semaphore's settings; [`Semaphore::acquire`] takes a permit. The same settings and
+/// defaults as the sync [`crate::Semaphore`].
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    target: Target,
+    spec: AcquireSpec,
+    id: Option<String>,
+    durable: Option<(usize, Duration)>,
+    auto_refresh: bool,
+    backend: Arc<OnceLock<Backend>>,
+}
+
+impl Semaphore {
+    /// A semaphore on one server (a `Client`, or [`Target::with_connection`] /
+    /// [`Target::with_manager`]) or in Redis Cluster ([`Cluster`]): there `name` needs a hash
+    /// tag.
+    pub fn new(target: impl Into<Target>, name: impl Into<String>) -> Self {
+        Semaphore {
+            target: target.into(),
+            spec: AcquireSpec::new(name.into()),
+            id: None,
+            durable: None,
+            auto_refresh: true,
+            backend: Arc::default(),
+        }
+    }
+
+    /// As [`crate::Semaphore::limit`].
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.spec.limit = limit;
+        self
+    }
+
+    /// As [`crate::Semaphore::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.spec.lease = lease;
+        self
+    }
+
+    /// As [`crate::Semaphore::wait`]: a waiting acquire gets a connection of its own.
+    pub fn wait(mut self, wait: Option<Duration>) -> Self {
+        self.spec.wait = wait;
+        self
+    }
+
+    /// As [`crate::Semaphore::fair`].
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.spec.fair = fair;
+        self
+    }
+
+    /// As [`crate::Semaphore::count`].
+    pub fn count(mut self, count: u32) -> Self {
+        self.spec.count = Some(count);
+        self
+    }
+
+    /// As [`crate::Semaphore::bound`]: the permit keeps a connection of its own.
+    pub fn bound(mut self, bound: bool) -> Self {
+        self.spec.bound = bound;
+        self
+    }
+
+    /// As [`crate::Semaphore::id`].
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// As [`crate::Semaphore::durable`].
+    pub fn durable(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.durable = Some((replicas, timeout));
+        self
+    }
+
+    /// As [`crate::Semaphore::auto_refresh`].
+    pub fn auto_refresh(mut self, auto_refresh: bool) -> Self {
+        self.auto_refresh = auto_refresh;
+        self
+    }
+
+    /// Takes a permit: [`Error::NotAcquired`] when none was granted.
+    pub async fn acquire(&self) -> Result<Permit> {
+        let slot = self.target.slot(std::slice::from_ref(&self.spec.name))?;
+        let id = identifier(&self.id);
+        let waits = !left(deadline(self.spec.wait)).is_zero();
+        let own = waits || self.spec.bound || self.durable.is_some();
+        let mut link = Link::new(self.target.clone(), slot, self.backend.clone()).dedicated(own);
+        let until = deadline(self.spec.wait);
+        let long = link.is_cluster();
+        let (sent, ticket) = loop {
+            let sent = Instant::now();
+            let spec = &self.spec;
+            let (reply, backend) = link
+                .send(&mut |backend| spec.op(&id, left(until)).request(backend, long))
+                .await?;
+            match self.spec.outcome(backend, reply, left(until))? {
+                Step::Granted(ticket) => break (sent, ticket),
+                Step::Refused => return Err(Error::NotAcquired),
+                Step::Block(blpop) => {
+                    link.plain::<Value>(&blpop).await?;
+                }
+            }
+        };
+        let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
+        holder.granted_at(sent);
+        if let Some((wanted, timeout)) = self.durable {
+            let acked = link.plain::<usize>(&durable_wait(wanted, timeout)).await;
+            let acked = match acked {
+                Ok(acked) if acked >= wanted => None,
+                Ok(acked) => Some(Error::NotDurable { acked, wanted }),
+                Err(err) => Some(err),
+            };
+            if let Some(err) = acked {
+                let _ = link.op::<i64>(&holder.release_op()).await;
+                return Err(err);
+            }
+        }
+        if !self.spec.bound {
+            // Granted: the permit's calls go on the shared connection.
+            link = Link::new(self.target.clone(), slot, self.backend.clone());
+        }
+        let mut permit = Permit {
+            holding: Holding::new(holder, link),
+            ticket,
+            count: self.spec.count.unwrap_or(1),
+        };
+        // A wait for the grant leaves the lease's start unknown: confirm it now.
+        if sent.elapsed() > self.spec.lease / 3 && !permit.refresh().await? {
+            permit.holding.give_back().await?;
+            return Err(Error::Lost);
+        }
+        if self.auto_refresh {
+            permit.holding.start_refreshing();
+        }
+        Ok(permit)
+    }
+}
+
+/// Permits of several semaphores taken all or none in one step; the same settings and
+/// defaults as the sync [`crate::SemaphoreSet`].
+#[derive(Debug, Clone)]
+pub struct SemaphoreSet {
+    target: Target,
+    spec: SetSpec,
+    id: Option<String>,
+    auto_refresh: bool,
+    backend: Arc<OnceLock<Backend>>,
+}
+
+impl SemaphoreSet {
+    pub fn new(target: impl Into<Target>) -> Self {
+        SemaphoreSet {
+            target: target.into(),
+            spec: SetSpec::new(),
+            id: None,
+            auto_refresh: true,
+            backend: Arc::default(),
+        }
+    }
+
+    /// As [`crate::SemaphoreSet::semaphore`].
+    pub fn semaphore(mut self, name: impl Into<String>, limit: u32, count: u32) -> Self {
+        self.spec.semaphores.push((name.into(), limit, count));
+        self
+    }
+
+    /// As [`crate::SemaphoreSet::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.spec.lease = lease;
+        self
+    }
+
+    /// As [`crate::SemaphoreSet::wait`].
+    pub fn wait(mut self, wait: Option<Duration>) -> Self {
+        self.spec.wait = wait;
+        self
+    }
+
+    /// As [`crate::SemaphoreSet::fair`].
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.spec.fair = fair;
+        self
+    }
+
+    /// As [`crate::SemaphoreSet::bound`].
+    pub fn bound(mut self, bound: bool) -> Self {
+        self.spec.bound = bound;
+        self
+    }
+
+    /// As [`crate::SemaphoreSet::id`].
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// As [`crate::SemaphoreSet::auto_refresh`].
+    pub fn auto_refresh(mut self, auto_refresh: bool) -> Self {
+        self.auto_refresh = auto_refresh;
+        self
+    }
+
+    /// As [`crate::SemaphoreSet::acquire`].
+    pub async fn acquire(&self) -> Result<PermitSet> {
+        let names = self.spec.names();
+        let slot = self.target.slot(&names)?;
+        let id = identifier(&self.id);
+        let until = deadline(self.spec.wait);
+        let own = !left(until).is_zero() || self.spec.bound;
+        let mut link = Link::new(self.target.clone(), slot, self.backend.clone()).dedicated(own);
+        let sent = Instant::now();
+        let reply: Value = link.op(&self.spec.op(&id, left(until))).await?;
+        let tickets = self.spec.outcome(reply)?;
+        let holder = Holder::new(names, true, id, self.spec.lease);
+        holder.granted_at(sent);
+        if !self.spec.bound {
+            link = Link::new(self.target.clone(), slot, self.backend.clone());
+        }
+        let mut permits = PermitSet {
+            holding: Holding::new(holder, link),
+            counts: self.spec.semaphores.iter().map(|s| s.2).collect(),
+            tickets,
+        };
+        if sent.elapsed() > self.spec.lease / 3 && !permits.refresh().await? {
+            permits.holding.give_back().await?;
+            return Err(Error::Lost);
+        }
+        if self.auto_refresh {
+            permits.holding.start_refreshing();
+        }
+        Ok(permits)
+    }
+}
+
+async fn once<T: FromRedisValue>(target: Target, op: &Op, own: bool) -> Result<T> {
+    let slot = target.slot(&[op.name().to_string()])?;
+    Link::new(target, slot, Arc::default())
+        .dedicated(own)
+        .op(op)
+        .await
+}
+
+/// As [`crate::wait_empty`], on a connection of its own.
+pub async fn wait_empty(target: impl Into<Target>, name: &str, timeout: Duration) -> Result<bool> {
+    let emptied: i64 = once(target.into(), &wait_empty_op(name, timeout), true).await?;
+    Ok(emptied == 1)
+}
+
+/// As [`crate::stored_limit`].
+pub async fn stored_limit(target: impl Into<Target>, name: &str) -> Result<Option<u64>> {
+    once(target.into(), &Op::new("LIMIT", name), false).await
+}
+
+/// As [`crate::set_limit`].
+pub async fn set_limit(target: impl Into<Target>, name: &str, limit: u32) -> Result<()> {
+    once(target.into(), &Op::new("LIMIT", name).arg(limit), false).await
+}
+
+/// As [`crate::clear_limit`].
+pub async fn clear_limit(target: impl Into<Target>, name: &str) -> Result<bool> {
+    let removed: i64 = once(target.into(), &Op::new("LIMIT", name).arg("CLEAR"), false).await?;
+    Ok(removed == 1)
+}
+
+/// As [`crate::in_use`].
+pub async fn in_use(target: impl Into<Target>, name: &str) -> Result<u64> {
+    once(target.into(), &Op::new("GET", name), false).await
+}
+
+/// What the permit (or set) and its refresh task share.
+struct Shared {
+    holder: Holder,
+    link: tokio::sync::Mutex<Link>,
+}
+
+impl Shared {
+    async fn refresh(&self) -> Result<bool> {
+        let sent = Instant::now();
+        let held: i64 = self.link.lock().await.op(&self.holder.refresh_op()).await?;
+        Ok(self.holder.refreshed(sent, held))
+    }
+
+    async fn release(&self) -> Result<i64> {
+        self.link.lock().await.op(&self.holder.release_op()).await
+    }
+}
+
+/// The refresh task and the release that a permit and a set share.
+struct Holding {
+    shared: Arc<Shared>,
+    refresher: Option<JoinHandle<()>>,
+    released: bool,
+}
+
+impl Holding {
+    fn new(holder: Holder, link: Link) -> Self {
+        Holding {
+            shared: Arc::new(Shared {
+                holder,
+                link: tokio::sync::Mutex::new(link),
+            }),
+            refresher: None,
+            released: false,
+        }
+    }
+
+    fn holder(&self) -> &Holder {
+        &self.shared.holder
+    }
+
+    async fn give_back(&mut self) -> Result<bool> {
+        self.released = true;
+        let lost_before = self.holder().is_lost();
+        if let Some(refresher) = self.refresher.take() {
+            refresher.abort();
+        }
+        let released = self.shared.release().await?;
+        Ok(released == self.holder().wanted() && !lost_before)
+    }
+
+    fn start_refreshing(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        let interval = shared.holder.lease / 3;
+        self.refresher = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                match shared.refresh().await {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(_) if shared.holder.is_lost() => return,
+                    Err(_) => {} // unreachable server: retry until the lease is up
+                }
+            }
+        }));
+    }
+}
+
+impl Drop for Holding {
+    /// No async drop: the refresh stops, and inside a runtime a task gives the permit back.
+    fn drop(&mut self) {
+        if let Some(refresher) = self.refresher.take() {
+            refresher.abort();
+        }
+        if !self.released {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let shared = Arc::clone(&self.shared);
+                runtime.spawn(async move {
+                    let _ = shared.release().await;
+                });
+            }
+        }
+    }
+}
+
+/// A granted permit: refreshed by a tokio task every lease/3 (unless
+/// [`Semaphore::auto_refresh`] is off); see the module's text for what a drop does.
+pub struct Permit {
+    holding: Holding,
+    ticket: Option<u64>,
+    count: u32,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("name", &self.name())
+            .field("id", &self.id())
+            .field("ticket", &self.ticket)
+            .field("count", &self.count)
+            .finish()
+    }
+}
+
+impl Permit {
+    /// The holder's identifier.
+    pub fn id(&self) -> &str {
+        &self.holding.holder().id
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.holding.holder().names[0]
+    }
+
+    /// The fencing ticket of a fair permit (tickets of a name only ever grow), else `None`.
+    pub fn ticket(&self) -> Option<u64> {
+        self.ticket
+    }
+
+    /// The number of permits held.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// As [`crate::Permit::is_lost`].
+    pub fn is_lost(&self) -> bool {
+        self.holding.holder().is_lost()
+    }
+
+    /// As [`crate::Permit::check`].
+    pub fn check(&self) -> Result<()> {
+        self.holding.holder().check()
+    }
+
+    /// As [`crate::Permit::refresh`].
+    pub async fn refresh(&self) -> Result<bool> {
+        self.holding.shared.refresh().await
+    }
+
+    /// As [`crate::Permit::release_some`].
+    pub async fn release_some(&mut self, count: u32) -> Result<bool> {
+        let op = self.holding.holder().release_some_op(self.count, count)?;
+        let released: i64 = self.holding.shared.link.lock().await.op(&op).await?;
+        if released == 1 {
+            self.count -= count;
+        } else {
+            self.holding.holder().mark_lost();
+        }
+        Ok(released == 1)
+    }
+
+    /// As [`crate::Permit::release`].
+    pub async fn release(mut self) -> Result<bool> {
+        self.holding.give_back().await
+    }
+}
+
+/// Permits of several semaphores taken at once ([`SemaphoreSet::acquire`]), refreshed, lost
+/// and given back together.
+pub struct PermitSet {
+    holding: Holding,
+    counts: Vec<u32>,
+    tickets: Option<Vec<u64>>,
+}
+
+impl fmt::Debug for PermitSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PermitSet")
+            .field("names", &self.names())
+            .field("id", &self.id())
+            .field("tickets", &self.tickets)
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+impl PermitSet {
+    /// The holder's identifier, the same in every semaphore of the set.
+    pub fn id(&self) -> &str {
+        &self.holding.holder().id
+    }
+
+    /// The semaphores' names, in the order given.
+    pub fn names(&self) -> &[String] {
+        &self.holding.holder().names
+    }
+
+    /// The permits held of each semaphore, in the same order.
+    pub fn counts(&self) -> &[u32] {
+        &self.counts
+    }
+
+    /// With [`SemaphoreSet::fair`]: one fencing ticket per semaphore, in the same order.
+    pub fn tickets(&self) -> Option<&[u64]> {
+        self.tickets.as_deref()
+    }
+
+    /// As [`crate::PermitSet::is_lost`].
+    pub fn is_lost(&self) -> bool {
+        self.holding.holder().is_lost()
+    }
+
+    /// As [`crate::PermitSet::check`].
+    pub fn check(&self) -> Result<()> {
+        self.holding.holder().check()
+    }
+
+    /// As [`crate::PermitSet::refresh`].
+    pub async fn refresh(&self) -> Result<bool> {
+        self.holding.shared.refresh().await
+    }
+
+    /// As [`crate::PermitSet::release`].
+    pub async fn release(mut self) -> Result<bool> {
+        self.holding.give_back().await
+    }
+}

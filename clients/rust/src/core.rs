@@ -1,0 +1,811 @@
+//! What the sync and async APIs share: the errors, the commands (short form, long form and the
+//! script's), the hash-tag rules of Redis Cluster, the acquire's steps, how a failed call is
+//! retried, and a holder's state. No I/O here: the transports (`sync`, `aio`) send what these
+//! routines build and feed the answers back.
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, ToRedisArgs, Value};
+
+/// What can go wrong taking or holding a permit.
+#[derive(Debug)]
+pub enum Error {
+    /// No permit was granted: the semaphore was full (for the whole wait, when waiting).
+    NotAcquired,
+    /// Fewer replicas than asked acknowledged the grant in time; the permit was given back.
+    NotDurable { acked: usize, wanted: usize },
+    /// [`crate::Permit::release_some`] was asked for none, or for every permit held (use
+    /// `release` for all); nothing was sent.
+    BadCount { held: u32 },
+    /// The permit ran out before it was given back (its lease ended, another client removed
+    /// it, or a failover lost the grant): another holder may have held it meanwhile.
+    Lost,
+    /// An error of the server or of the connection.
+    Redis(RedisError),
+    /// What this names (`BOUND`, a semaphore set, `SEM.WAITEMPTY`) needs the module, and the
+    /// server has none: nothing was sent but the question whether it has the module.
+    ModuleRequired(&'static str),
+    /// In Redis Cluster: a name without a hash tag, or a set whose names are in different
+    /// slots. Nothing was sent.
+    BadName(String),
+    /// In Redis Cluster: the node serving the semaphore's slot did not answer (the slot was
+    /// moving, its owner failing over or unreachable) until the retry budget ran out.
+    Unavailable { budget: Duration, last: RedisError },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotAcquired => write!(f, "no permit was granted"),
+            Error::NotDurable { acked, wanted } => write!(
+                f,
+                "{acked} of {wanted} replicas acknowledged the grant in time; it was given back"
+            ),
+            Error::BadCount { held } => write!(
+                f,
+                "release_some takes from 1 to {} of the {held} permits held; release() gives back all",
+                held.saturating_sub(1)
+            ),
+            Error::Lost => write!(
+                f,
+                "the permit was lost: its lease ran out before the release"
+            ),
+            Error::Redis(err) => err.fmt(f),
+            Error::ModuleRequired(what) => {
+                write!(f, "{what} needs the redsem module loaded in the server")
+            }
+            Error::BadName(text) => f.write_str(text),
+            Error::Unavailable { budget, last } => write!(
+                f,
+                "the node serving the semaphore's slot gave no answer within the retry budget \
+                 ({:.1} s): {last}",
+                budget.as_secs_f64()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Redis(err) | Error::Unavailable { last: err, .. } => Some(err),
+            _ => None,
+        }
+    }
+}
+
+impl From<RedisError> for Error {
+    fn from(err: RedisError) -> Self {
+        Error::Redis(err)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Seconds as the module reads them: digits and up to 3 decimals (milliseconds, rounded; a
+/// positive time never rounds down to zero).
+pub(crate) fn seconds(duration: Duration) -> String {
+    let mut ms = (duration.as_nanos() + 500_000) / 1_000_000;
+    if ms == 0 && !duration.is_zero() {
+        ms = 1;
+    }
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+/// The script that runs the operations where the server has no module: the repository's
+/// `clients/scripts/redsem.lua` (`src/redsem.lua` is a symbolic link to it, which `cargo
+/// package` packages as the file itself).
+const SCRIPT: &str = include_str!("redsem.lua");
+
+/// The SHA1 of [`SCRIPT`], as `EVALSHA` names it.
+fn script_sha() -> &'static str {
+    static SHA: OnceLock<String> = OnceLock::new();
+    SHA.get_or_init(|| redis::Script::new(SCRIPT).get_hash().to_string())
+}
+
+/// What [`Error::ModuleRequired`] names for a semaphore set.
+pub(crate) const SETS: &str = "a semaphore set (SEM.ACQUIREALL)";
+
+/// The keys a semaphore's name stands for, after the name itself, in the long form's order.
+const KEY_SUFFIXES: [&str; 4] = [":owner", ":counter", ":permits", ":limit"];
+
+/// How the operations reach a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// The module's commands.
+    Module,
+    /// The script, over the same keys.
+    Scripts,
+}
+
+impl Backend {
+    /// The question whether a server has the module: `COMMAND INFO SEM.ACQUIRE` answers
+    /// `[nil]` without it.
+    pub(crate) fn question() -> Cmd {
+        let mut cmd = redis::cmd("COMMAND");
+        cmd.arg("INFO").arg("SEM.ACQUIRE");
+        cmd
+    }
+
+    pub(crate) fn from_answer(info: Vec<Value>) -> Backend {
+        match info.first() {
+            None | Some(Value::Nil) => Backend::Scripts,
+            Some(_) => Backend::Module,
+        }
+    }
+}
+
+/// What a command is sent as: `cmd`, and when the server answers `NOSCRIPT`, `eval` (the
+/// script's source, which loads it).
+pub(crate) struct Request {
+    pub(crate) cmd: Cmd,
+    pub(crate) eval: Option<Cmd>,
+}
+
+impl From<Cmd> for Request {
+    fn from(cmd: Cmd) -> Self {
+        Request { cmd, eval: None }
+    }
+}
+
+/// One operation on a semaphore, or on the semaphores of a set: the module's `SEM.<op>`, in
+/// the short form (standalone) or the long form (Redis Cluster), or the script's `<op>`.
+#[derive(Clone)]
+pub(crate) struct Op {
+    op: &'static str,
+    /// One name, or a set's names.
+    names: Vec<String>,
+    set: bool,
+    /// After the name (one semaphore), or every argument (a set: `numsems names...`).
+    args: Vec<Vec<u8>>,
+    /// Arguments only the module takes (`WAIT`, `BOUND`): left out for the script.
+    module_args: Vec<Vec<u8>>,
+    /// What [`Error::ModuleRequired`] names when the server has no module.
+    needs_module: Option<&'static str>,
+}
+
+impl Op {
+    pub(crate) fn new(op: &'static str, name: &str) -> Self {
+        Op {
+            op,
+            names: vec![name.to_string()],
+            set: false,
+            args: Vec::new(),
+            module_args: Vec::new(),
+            needs_module: None,
+        }
+    }
+
+    /// `SEM.<op>` over several semaphores (`ACQUIREALL`, `REFRESHALL`, `RELEASEALL`): the
+    /// arguments come whole from [`Op::arg`].
+    pub(crate) fn set(op: &'static str, names: &[String]) -> Self {
+        Op {
+            op,
+            names: names.to_vec(),
+            set: true,
+            args: Vec::new(),
+            module_args: Vec::new(),
+            needs_module: Some(SETS),
+        }
+    }
+
+    /// A holder's call (`REFRESH`, `RELEASE`): `SEM.<op> name id args...`, or for a set
+    /// `SEM.<op>ALL numsems names... id args...`.
+    pub(crate) fn holder(op: &'static str, names: &[String], set: bool, id: &str) -> Self {
+        if set {
+            let op = match op {
+                "REFRESH" => "REFRESHALL",
+                _ => "RELEASEALL",
+            };
+            Op::set(op, names).arg(names.len()).arg(names).arg(id)
+        } else {
+            Op::new(op, &names[0]).arg(id)
+        }
+    }
+
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    pub(crate) fn module_arg(mut self, arg: impl ToRedisArgs) -> Self {
+        arg.write_redis_args(&mut self.module_args);
+        self
+    }
+
+    /// Refused without the module, naming `what`.
+    pub(crate) fn needs_module(mut self, what: &'static str) -> Self {
+        self.needs_module = Some(what);
+        self
+    }
+
+    /// The first name: the one whose slot the call goes to.
+    pub(crate) fn name(&self) -> &str {
+        &self.names[0]
+    }
+
+    /// The command for `backend`; `long`: name every key (Redis Cluster).
+    pub(crate) fn request(&self, backend: Backend, long: bool) -> Result<Request> {
+        match backend {
+            Backend::Module => Ok(self.module_command(long).into()),
+            Backend::Scripts => match self.needs_module {
+                Some(what) => Err(Error::ModuleRequired(what)),
+                None => Ok(Request {
+                    cmd: self.script_command("EVALSHA", script_sha()),
+                    eval: Some(self.script_command("EVAL", SCRIPT)),
+                }),
+            },
+        }
+    }
+
+    fn module_command(&self, long: bool) -> Cmd {
+        let mut cmd = redis::cmd(&format!("SEM.{}", self.op));
+        if !self.set {
+            cmd.arg(self.name());
+            if long {
+                for suffix in KEY_SUFFIXES {
+                    cmd.arg(format!("{}{suffix}", self.name()));
+                }
+            }
+        }
+        cmd.arg(&self.args).arg(&self.module_args);
+        if self.set && long {
+            for name in &self.names {
+                for suffix in KEY_SUFFIXES {
+                    cmd.arg(format!("{name}{suffix}"));
+                }
+            }
+        }
+        cmd
+    }
+
+    /// `EVALSHA sha 6 keys... <op> args...`, or with `EVAL` the script's source.
+    fn script_command(&self, eval: &str, script: &str) -> Cmd {
+        let name = self.name();
+        let mut cmd = redis::cmd(eval);
+        cmd.arg(script).arg(6).arg(name);
+        for suffix in KEY_SUFFIXES.iter().chain([":wake"].iter()) {
+            cmd.arg(format!("{name}{suffix}"));
+        }
+        cmd.arg(self.op).arg(&self.args);
+        cmd
+    }
+}
+
+/// The hash tag of `name` as Redis reads it: the bytes between the first `{` and the first `}`
+/// after it, when there are any.
+fn hash_tag(name: &str) -> Option<&str> {
+    let open = name.find('{')?;
+    let len = name[open + 1..].find('}')?;
+    (len > 0).then(|| &name[open + 1..open + 1 + len])
+}
+
+/// The slot of a key (the redis crate's CRC16).
+pub(crate) fn slot(key: &str) -> u16 {
+    redis::cluster_routing::get_slot(key.as_bytes())
+}
+
+/// In Redis Cluster every key of a semaphore must fall in one slot: `name` needs a hash tag.
+pub(crate) fn check_name(name: &str) -> Result<u16> {
+    if hash_tag(name).is_none() {
+        return Err(Error::BadName(format!(
+            "in Redis Cluster a semaphore's name needs a hash tag, e.g. \"{{{name}}}\" or \
+             \"app:{{{name}}}\": the keys of \"{name}\" ({name}, {name}:owner, {name}:counter, \
+             {name}:permits, {name}:limit) would fall in different slots"
+        )));
+    }
+    Ok(slot(name))
+}
+
+/// In Redis Cluster the semaphores of a set must share a slot (and each needs a hash tag).
+pub(crate) fn check_set(names: &[String]) -> Result<u16> {
+    let first = names.first().map(String::as_str).unwrap_or_default();
+    for name in names {
+        if slot(name) != slot(first) {
+            return Err(Error::BadName(format!(
+                "in Redis Cluster the semaphores of a set must share a slot: give their names \
+                 one hash tag, e.g. \"{{app}}{first}\" and \"{{app}}{name}\" (\"{first}\" is in \
+                 slot {}, \"{name}\" in slot {})",
+                slot(first),
+                slot(name)
+            )));
+        }
+    }
+    for name in names {
+        check_name(name)?;
+    }
+    Ok(slot(first))
+}
+
+/// What to do after a call failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// `MOVED`: the slot is served by this node now; send the call there.
+    Moved(String),
+    /// `ASK`: send `ASKING` and the call to this node, once.
+    Ask(String),
+    /// The slot is moving, or its owner failing over or unreachable: pause, find the owner
+    /// again, send the call again.
+    Pause,
+    /// An answer: give it to the caller.
+    Fail,
+}
+
+/// What to do after `err`; `cluster`: whether the call went to a node of Redis Cluster (a
+/// standalone server's errors are the caller's at once, as before).
+pub(crate) fn next_step(err: &RedisError, cluster: bool) -> Next {
+    if !cluster {
+        return Next::Fail;
+    }
+    match err.kind() {
+        ErrorKind::Moved => match err.redirect_node() {
+            Some((addr, _)) => Next::Moved(addr.to_string()),
+            None => Next::Pause,
+        },
+        ErrorKind::Ask => match err.redirect_node() {
+            Some((addr, _)) => Next::Ask(addr.to_string()),
+            None => Next::Pause,
+        },
+        ErrorKind::TryAgain
+        | ErrorKind::ClusterDown
+        | ErrorKind::MasterDown
+        | ErrorKind::BusyLoadingError
+        | ErrorKind::ReadOnly
+        | ErrorKind::IoError
+        | ErrorKind::ClusterConnectionNotFound => Next::Pause,
+        _ if err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || err.is_timeout() =>
+        {
+            Next::Pause
+        }
+        // A blocked call whose node turned into a replica (a failover, the old primary back).
+        _ if matches!(err.code(), Some("UNBLOCKED" | "LOADING" | "READONLY")) => Next::Pause,
+        _ => Next::Fail,
+    }
+}
+
+/// Whether the connection `err` came from is of no more use.
+pub(crate) fn connection_broken(err: &RedisError) -> bool {
+    err.is_io_error() || err.is_connection_dropped() || err.is_timeout()
+}
+
+/// The retries of one call: pauses from 50 ms doubling to 1 s, and an error once the budget
+/// has passed.
+pub(crate) struct Retries {
+    started: Instant,
+    budget: Duration,
+    pause: Duration,
+    redirects: u32,
+}
+
+impl Retries {
+    pub(crate) fn new(budget: Duration) -> Self {
+        Retries {
+            started: Instant::now(),
+            budget,
+            pause: Duration::from_millis(50),
+            redirects: 0,
+        }
+    }
+
+    /// The pause before the next try, or [`Error::Unavailable`] once the budget has passed.
+    pub(crate) fn pause(&mut self, err: RedisError) -> Result<Duration> {
+        let pause = self.pause;
+        if self.started.elapsed() + pause > self.budget {
+            return Err(Error::Unavailable {
+                budget: self.budget,
+                last: err,
+            });
+        }
+        self.pause = (self.pause * 2).min(Duration::from_secs(1));
+        Ok(pause)
+    }
+
+    /// A redirection: followed at once, unless the nodes keep redirecting (their views of the
+    /// slot differ for a moment): then a pause.
+    pub(crate) fn redirect(&mut self, err: RedisError) -> Result<Duration> {
+        self.redirects += 1;
+        if self.redirects.is_multiple_of(8) {
+            return self.pause(err);
+        }
+        if self.started.elapsed() > self.budget {
+            return Err(Error::Unavailable {
+                budget: self.budget,
+                last: err,
+            });
+        }
+        Ok(Duration::ZERO)
+    }
+}
+
+/// The default retry budget of a call in Redis Cluster.
+pub(crate) const RETRY_BUDGET: Duration = Duration::from_secs(30);
+
+/// The end of a wait: `None` when it has no limit.
+pub(crate) fn deadline(wait: Option<Duration>) -> Option<Instant> {
+    let now = Instant::now();
+    match wait {
+        None => Some(now),
+        Some(Duration::MAX) => None,
+        Some(wait) => now.checked_add(wait),
+    }
+}
+
+/// What is left of a wait that ends at `until`.
+pub(crate) fn left(until: Option<Instant>) -> Duration {
+    match until {
+        Some(until) => until.saturating_duration_since(Instant::now()),
+        None => Duration::MAX,
+    }
+}
+
+/// The module's `WAIT <seconds>` for what is left of a wait (`0`: without limit).
+fn wait_args(left: Duration) -> Vec<String> {
+    match left {
+        Duration::MAX => vec!["WAIT".into(), "0".into()],
+        left if left.is_zero() => Vec::new(),
+        left => vec!["WAIT".into(), seconds(left)],
+    }
+}
+
+/// A semaphore's acquire, as the sync and async APIs describe it.
+#[derive(Debug, Clone)]
+pub(crate) struct AcquireSpec {
+    pub(crate) name: String,
+    pub(crate) limit: u32,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) fair: bool,
+    pub(crate) count: Option<u32>,
+    pub(crate) bound: bool,
+}
+
+impl AcquireSpec {
+    pub(crate) fn new(name: String) -> Self {
+        AcquireSpec {
+            name,
+            limit: 1,
+            lease: Duration::from_secs(30),
+            wait: None,
+            fair: false,
+            count: None,
+            bound: false,
+        }
+    }
+
+    /// The acquire with what is left of the wait (the module waits in the server; the script
+    /// answers at once and the caller waits on `<name>:wake`).
+    pub(crate) fn op(&self, id: &str, left: Duration) -> Op {
+        let mut op = Op::new(
+            if self.fair { "ACQUIREFAIR" } else { "ACQUIRE" },
+            &self.name,
+        )
+        .arg(self.limit)
+        .arg(seconds(self.lease))
+        .arg("ID")
+        .arg(id);
+        if let Some(count) = self.count {
+            op = op.arg("COUNT").arg(count);
+        }
+        if self.fair {
+            op = op.arg("WITHTICKET");
+        }
+        op = op.module_arg(wait_args(left));
+        if self.bound {
+            op = op.module_arg("BOUND").needs_module("BOUND");
+        }
+        op
+    }
+
+    /// The answer to an acquire by `backend`.
+    pub(crate) fn outcome(&self, backend: Backend, reply: Value, left: Duration) -> Result<Step> {
+        let (granted, retry_ms) = match backend {
+            Backend::Module => (reply, 0),
+            // [the module's reply, retry_ms]: when refused, the milliseconds until the
+            // earliest live holder's deadline, or 0.
+            Backend::Scripts => {
+                let mut reply = Vec::<Value>::from_redis_value(&reply)?.into_iter();
+                let granted = reply.next().unwrap_or(Value::Nil);
+                let retry_ms = match reply.next() {
+                    Some(retry) => i64::from_redis_value(&retry)?,
+                    None => 0,
+                };
+                (granted, retry_ms)
+            }
+        };
+        if granted != Value::Nil {
+            return Ok(Step::Granted(ticket(self.fair, granted)?));
+        }
+        if backend == Backend::Module || left.is_zero() {
+            return Ok(Step::Refused);
+        }
+        let mut block = left.min(Duration::from_secs(1));
+        if retry_ms > 0 {
+            block = block.min(Duration::from_millis(retry_ms as u64));
+        }
+        let mut cmd = redis::cmd("BLPOP");
+        cmd.arg(format!("{}:wake", self.name)).arg(seconds(block));
+        Ok(Step::Block(cmd))
+    }
+}
+
+/// The ticket of a grant (`None` when not fair), from the module's reply.
+fn ticket(fair: bool, granted: Value) -> Result<Option<u64>> {
+    if !fair {
+        return Ok(None);
+    }
+    let (_, ticket): (Value, u64) = redis::from_redis_value(&granted)?;
+    Ok(Some(ticket))
+}
+
+/// After an acquire's answer.
+pub(crate) enum Step {
+    Granted(Option<u64>),
+    Refused,
+    /// The script refused: block on this `BLPOP <name>:wake`, then try again.
+    Block(Cmd),
+}
+
+/// A set's acquire, as the sync and async APIs describe it.
+#[derive(Debug, Clone)]
+pub(crate) struct SetSpec {
+    pub(crate) semaphores: Vec<(String, u32, u32)>,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) fair: bool,
+    pub(crate) bound: bool,
+}
+
+impl SetSpec {
+    pub(crate) fn new() -> Self {
+        SetSpec {
+            semaphores: Vec::new(),
+            lease: Duration::from_secs(30),
+            wait: None,
+            fair: false,
+            bound: false,
+        }
+    }
+
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.semaphores.iter().map(|s| s.0.clone()).collect()
+    }
+
+    pub(crate) fn op(&self, id: &str, left: Duration) -> Op {
+        let mut op = Op::set("ACQUIREALL", &self.names()).arg(self.semaphores.len());
+        for (name, limit, count) in &self.semaphores {
+            op = op.arg(name).arg(limit).arg(count);
+        }
+        op = op.arg(seconds(self.lease)).arg("ID").arg(id);
+        if self.fair {
+            op = op.arg("FAIR").arg("WITHTICKET");
+        }
+        op = op.module_arg(wait_args(left));
+        if self.bound {
+            op = op.module_arg("BOUND");
+        }
+        op
+    }
+
+    /// The tickets of a granted set (`None` when not fair); [`Error::NotAcquired`] for nil.
+    pub(crate) fn outcome(&self, reply: Value) -> Result<Option<Vec<u64>>> {
+        if reply == Value::Nil {
+            return Err(Error::NotAcquired);
+        }
+        if !self.fair {
+            return Ok(None);
+        }
+        let (_, tickets): (Value, Vec<u64>) = redis::from_redis_value(&reply)?;
+        Ok(Some(tickets))
+    }
+}
+
+/// `SEM.WAITEMPTY name timeout`: zero looks once (the server reads 0 as "no limit").
+pub(crate) fn wait_empty_op(name: &str, timeout: Duration) -> Op {
+    let timeout = match timeout {
+        Duration::MAX => "0".to_string(),
+        timeout if timeout.is_zero() => "0.001".to_string(),
+        timeout => seconds(timeout),
+    };
+    Op::new("WAITEMPTY", name)
+        .arg(timeout)
+        .needs_module("SEM.WAITEMPTY")
+}
+
+/// `WAIT replicas timeout` after a durable grant.
+pub(crate) fn durable_wait(replicas: usize, timeout: Duration) -> Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas).arg(timeout.as_millis() as u64);
+    cmd
+}
+
+/// A holder's state, shared by the permit and its refresh.
+pub(crate) struct State {
+    /// The server's deadline is at least this: the last acquire or refresh confirmed was sent
+    /// then, and its lease started when the server ran it, later.
+    confirmed_until: Instant,
+    lost: bool,
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What a permit (or set) knows of itself, whatever its transport.
+pub(crate) struct Holder {
+    pub(crate) names: Vec<String>,
+    pub(crate) set: bool,
+    pub(crate) id: String,
+    pub(crate) lease: Duration,
+    state: Mutex<State>,
+}
+
+impl Holder {
+    pub(crate) fn new(names: Vec<String>, set: bool, id: String, lease: Duration) -> Self {
+        Holder {
+            names,
+            set,
+            id,
+            lease,
+            state: Mutex::new(State {
+                confirmed_until: Instant::now() + lease,
+                lost: false,
+            }),
+        }
+    }
+
+    /// The grant's attempt was sent at `sent`.
+    pub(crate) fn granted_at(&self, sent: Instant) {
+        lock(&self.state).confirmed_until = sent + self.lease;
+    }
+
+    /// How many semaphores a refresh or release answers when every permit is still held.
+    pub(crate) fn wanted(&self) -> i64 {
+        self.names.len() as i64
+    }
+
+    pub(crate) fn refresh_op(&self) -> Op {
+        Op::holder("REFRESH", &self.names, self.set, &self.id).arg(seconds(self.lease))
+    }
+
+    pub(crate) fn release_op(&self) -> Op {
+        Op::holder("RELEASE", &self.names, self.set, &self.id)
+    }
+
+    /// A refresh sent at `sent` answered `held`: confirmed, or lost (a lease ran out, another
+    /// client removed it, or the node that took over the slot never had the grant).
+    pub(crate) fn refreshed(&self, sent: Instant, held: i64) -> bool {
+        let mut state = lock(&self.state);
+        if held == self.wanted() {
+            state.confirmed_until = sent + self.lease;
+        } else {
+            state.lost = true;
+        }
+        held == self.wanted()
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        lock(&self.state).lost = true;
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        let mut state = lock(&self.state);
+        if Instant::now() >= state.confirmed_until {
+            state.lost = true;
+        }
+        state.lost
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::Lost);
+        }
+        Ok(())
+    }
+
+    /// `RELEASE COUNT k` of a permit holding `held`: refused before anything is sent unless
+    /// 0 < k < held.
+    pub(crate) fn release_some_op(&self, held: u32, count: u32) -> Result<Op> {
+        if count == 0 || count >= held {
+            return Err(Error::BadCount { held });
+        }
+        Ok(self.release_op().arg("COUNT").arg(count))
+    }
+}
+
+/// A new identifier unless one was given.
+pub(crate) fn identifier(given: &Option<String>) -> String {
+    given
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_have_at_most_three_decimals() {
+        assert_eq!(seconds(Duration::from_secs(30)), "30.000");
+        assert_eq!(seconds(Duration::from_millis(250)), "0.250");
+        assert_eq!(seconds(Duration::from_micros(1_499)), "0.001");
+        assert_eq!(seconds(Duration::from_micros(1_500)), "0.002");
+        assert_eq!(seconds(Duration::from_nanos(1)), "0.001");
+    }
+
+    #[test]
+    fn hash_tags_as_redis_reads_them() {
+        assert_eq!(hash_tag("{jobs}"), Some("jobs"));
+        assert_eq!(hash_tag("app:{jobs}:x"), Some("jobs"));
+        assert_eq!(hash_tag("{}jobs"), None);
+        assert_eq!(hash_tag("jobs}{"), None);
+        assert_eq!(hash_tag("jobs"), None);
+        assert_eq!(hash_tag("{a}{b}"), Some("a"));
+    }
+
+    #[test]
+    fn the_shared_error_texts() {
+        assert_eq!(
+            check_name("jobs").unwrap_err().to_string(),
+            "in Redis Cluster a semaphore's name needs a hash tag, e.g. \"{jobs}\" or \
+             \"app:{jobs}\": the keys of \"jobs\" (jobs, jobs:owner, jobs:counter, \
+             jobs:permits, jobs:limit) would fall in different slots"
+        );
+        assert_eq!(
+            check_set(&["a".into(), "b".into()])
+                .unwrap_err()
+                .to_string(),
+            "in Redis Cluster the semaphores of a set must share a slot: give their names one \
+             hash tag, e.g. \"{app}a\" and \"{app}b\" (\"a\" is in slot 15495, \"b\" in slot 3300)"
+        );
+        assert_eq!(
+            check_set(&["{app}a".into(), "{app}b".into()]).unwrap(),
+            slot("app")
+        );
+    }
+
+    #[test]
+    fn the_long_form_names_every_key() {
+        let op = Op::new("GET", "{j}");
+        let cmd = op.request(Backend::Module, true).unwrap().cmd;
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                redis::Arg::Cursor => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "SEM.GET",
+                "{j}",
+                "{j}:owner",
+                "{j}:counter",
+                "{j}:permits",
+                "{j}:limit"
+            ]
+        );
+        let set = Op::holder("RELEASE", &["{a}x".into(), "{a}y".into()], true, "id");
+        let cmd = set.request(Backend::Module, true).unwrap().cmd;
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                redis::Arg::Cursor => unreachable!(),
+            })
+            .collect();
+        assert_eq!(args[..5], ["SEM.RELEASEALL", "2", "{a}x", "{a}y", "id"]);
+        assert_eq!(
+            args[5..9],
+            ["{a}x:owner", "{a}x:counter", "{a}x:permits", "{a}x:limit"]
+        );
+        assert_eq!(args.len(), 13);
+    }
+}

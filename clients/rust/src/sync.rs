@@ -1,0 +1,720 @@
+//! The sync API: a connection of its own per permit, a refresh thread.
+
+use std::fmt;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use redis::{Client, Cmd, Connection, FromRedisValue, Value};
+
+use crate::cluster::Cluster;
+use crate::core::{
+    check_name, check_set, connection_broken, deadline, durable_wait, identifier, left, lock,
+    next_step, wait_empty_op, AcquireSpec, Backend, Error, Holder, Next, Op, Request, Result,
+    Retries, SetSpec, Step,
+};
+
+/// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
+/// ([`Cluster`]; the long form, each call on the primary serving the name's slot).
+#[derive(Debug, Clone)]
+pub enum Target {
+    Standalone(Client),
+    Cluster(Cluster),
+}
+
+impl From<Client> for Target {
+    fn from(client: Client) -> Self {
+        Target::Standalone(client)
+    }
+}
+
+impl From<&Client> for Target {
+    fn from(client: &Client) -> Self {
+        Target::Standalone(client.clone())
+    }
+}
+
+impl From<Cluster> for Target {
+    fn from(cluster: Cluster) -> Self {
+        Target::Cluster(cluster)
+    }
+}
+
+impl From<&Cluster> for Target {
+    fn from(cluster: &Cluster) -> Self {
+        Target::Cluster(cluster.clone())
+    }
+}
+
+impl From<redis::cluster::ClusterClient> for Target {
+    fn from(client: redis::cluster::ClusterClient) -> Self {
+        Target::Cluster(Cluster::new(client))
+    }
+}
+
+impl Target {
+    /// The slot of `names` (a semaphore, or a set's), checked before anything is sent:
+    /// `None` on one server.
+    pub(crate) fn slot(&self, names: &[String]) -> Result<Option<u16>> {
+        match self {
+            Target::Standalone(_) => Ok(None),
+            Target::Cluster(_) if names.len() == 1 => check_name(&names[0]).map(Some),
+            Target::Cluster(_) => check_set(names).map(Some),
+        }
+    }
+}
+
+/// One connection to the node serving a slot (on one server: to the server), made again after
+/// a connection error, and moved to the slot's new owner after a move or a failover.
+pub(crate) struct Link {
+    target: Target,
+    slot: Option<u16>,
+    /// On one server: whether it has the module, asked once (shared by a semaphore's clones).
+    backend: Arc<OnceLock<Backend>>,
+    /// The node's address (empty on one server) and the connection.
+    conn: Option<(String, Connection)>,
+}
+
+impl Link {
+    pub(crate) fn new(target: Target, slot: Option<u16>, backend: Arc<OnceLock<Backend>>) -> Self {
+        Link {
+            target,
+            slot,
+            backend,
+            conn: None,
+        }
+    }
+
+    /// Sends what `build` makes for the node's backend, to the node serving the slot: in Redis
+    /// Cluster it follows `MOVED` and `ASK`, and after a failure (the slot moving, its owner
+    /// failing over or unreachable) pauses and tries again, the same call, until the retry
+    /// budget has passed. On one server an error is the caller's at once.
+    pub(crate) fn send(
+        &mut self,
+        build: &mut dyn FnMut(Backend) -> Result<Request>,
+    ) -> Result<(Value, Backend)> {
+        let cluster = match &self.target {
+            Target::Cluster(cluster) => Some(cluster.inner.clone()),
+            Target::Standalone(_) => None,
+        };
+        let mut retries = Retries::new(cluster.as_ref().map_or(Duration::ZERO, |c| c.budget));
+        let mut ask = None;
+        loop {
+            let asking = ask.take();
+            let err = match self.attempt(build, asking.as_deref()) {
+                Ok(answer) => return Ok(answer),
+                Err(Error::Redis(err)) => err,
+                Err(other) => return Err(other),
+            };
+            if connection_broken(&err) || asking.is_some() {
+                self.conn = None;
+            }
+            let (Some(cluster), Some(slot)) = (&cluster, self.slot) else {
+                return Err(err.into());
+            };
+            match next_step(&err, true) {
+                Next::Moved(addr) => {
+                    cluster.moved(slot, &addr);
+                    thread::sleep(retries.redirect(err)?);
+                }
+                Next::Ask(addr) => {
+                    ask = Some(addr);
+                    thread::sleep(retries.redirect(err)?);
+                }
+                Next::Pause => {
+                    thread::sleep(retries.pause(err)?);
+                    cluster.forget();
+                    self.conn = None;
+                }
+                Next::Fail => return Err(err.into()),
+            }
+        }
+    }
+
+    /// One try: on the slot's owner, or after `ASK` (`ASKING` first) on the node it named.
+    fn attempt(
+        &mut self,
+        build: &mut dyn FnMut(Backend) -> Result<Request>,
+        ask: Option<&str>,
+    ) -> Result<(Value, Backend)> {
+        let addr = match (&self.target, self.slot, ask) {
+            (_, _, Some(addr)) => addr.to_string(),
+            (Target::Cluster(cluster), Some(slot), None) => cluster.inner.owner(slot)?,
+            _ => String::new(),
+        };
+        if self.conn.as_ref().is_some_and(|(at, _)| *at != addr) {
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            let conn = match &self.target {
+                Target::Standalone(client) => client.get_connection()?,
+                Target::Cluster(cluster) => cluster.inner.node(&addr)?.get_connection()?,
+            };
+            self.conn = Some((addr.clone(), conn));
+        }
+        let conn = &mut self.conn.as_mut().expect("connected above").1;
+        let backend = match &self.target {
+            Target::Standalone(_) => match self.backend.get() {
+                Some(backend) => *backend,
+                None => {
+                    let backend = ask_backend(conn)?;
+                    *self.backend.get_or_init(|| backend)
+                }
+            },
+            Target::Cluster(cluster) => match cluster.inner.backend(&addr) {
+                Some(backend) => backend,
+                None => {
+                    let backend = ask_backend(conn)?;
+                    cluster.inner.set_backend(&addr, backend);
+                    backend
+                }
+            },
+        };
+        let request = build(backend)?;
+        if ask.is_some() {
+            redis::cmd("ASKING").query::<()>(conn)?;
+        }
+        let answer = match request.cmd.query(conn) {
+            Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
+                let eval = request.eval.as_ref().unwrap_or(&request.cmd);
+                if ask.is_some() {
+                    redis::cmd("ASKING").query::<()>(conn)?;
+                }
+                eval.query(conn)
+            }
+            answer => answer,
+        };
+        Ok((answer?, backend))
+    }
+
+    /// `op` in the form the node takes.
+    pub(crate) fn op<T: FromRedisValue>(&mut self, op: &Op) -> Result<T> {
+        let long = self.is_cluster();
+        let (value, _) = self.send(&mut |backend| op.request(backend, long))?;
+        Ok(T::from_redis_value(&value)?)
+    }
+
+    /// A command that is no semaphore operation (`BLPOP`, `WAIT`), on the same node.
+    pub(crate) fn plain<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T> {
+        let (value, _) = self.send(&mut |_| Ok(cmd.clone().into()))?;
+        Ok(T::from_redis_value(&value)?)
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+}
+
+/// Asks the node on `conn` whether it has the module.
+fn ask_backend(conn: &mut Connection) -> Result<Backend> {
+    Ok(Backend::from_answer(Backend::question().query(conn)?))
+}
+
+/// A semaphore's settings; [`Semaphore::acquire`] takes a permit. Defaults: limit 1, lease 30
+/// seconds, no waiting, not fair, one permit, not bound, a new UUID v4 identifier per acquire,
+/// no replicas awaited, refreshed automatically.
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    target: Target,
+    spec: AcquireSpec,
+    id: Option<String>,
+    durable: Option<(usize, Duration)>,
+    auto_refresh: bool,
+    /// Whether the server has the module, asked on the first acquire; shared by the clones
+    /// (in Redis Cluster the [`Cluster`] keeps it per node).
+    backend: Arc<OnceLock<Backend>>,
+}
+
+impl Semaphore {
+    /// A semaphore on one server ([`Client`]) or in Redis Cluster ([`Cluster`], or a
+    /// `ClusterClient`): there `name` needs a hash tag.
+    pub fn new(target: impl Into<Target>, name: impl Into<String>) -> Self {
+        Semaphore {
+            target: target.into(),
+            spec: AcquireSpec::new(name.into()),
+            id: None,
+            durable: None,
+            auto_refresh: true,
+            backend: Arc::default(),
+        }
+    }
+
+    /// The number of permits (1 to 4294967295).
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.spec.limit = limit;
+        self
+    }
+
+    /// How long a permit lives unless refreshed (millisecond precision); refreshed every
+    /// lease/3 while held.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.spec.lease = lease;
+        self
+    }
+
+    /// How long to wait inside the server for a permit: `None` or zero do not wait,
+    /// `Some(Duration::MAX)` waits without limit.
+    pub fn wait(mut self, wait: Option<Duration>) -> Self {
+        self.spec.wait = wait;
+        self
+    }
+
+    /// `SEM.ACQUIREFAIR`: first come, first served, and [`Permit::ticket`] is a fencing token.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.spec.fair = fair;
+        self
+    }
+
+    /// Takes `count` permits at once (all or none).
+    pub fn count(mut self, count: u32) -> Self {
+        self.spec.count = Some(count);
+        self
+    }
+
+    /// `BOUND`: the permit is given back as soon as its connection closes (the process dies).
+    /// It needs the module: without it the acquire fails with [`Error::ModuleRequired`].
+    pub fn bound(mut self, bound: bool) -> Self {
+        self.spec.bound = bound;
+        self
+    }
+
+    /// The holder's identifier (default: a new UUID v4 per acquire). An identifier names one
+    /// permit: a second acquire with it, while the first permit is held, renews that permit
+    /// rather than taking another (which is what makes a retried acquire safe). So a
+    /// `Semaphore` with an identifier, and its clones, must not hold two permits at once.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// After the grant, `WAIT replicas timeout`: unless that many replicas acknowledge it, the
+    /// permit is given back and the acquire fails with [`Error::NotDurable`].
+    pub fn durable(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.durable = Some((replicas, timeout));
+        self
+    }
+
+    /// `false`: no background refresh; call [`Permit::refresh`] yourself.
+    pub fn auto_refresh(mut self, auto_refresh: bool) -> Self {
+        self.auto_refresh = auto_refresh;
+        self
+    }
+
+    /// Takes a permit: [`Error::NotAcquired`] when none was granted.
+    pub fn acquire(&self) -> Result<Permit> {
+        let slot = self.target.slot(std::slice::from_ref(&self.spec.name))?;
+        let id = identifier(&self.id);
+        let mut link = Link::new(self.target.clone(), slot, self.backend.clone());
+        let until = deadline(self.spec.wait);
+        let long = link.is_cluster();
+        let (sent, ticket) = loop {
+            let sent = Instant::now();
+            let (reply, backend) =
+                link.send(&mut |backend| self.spec.op(&id, left(until)).request(backend, long))?;
+            match self.spec.outcome(backend, reply, left(until))? {
+                Step::Granted(ticket) => break (sent, ticket),
+                Step::Refused => return Err(Error::NotAcquired),
+                Step::Block(blpop) => {
+                    link.plain::<Value>(&blpop)?;
+                }
+            }
+        };
+        let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
+        holder.granted_at(sent);
+        // From here on, an early return drops the permit, which gives it back.
+        let mut permit = Permit {
+            holding: Holding::new(holder, link),
+            ticket,
+            count: self.spec.count.unwrap_or(1),
+        };
+        if let Some((wanted, timeout)) = self.durable {
+            let acked: usize = permit
+                .holding
+                .with_link(|link| link.plain(&durable_wait(wanted, timeout)))?;
+            if acked < wanted {
+                return Err(Error::NotDurable { acked, wanted });
+            }
+        }
+        // A wait for the grant leaves the lease's start unknown: confirm it now.
+        if sent.elapsed() > self.spec.lease / 3 && !permit.refresh()? {
+            return Err(Error::Lost);
+        }
+        if self.auto_refresh {
+            permit.holding.start_refreshing();
+        }
+        Ok(permit)
+    }
+}
+
+/// Permits of several semaphores for one identifier, taken all or none in one step
+/// (`SEM.ACQUIREALL`); [`SemaphoreSet::acquire`] takes them. Defaults as for [`Semaphore`]:
+/// lease 30 seconds, no waiting, not fair, not bound, a new UUID v4 identifier per acquire,
+/// refreshed automatically. A set needs the module: without it [`SemaphoreSet::acquire`] fails
+/// with [`Error::ModuleRequired`]. In Redis Cluster the names must share a slot (one hash tag).
+#[derive(Debug, Clone)]
+pub struct SemaphoreSet {
+    target: Target,
+    spec: SetSpec,
+    id: Option<String>,
+    auto_refresh: bool,
+    /// Whether the server has the module, asked on the first acquire; shared by the clones.
+    backend: Arc<OnceLock<Backend>>,
+}
+
+impl SemaphoreSet {
+    pub fn new(target: impl Into<Target>) -> Self {
+        SemaphoreSet {
+            target: target.into(),
+            spec: SetSpec::new(),
+            id: None,
+            auto_refresh: true,
+            backend: Arc::default(),
+        }
+    }
+
+    /// Adds `count` of the `limit` permits of `name` to the set (1 to 64 distinct names; in
+    /// Redis Cluster they must share a slot).
+    pub fn semaphore(mut self, name: impl Into<String>, limit: u32, count: u32) -> Self {
+        self.spec.semaphores.push((name.into(), limit, count));
+        self
+    }
+
+    /// As [`Semaphore::lease`], the same for every semaphore of the set.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.spec.lease = lease;
+        self
+    }
+
+    /// How long to wait inside the server until the whole set can be granted at once: `None`
+    /// or zero do not wait, `Some(Duration::MAX)` waits without limit.
+    pub fn wait(mut self, wait: Option<Duration>) -> Self {
+        self.spec.wait = wait;
+        self
+    }
+
+    /// `FAIR`: every semaphore is a fair one, and [`PermitSet::tickets`] has a fencing token
+    /// per semaphore.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.spec.fair = fair;
+        self
+    }
+
+    /// `BOUND`: every permit of the set is given back as soon as its connection closes.
+    pub fn bound(mut self, bound: bool) -> Self {
+        self.spec.bound = bound;
+        self
+    }
+
+    /// As [`Semaphore::id`].
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// `false`: no background refresh; call [`PermitSet::refresh`] yourself.
+    pub fn auto_refresh(mut self, auto_refresh: bool) -> Self {
+        self.auto_refresh = auto_refresh;
+        self
+    }
+
+    /// Takes every permit of the set: [`Error::NotAcquired`] when any one of them is full
+    /// (then none is held); [`Error::ModuleRequired`] when the server has no module.
+    pub fn acquire(&self) -> Result<PermitSet> {
+        let names = self.spec.names();
+        let slot = self.target.slot(&names)?;
+        let id = identifier(&self.id);
+        let mut link = Link::new(self.target.clone(), slot, self.backend.clone());
+        let until = deadline(self.spec.wait);
+        let sent = Instant::now();
+        let reply: Value = link.op(&self.spec.op(&id, left(until)))?;
+        let tickets = self.spec.outcome(reply)?;
+        let holder = Holder::new(names, true, id, self.spec.lease);
+        holder.granted_at(sent);
+        // From here on, an early return drops the set, which gives it back.
+        let mut permits = PermitSet {
+            holding: Holding::new(holder, link),
+            counts: self.spec.semaphores.iter().map(|s| s.2).collect(),
+            tickets,
+        };
+        // A wait for the grant leaves the lease's start unknown: confirm it now.
+        if sent.elapsed() > self.spec.lease / 3 && !permits.refresh()? {
+            return Err(Error::Lost);
+        }
+        if self.auto_refresh {
+            permits.holding.start_refreshing();
+        }
+        Ok(permits)
+    }
+}
+
+/// `op` on a connection of its own to the node serving `name`, after asking whether the node
+/// has the module.
+fn once<T: FromRedisValue>(target: Target, op: &Op) -> Result<T> {
+    let slot = target.slot(&[op.name().to_string()])?;
+    Link::new(target, slot, Arc::default()).op(op)
+}
+
+/// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection of
+/// its own (it blocks the connection): `Ok(true)` once it has none (at once if it has none
+/// now), `Ok(false)` when `timeout` passes first. `Duration::MAX` waits without limit; zero
+/// looks once. It takes nothing. It needs the module: without it, [`Error::ModuleRequired`].
+pub fn wait_empty(target: impl Into<Target>, name: &str, timeout: Duration) -> Result<bool> {
+    let emptied: i64 = once(target.into(), &wait_empty_op(name, timeout))?;
+    Ok(emptied == 1)
+}
+
+/// The operator's limit stored for the semaphore `name` (`SEM.LIMIT name`), or `None` when
+/// there is none. While one is stored, every acquire of `name` uses it instead of its own.
+pub fn stored_limit(target: impl Into<Target>, name: &str) -> Result<Option<u64>> {
+    once(target.into(), &Op::new("LIMIT", name))
+}
+
+/// Stores an operator's limit for the semaphore `name` (`SEM.LIMIT name n`): every acquire of
+/// `name` uses it instead of its own until [`clear_limit`]. 0 pauses the semaphore; a lower
+/// limit takes no permit from its holders, and a higher one serves the waiters at once.
+pub fn set_limit(target: impl Into<Target>, name: &str, limit: u32) -> Result<()> {
+    once(target.into(), &Op::new("LIMIT", name).arg(limit))
+}
+
+/// Removes the operator's limit of the semaphore `name` (`SEM.LIMIT name CLEAR`): acquires use
+/// their own limits again. `Ok(true)` if one was stored.
+pub fn clear_limit(target: impl Into<Target>, name: &str) -> Result<bool> {
+    let removed: i64 = once(target.into(), &Op::new("LIMIT", name).arg("CLEAR"))?;
+    Ok(removed == 1)
+}
+
+/// The permits of the semaphore `name` in use (`SEM.GET name`): its live holders, and a
+/// holder of several permits ([`Semaphore::count`]) counts for each.
+pub fn in_use(target: impl Into<Target>, name: &str) -> Result<u64> {
+    once(target.into(), &Op::new("GET", name))
+}
+
+/// What the permit (or set) and its refresh thread share.
+struct Shared {
+    holder: Holder,
+    link: Mutex<Link>,
+}
+
+impl Shared {
+    fn refresh(&self) -> Result<bool> {
+        let sent = Instant::now();
+        let held: i64 = lock(&self.link).op(&self.holder.refresh_op())?;
+        Ok(self.holder.refreshed(sent, held))
+    }
+}
+
+/// The refresh thread and the release that a permit and a set share.
+struct Holding {
+    shared: Arc<Shared>,
+    /// Dropping it stops the refresh thread.
+    stop: Option<mpsc::Sender<()>>,
+    refresher: Option<JoinHandle<()>>,
+    released: bool,
+}
+
+impl Holding {
+    fn new(holder: Holder, link: Link) -> Self {
+        Holding {
+            shared: Arc::new(Shared {
+                holder,
+                link: Mutex::new(link),
+            }),
+            stop: None,
+            refresher: None,
+            released: false,
+        }
+    }
+
+    fn holder(&self) -> &Holder {
+        &self.shared.holder
+    }
+
+    fn with_link<T>(&self, send: impl FnOnce(&mut Link) -> Result<T>) -> Result<T> {
+        send(&mut lock(&self.shared.link))
+    }
+
+    fn give_back(&mut self) -> Result<bool> {
+        self.released = true;
+        let lost_before = self.holder().is_lost();
+        self.stop.take(); // the refresh thread ends at its next wake-up...
+        if let Some(refresher) = self.refresher.take() {
+            let _ = refresher.join(); // ...which is now, after a refresh under way
+        }
+        let released: i64 = self.with_link(|link| link.op(&self.holder().release_op()))?;
+        Ok(released == self.holder().wanted() && !lost_before)
+    }
+
+    fn start_refreshing(&mut self) {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let shared = Arc::clone(&self.shared);
+        let interval = shared.holder.lease / 3;
+        let refresher = thread::Builder::new()
+            .name(format!("redsem-refresh-{}", shared.holder.id))
+            .spawn(move || loop {
+                match stopped.recv_timeout(interval) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    _ => return, // stopped
+                }
+                match shared.refresh() {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(_) if shared.holder.is_lost() => return,
+                    Err(_) => {} // unreachable server: retry until the lease is up
+                }
+            })
+            .expect("cannot start the refresh thread");
+        self.stop = Some(stop);
+        self.refresher = Some(refresher);
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.give_back();
+        }
+    }
+}
+
+/// A granted permit. It refreshes its lease from a background thread every lease/3 (unless
+/// [`Semaphore::auto_refresh`] is off) and gives the permit back when dropped; call
+/// [`Permit::release`] to learn whether it was held throughout.
+pub struct Permit {
+    holding: Holding,
+    ticket: Option<u64>,
+    count: u32,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("name", &self.name())
+            .field("id", &self.id())
+            .field("ticket", &self.ticket)
+            .field("count", &self.count)
+            .finish()
+    }
+}
+
+impl Permit {
+    /// The holder's identifier.
+    pub fn id(&self) -> &str {
+        &self.holding.holder().id
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.holding.holder().names[0]
+    }
+
+    /// The fencing ticket of a fair permit (tickets of a name only ever grow), else `None`.
+    pub fn ticket(&self) -> Option<u64> {
+        self.ticket
+    }
+
+    /// The number of permits held.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// True once the permit may have run out: a refresh answered 0, or no refresh was
+    /// confirmed within a lease (the server is unreachable). It stays true.
+    pub fn is_lost(&self) -> bool {
+        self.holding.holder().is_lost()
+    }
+
+    /// `Err(Error::Lost)` once the permit is lost: call it in long work to stop early.
+    pub fn check(&self) -> Result<()> {
+        self.holding.holder().check()
+    }
+
+    /// Moves the deadline to now + lease; `Ok(false)` (and lost) if the permit had run out.
+    pub fn refresh(&self) -> Result<bool> {
+        self.holding.shared.refresh()
+    }
+
+    /// Gives back `count` of the permits held and keeps the rest (its deadline and ticket);
+    /// `Ok(false)` (and lost) if the permit had run out.
+    pub fn release_some(&mut self, count: u32) -> Result<bool> {
+        let op = self.holding.holder().release_some_op(self.count, count)?;
+        let released: i64 = self.holding.with_link(|link| link.op(&op))?;
+        if released == 1 {
+            self.count -= count;
+        } else {
+            self.holding.holder().mark_lost();
+        }
+        Ok(released == 1)
+    }
+
+    /// Gives the permit back: `Ok(true)` if it was held throughout, `Ok(false)` if it was lost
+    /// (the work it guarded may have overlapped another holder's).
+    pub fn release(mut self) -> Result<bool> {
+        self.holding.give_back()
+    }
+}
+
+/// Permits of several semaphores taken at once ([`SemaphoreSet::acquire`]). They are refreshed
+/// together (`SEM.REFRESHALL`) from a background thread every lease/3, the set is lost as soon
+/// as any one of them is, and they are given back together (`SEM.RELEASEALL`) by
+/// [`PermitSet::release`] or when the set is dropped.
+pub struct PermitSet {
+    holding: Holding,
+    counts: Vec<u32>,
+    tickets: Option<Vec<u64>>,
+}
+
+impl fmt::Debug for PermitSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PermitSet")
+            .field("names", &self.names())
+            .field("id", &self.id())
+            .field("tickets", &self.tickets)
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+impl PermitSet {
+    /// The holder's identifier, the same in every semaphore of the set.
+    pub fn id(&self) -> &str {
+        &self.holding.holder().id
+    }
+
+    /// The semaphores' names, in the order given.
+    pub fn names(&self) -> &[String] {
+        &self.holding.holder().names
+    }
+
+    /// The permits held of each semaphore, in the same order.
+    pub fn counts(&self) -> &[u32] {
+        &self.counts
+    }
+
+    /// With [`SemaphoreSet::fair`]: one fencing ticket per semaphore, in the same order.
+    pub fn tickets(&self) -> Option<&[u64]> {
+        self.tickets.as_deref()
+    }
+
+    /// True once a permit of the set may have run out: a refresh answered fewer than all the
+    /// semaphores, or no refresh was confirmed within a lease. It stays true.
+    pub fn is_lost(&self) -> bool {
+        self.holding.holder().is_lost()
+    }
+
+    /// `Err(Error::Lost)` once a permit of the set is lost: call it in long work to stop early.
+    pub fn check(&self) -> Result<()> {
+        self.holding.holder().check()
+    }
+
+    /// Moves every deadline to now + lease; `Ok(false)` (and lost) if a permit had run out.
+    pub fn refresh(&self) -> Result<bool> {
+        self.holding.shared.refresh()
+    }
+
+    /// Gives every permit back: `Ok(true)` if all were held throughout, `Ok(false)` if one was
+    /// lost.
+    pub fn release(mut self) -> Result<bool> {
+        self.holding.give_back()
+    }
+}
