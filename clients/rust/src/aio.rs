@@ -39,7 +39,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Client, Cmd, FromRedisValue, RedisResult, Value};
 use tokio::task::JoinHandle;
 
-use crate::cluster::{cluster_slots, Cluster, Inner};
+use crate::cluster::{cluster_slots, no_owner, Cluster, Inner};
 use crate::core::{
     check_name, check_set, connection_broken, deadline, durable_wait, identifier, left, lock,
     next_step, wait_empty_op, AcquireSpec, Backend, Error, Holder, Next, Op, Request, Result,
@@ -174,7 +174,7 @@ async fn owner(cluster: &Inner, slot: u16) -> RedisResult<String> {
         )
         .await;
     cluster.learn_slots(answer)?;
-    Ok(cluster.known_owner(slot).unwrap_or_default())
+    cluster.known_owner(slot).ok_or_else(|| no_owner(slot))
 }
 
 /// A connection to the node serving a slot (on one server: to the server): the shared one, or

@@ -137,7 +137,7 @@ impl Inner {
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
         );
         self.learn_slots(answer)?;
-        Ok(self.known_owner(slot).unwrap_or_default())
+        self.known_owner(slot).ok_or_else(|| no_owner(slot))
     }
 
     /// Keeps the layout `CLUSTER SLOTS` answered.
@@ -195,6 +195,15 @@ impl Inner {
     pub(crate) fn client(&self) -> &ClusterClient {
         &self.client
     }
+}
+
+/// No node serves `slot` (the cluster is failing over): a failure to retry after a pause.
+pub(crate) fn no_owner(slot: u16) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::ClusterDown,
+        "no node serves the slot",
+        slot.to_string(),
+    ))
 }
 
 pub(crate) fn cluster_slots() -> redis::Cmd {

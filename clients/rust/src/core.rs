@@ -374,9 +374,9 @@ pub(crate) fn connection_broken(err: &RedisError) -> bool {
 }
 
 /// The retries of one call: pauses from 50 ms doubling to 1 s, and an error once the budget
-/// has passed.
+/// has passed since the first failure (a wait that went well before it does not count).
 pub(crate) struct Retries {
-    started: Instant,
+    first_failure: Option<Instant>,
     budget: Duration,
     pause: Duration,
     redirects: u32,
@@ -385,17 +385,24 @@ pub(crate) struct Retries {
 impl Retries {
     pub(crate) fn new(budget: Duration) -> Self {
         Retries {
-            started: Instant::now(),
+            first_failure: None,
             budget,
             pause: Duration::from_millis(50),
             redirects: 0,
         }
     }
 
+    /// Time spent failing so far.
+    fn failing(&mut self) -> Duration {
+        self.first_failure
+            .get_or_insert_with(Instant::now)
+            .elapsed()
+    }
+
     /// The pause before the next try, or [`Error::Unavailable`] once the budget has passed.
     pub(crate) fn pause(&mut self, err: RedisError) -> Result<Duration> {
         let pause = self.pause;
-        if self.started.elapsed() + pause > self.budget {
+        if self.failing() + pause > self.budget {
             return Err(Error::Unavailable {
                 budget: self.budget,
                 last: err,
@@ -412,7 +419,7 @@ impl Retries {
         if self.redirects.is_multiple_of(8) {
             return self.pause(err);
         }
-        if self.started.elapsed() > self.budget {
+        if self.failing() > self.budget {
             return Err(Error::Unavailable {
                 budget: self.budget,
                 last: err,

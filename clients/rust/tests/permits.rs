@@ -5,8 +5,8 @@
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::sync::Once;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -14,133 +14,7 @@ use common::{first_ticket, run, server_ms, wait_until, zset, Server};
 use redsem_client::{
     clear_limit, in_use, set_limit, stored_limit, wait_empty, Error, Semaphore, SemaphoreSet,
 };
-
-/// The script the crate runs without the module.
-const SCRIPT: &str = include_str!("../../scripts/redsem.lua");
-
-/// `REDSEM_BACKEND=scripts`: the servers have no module, and the crate runs the script.
-fn scripts() -> bool {
-    match std::env::var("REDSEM_BACKEND").as_deref() {
-        Ok("scripts") => true,
-        Ok("module") | Ok("") | Err(_) => false,
-        Ok(other) => panic!("REDSEM_BACKEND is scripts or module, not {other:?}"),
-    }
-}
-
-/// The harness finds the workspace's debug build through REDSEM_MODULE (its own default is
-/// relative to the root crate).
-fn find_the_module() {
-    static MODULE: Once = Once::new();
-    MODULE.call_once(|| {
-        if std::env::var_os("REDSEM_MODULE").is_none() {
-            let module = concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/debug/libredsem.so"
-            );
-            std::env::set_var("REDSEM_MODULE", module);
-        }
-    });
-}
-
-/// A server with the module and `extra` arguments, or with `REDSEM_BACKEND=scripts` one
-/// without it, given the `--name value` pairs of `extra` by `CONFIG SET`.
-fn server_with(extra: &[&str]) -> Server {
-    find_the_module();
-    if !scripts() {
-        return Server::start_with(extra);
-    }
-    let server = Server::start_without_module();
-    let mut conn = server.connection();
-    for pair in extra.chunks(2) {
-        let name = pair[0].strip_prefix("--").expect("--name value");
-        let _: () = run(&mut conn, &["CONFIG", "SET", name, pair[1]]);
-    }
-    server
-}
-
-fn server() -> Server {
-    server_with(&["--save", "", "--appendonly", "no"])
-}
-
-fn client(server: &Server) -> redis::Client {
-    redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).unwrap()
-}
-
-/// The script's `op` on the semaphore `name`, sent with EVAL.
-fn script<T: redis::FromRedisValue>(conn: &mut redis::Connection, name: &str, op: &[&str]) -> T {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(SCRIPT).arg(6).arg(name);
-    for suffix in [":owner", ":counter", ":permits", ":limit", ":wake"] {
-        cmd.arg(format!("{name}{suffix}"));
-    }
-    cmd.arg(op)
-        .query(conn)
-        .unwrap_or_else(|err| panic!("the script's {op:?} failed: {err}"))
-}
-
-/// The permits of `name` in use: `SEM.GET`, or the script's `GET`.
-fn live(conn: &mut redis::Connection, name: &str) -> i64 {
-    match scripts() {
-        false => run(conn, &["SEM.GET", name]),
-        true => script(conn, name, &["GET"]),
-    }
-}
-
-/// The calls of a command so far (`INFO commandstats`; `command|info` for a subcommand).
-fn calls(conn: &mut redis::Connection, command: &str) -> u64 {
-    let stats: String = run(conn, &["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |rest| {
-            rest.split(',').next().unwrap().parse().expect("calls")
-        })
-}
-
-/// The script's runs so far: EVALSHA and EVAL, the crate's and the tests' own (`live`).
-fn script_runs(conn: &mut redis::Connection) -> u64 {
-    calls(conn, "evalsha") + calls(conn, "eval")
-}
-
-const SET_NEEDS: &str = "a semaphore set (SEM.ACQUIREALL)";
-
-/// `result` is `Error::ModuleRequired(what)`, and nothing but the question whether the server
-/// has the module was sent: no script ran, no key of `names` exists.
-fn assert_module_required<T: std::fmt::Debug>(
-    conn: &mut redis::Connection,
-    runs_before: u64,
-    result: Result<T, Error>,
-    what: &str,
-    names: &[&str],
-) {
-    match result {
-        Err(err @ Error::ModuleRequired(_)) => assert_eq!(
-            err.to_string(),
-            format!("{what} needs the redsem module loaded in the server")
-        ),
-        other => panic!("{what} without the module: {other:?}"),
-    }
-    assert_eq!(script_runs(conn), runs_before, "{what}: a script ran");
-    for name in names {
-        assert_eq!(run::<i64>(conn, &["EXISTS", name]), 0, "{name}");
-    }
-}
-
-/// Waits until a client waits for a permit of `name`: in the module's line, or blocked in
-/// `BLPOP` (the script's waiters).
-fn until_waiting(conn: &mut redis::Connection, name: &str, by_script: bool) {
-    wait_until(
-        "the waiter is in line",
-        Duration::from_secs(5),
-        || match by_script {
-            false => run::<String>(conn, &["SEM.GET", name, "JSON"]).contains("\"waiters\":1"),
-            true => run::<String>(conn, &["CLIENT", "LIST"])
-                .lines()
-                .any(|client| client.contains(" flags=b ") && client.contains(" cmd=blpop ")),
-        },
-    );
-}
+use support::*;
 
 #[test]
 fn grant_release_and_the_limit() {
@@ -716,12 +590,6 @@ fn an_operators_limit_is_stored_used_by_every_acquire_and_cleared() {
     assert_eq!(run::<i64>(&mut conn, &["EXISTS", "jobs:limit"]), 0);
 }
 
-/// A server without the module, whatever `REDSEM_BACKEND` says.
-fn server_without_module() -> Server {
-    find_the_module();
-    Server::start_without_module()
-}
-
 #[test]
 fn without_the_module_what_needs_it_fails_before_anything_is_sent() {
     let server = server_without_module();
@@ -789,11 +657,6 @@ fn without_the_module_a_release_serves_a_waiter_at_once() {
         assert!(permit.release().unwrap());
         assert_eq!(live_by_script(&mut conn, "jobs"), 0);
     }
-}
-
-/// The script's `GET`, whatever `REDSEM_BACKEND` says.
-fn live_by_script(conn: &mut redis::Connection, name: &str) -> i64 {
-    script(conn, name, &["GET"])
 }
 
 #[test]

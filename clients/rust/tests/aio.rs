@@ -1,0 +1,453 @@
+//! The async API (redsem_client::aio, on tokio) against a real redis-server: the same
+//! behaviours as the sync suite's main cases, with the module or, with
+//! `REDSEM_BACKEND=scripts`, without it (then what needs the module asserts
+//! `Error::ModuleRequired`).
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::{first_ticket, run, wait_until, zset};
+use redsem_client::aio::{self, Semaphore, SemaphoreSet, Target};
+use redsem_client::Error;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grant_release_and_the_limit() {
+    let server = server();
+    let mut conn = server.connection();
+    let jobs = Semaphore::new(client(&server), "jobs").limit(2);
+    let first = jobs.acquire().await.unwrap();
+    let second = jobs.acquire().await.unwrap();
+    assert_ne!(first.id(), second.id());
+    assert_eq!(first.ticket(), None);
+    let started = Instant::now();
+    assert!(matches!(jobs.acquire().await, Err(Error::NotAcquired)));
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(live(&mut conn, "jobs"), 2);
+
+    assert!(first.release().await.unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    assert!(second.release().await.unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 0);
+    assert_eq!(run::<i64>(&mut conn, &["EXISTS", "jobs"]), 0);
+    // One question whether the server has the module for the three acquires.
+    assert_eq!(calls(&mut conn, "command|info"), 1);
+    assert_eq!(
+        calls(&mut conn, "sem.acquire"),
+        if scripts() { 0 } else { 3 }
+    );
+    assert_eq!(calls(&mut conn, "evalsha") > 0, scripts());
+}
+
+/// The async example of clients/rust/README.md, but for the server's address.
+async fn readme_async_example(url: &str) -> Result<(), Error> {
+    // README async example begins
+    let client = redis::Client::open(url)?;
+    // The calls that do not block share this connection; a waiting or bound acquire gets one
+    // of its own.
+    let target = redsem_client::aio::Target::with_manager(
+        client.clone(),
+        client.get_connection_manager().await?,
+    );
+    let jobs = redsem_client::aio::Semaphore::new(&target, "jobs")
+        .limit(3)
+        .wait(Some(Duration::from_secs(10)));
+    let permit = jobs.acquire().await?;
+    // at most 3 holders here; a tokio task refreshes the lease every lease/3
+    assert!(permit.release().await?, "the lease ran out during the work");
+    // README async example ends
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_async_example() {
+    let server = server();
+    let mut conn = server.connection();
+    readme_async_example(&format!("redis://127.0.0.1:{}/", server.port))
+        .await
+        .unwrap();
+    assert_eq!(live(&mut conn, "jobs"), 0);
+    let this_file = include_str!("aio.rs");
+    let begin = this_file.find("// README async example begins\n").unwrap();
+    let end = this_file.find("    // README async example ends").unwrap();
+    let example: String = this_file[begin..end]
+        .lines()
+        .skip(1)
+        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
+        .collect();
+    let example = example.replace("open(url)", "open(\"redis://127.0.0.1:6379/\")");
+    assert!(
+        include_str!("../README.md").contains(&example),
+        "clients/rust/README.md lacks:\n{example}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wait_times_out_or_is_served_when_a_holder_leaves() {
+    let server = server();
+    let mut conn = server.connection();
+    let jobs = Semaphore::new(client(&server), "jobs").limit(1);
+    let holder = jobs.acquire().await.unwrap();
+
+    let started = Instant::now();
+    let waiting = jobs.clone().wait(Some(Duration::from_millis(300)));
+    assert!(matches!(waiting.acquire().await, Err(Error::NotAcquired)));
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5));
+
+    let leaving = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.release().await.unwrap()
+    });
+    let permit = jobs
+        .clone()
+        .wait(Some(Duration::MAX))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(leaving.await.unwrap());
+    assert_eq!(zset(&mut conn, "jobs")[0].0, permit.id());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_blocks_a_connection_of_its_own_not_the_shared_one() {
+    let server = server();
+    let mut conn = server.connection();
+    let client = client(&server);
+    let shared = client.get_multiplexed_async_connection().await.unwrap();
+    let target = Target::with_connection(client.clone(), shared);
+    let jobs = Semaphore::new(&target, "jobs");
+    let holder = jobs.acquire().await.unwrap();
+    let waiting = jobs.clone().wait(Some(Duration::from_secs(10)));
+    let waiter = tokio::spawn(async move { waiting.acquire().await });
+    until_waiting(&mut conn, "jobs", scripts());
+    // The shared connection answers at once while the waiter blocks.
+    let started = Instant::now();
+    assert_eq!(aio::in_use(&target, "jobs").await.unwrap(), 1);
+    assert!(holder.refresh().await.unwrap());
+    assert!(started.elapsed() < Duration::from_millis(500));
+    // Two connections: the shared one and the waiter's (and this test's own).
+    let clients: String = run(&mut conn, &["CLIENT", "LIST"]);
+    assert_eq!(clients.lines().count(), 3, "{clients}");
+    assert!(holder.release().await.unwrap());
+    let permit = waiter.await.unwrap().unwrap();
+    assert!(permit.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refresh_keeps_a_short_lease_alive_and_a_removed_permit_is_lost() {
+    let server = server();
+    let mut conn = server.connection();
+    let jobs = Semaphore::new(client(&server), "jobs").lease(Duration::from_millis(600));
+    let permit = jobs.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await; // more than three leases
+    assert!(!permit.is_lost());
+    assert_eq!(zset(&mut conn, "jobs")[0].0, permit.id());
+    assert!(permit.release().await.unwrap());
+
+    let permit = jobs.acquire().await.unwrap();
+    let _: i64 = run(&mut conn, &["DEL", "jobs"]);
+    let started = Instant::now();
+    while !permit.is_lost() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not reported lost"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(matches!(permit.check(), Err(Error::Lost)));
+    assert!(!permit.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_that_runs_out_during_the_work_is_reported_at_release() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .lease(Duration::from_millis(200))
+        .auto_refresh(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!permit.release().await.unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_permit_dropped_unreleased_is_given_back_by_a_task() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    drop(permit);
+    let started = Instant::now();
+    while live(&mut conn, "jobs") != 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "not given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fair_permits_carry_growing_tickets_count_and_identifier() {
+    let server = server();
+    let mut conn = server.connection();
+    let printers = Semaphore::new(client(&server), "printers")
+        .limit(2)
+        .fair(true);
+    let first = printers.acquire().await.unwrap();
+    let second = printers.acquire().await.unwrap();
+    let (one, two) = (first.ticket().unwrap(), second.ticket().unwrap());
+    if !scripts() {
+        assert_eq!(one as i64, first_ticket(&mut conn));
+    }
+    assert!(two > one);
+    assert!(first.release().await.unwrap() && second.release().await.unwrap());
+    let third = printers.acquire().await.unwrap();
+    assert!(third.ticket().unwrap() > two);
+    assert!(third.release().await.unwrap());
+
+    let gpus = Semaphore::new(client(&server), "gpus").limit(4);
+    let mut big = gpus.clone().count(3).acquire().await.unwrap();
+    assert_eq!(live(&mut conn, "gpus"), 3);
+    assert!(matches!(
+        gpus.clone().count(2).acquire().await,
+        Err(Error::NotAcquired)
+    ));
+    assert!(matches!(
+        big.release_some(3).await,
+        Err(Error::BadCount { held: 3 })
+    ));
+    assert!(big.release_some(2).await.unwrap());
+    assert_eq!((big.count(), live(&mut conn, "gpus")), (1, 1));
+    assert!(big.release().await.unwrap());
+
+    let named = Semaphore::new(client(&server), "jobs")
+        .id("worker-7")
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(named.id(), "worker-7");
+    assert_eq!(zset(&mut conn, "jobs")[0].0, "worker-7");
+    assert!(named.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bound_permit_is_given_back_when_its_connection_closes() {
+    let server = server();
+    let mut conn = server.connection();
+    let bound = Semaphore::new(client(&server), "jobs")
+        .lease(Duration::from_secs(3))
+        .bound(true);
+    if scripts() {
+        assert_module_required(&mut conn, 0, bound.acquire().await, "BOUND", &["jobs"]);
+        return;
+    }
+    let permit = bound.acquire().await.unwrap();
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    let _: i64 = run(
+        &mut conn,
+        &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+    );
+    wait_until(
+        "the server gives the permit back",
+        Duration::from_secs(2),
+        || live(&mut conn, "jobs") == 0,
+    );
+    let started = Instant::now();
+    while !permit.is_lost() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not reported lost"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!permit.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn durable_waits_for_replicas_and_gives_back_a_grant_they_missed() {
+    let primary = server_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let replica = common::start_replica_of(&primary);
+    let mut replica_conn = replica.connection();
+    let mut conn = primary.connection();
+    let jobs = Semaphore::new(client(&primary), "jobs");
+    let permit = jobs
+        .clone()
+        .durable(1, Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(zset(&mut replica_conn, "jobs")[0].0, permit.id());
+    assert!(permit.release().await.unwrap());
+
+    let refused = jobs.durable(2, Duration::from_millis(200)).acquire().await;
+    assert!(matches!(
+        refused,
+        Err(Error::NotDurable {
+            acked: 1,
+            wanted: 2
+        })
+    ));
+    assert_eq!(live(&mut conn, "jobs"), 0);
+}
+
+fn pair(target: &Target) -> SemaphoreSet {
+    SemaphoreSet::new(target)
+        .semaphore("gpu", 2, 1)
+        .semaphore("licence", 5, 3)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sets_are_granted_whole_waited_for_and_given_back_whole() {
+    let server = server();
+    let mut conn = server.connection();
+    let target = Target::from(client(&server));
+    if scripts() {
+        let result = pair(&target).acquire().await;
+        assert_module_required(&mut conn, 0, result, SET_NEEDS, &["gpu", "licence"]);
+        return;
+    }
+    let permits = pair(&target).fair(true).acquire().await.unwrap();
+    assert_eq!(permits.names(), ["gpu", "licence"]);
+    assert_eq!(permits.counts(), [1, 3]);
+    let floor = first_ticket(&mut conn) as u64;
+    assert_eq!(permits.tickets(), Some(&[floor, floor][..]));
+    assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (1, 3));
+    assert!(permits.refresh().await.unwrap());
+    assert!(permits.release().await.unwrap());
+    assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (0, 0));
+
+    // A waiting set is granted when a member is freed.
+    let holder = Semaphore::new(&target, "licence")
+        .limit(5)
+        .count(3)
+        .acquire()
+        .await
+        .unwrap();
+    let short = pair(&target).wait(Some(Duration::from_millis(200)));
+    assert!(matches!(short.acquire().await, Err(Error::NotAcquired)));
+    let leaving = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.release().await.unwrap()
+    });
+    let permits = pair(&target)
+        .wait(Some(Duration::from_secs(10)))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(leaving.await.unwrap());
+    assert_eq!(zset(&mut conn, "gpu")[0].0, permits.id());
+    assert!(permits.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_empty_is_true_once_the_holders_leave_and_false_at_the_timeout() {
+    let server = server();
+    let target = Target::from(client(&server));
+    if scripts() {
+        let mut conn = server.connection();
+        let result = aio::wait_empty(&target, "jobs", Duration::from_secs(10)).await;
+        assert_module_required(&mut conn, 0, result, "SEM.WAITEMPTY", &["jobs"]);
+        return;
+    }
+    assert!(aio::wait_empty(&target, "jobs", Duration::from_secs(10))
+        .await
+        .unwrap());
+    let holder = Semaphore::new(&target, "jobs")
+        .limit(3)
+        .acquire()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    assert!(
+        !aio::wait_empty(&target, "jobs", Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert!(!aio::wait_empty(&target, "jobs", Duration::ZERO)
+        .await
+        .unwrap());
+    let leaving = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.release().await.unwrap()
+    });
+    assert!(aio::wait_empty(&target, "jobs", Duration::MAX)
+        .await
+        .unwrap());
+    assert!(leaving.await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operators_limit_is_stored_used_by_every_acquire_and_cleared() {
+    let server = server();
+    let mut conn = server.connection();
+    let target = Target::from(client(&server));
+    assert_eq!(aio::stored_limit(&target, "jobs").await.unwrap(), None);
+    aio::set_limit(&target, "jobs", 0).await.unwrap();
+    assert_eq!(aio::stored_limit(&target, "jobs").await.unwrap(), Some(0));
+    let jobs = Semaphore::new(&target, "jobs").limit(10);
+    assert!(matches!(jobs.acquire().await, Err(Error::NotAcquired)));
+
+    aio::set_limit(&target, "jobs", 1).await.unwrap();
+    let first = jobs.acquire().await.unwrap();
+    assert!(matches!(jobs.acquire().await, Err(Error::NotAcquired)));
+    assert_eq!(aio::in_use(&target, "jobs").await.unwrap(), 1);
+    // Raised, a waiter is served at once.
+    let waiting = jobs.clone().wait(Some(Duration::from_secs(10)));
+    let waiter = tokio::spawn(async move { (waiting.acquire().await, Instant::now()) });
+    until_waiting(&mut conn, "jobs", scripts());
+    let raised = Instant::now();
+    aio::set_limit(&target, "jobs", 2).await.unwrap();
+    let (second, served) = waiter.await.unwrap();
+    assert!(served - raised < Duration::from_millis(500));
+    assert!(aio::clear_limit(&target, "jobs").await.unwrap());
+    assert_eq!(aio::stored_limit(&target, "jobs").await.unwrap(), None);
+    assert!(first.release().await.unwrap());
+    assert!(second.unwrap().release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_module_what_needs_it_fails_before_anything_is_sent() {
+    let server = server_without_module();
+    let mut conn = server.connection();
+    let target = Target::from(client(&server));
+    let bound = Semaphore::new(&target, "jobs").bound(true);
+    assert_module_required(&mut conn, 0, bound.acquire().await, "BOUND", &["jobs"]);
+    let set = SemaphoreSet::new(&target).semaphore("jobs", 1, 1);
+    assert_module_required(&mut conn, 0, set.acquire().await, SET_NEEDS, &["jobs"]);
+    let result = aio::wait_empty(&target, "jobs", Duration::ZERO).await;
+    assert_module_required(&mut conn, 0, result, "SEM.WAITEMPTY", &["jobs"]);
+
+    // The rest goes through the script; a waiter is served at once by a release.
+    let jobs = Semaphore::new(&target, "jobs").fair(true);
+    let holder = jobs.acquire().await.unwrap();
+    let held = holder.ticket().unwrap();
+    let waiting = jobs.clone().wait(Some(Duration::from_secs(10)));
+    let waiter = tokio::spawn(async move { (waiting.acquire().await, Instant::now()) });
+    until_waiting(&mut conn, "jobs", true);
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (permit, served) = waiter.await.unwrap();
+    let permit = permit.unwrap();
+    assert!(served - released < Duration::from_millis(300));
+    assert!(permit.ticket().unwrap() > held);
+    assert!(permit.release().await.unwrap());
+    assert_eq!(live_by_script(&mut conn, "jobs"), 0);
+    let stats: String = run(&mut conn, &["INFO", "commandstats"]);
+    assert!(!stats.contains("cmdstat_sem."), "{stats}");
+}
