@@ -39,11 +39,10 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Client, Cmd, FromRedisValue, RedisResult, Value};
 use tokio::task::JoinHandle;
 
-use crate::cluster::{cluster_slots, no_owner, Cluster, Inner};
+use crate::cluster::{cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route};
 use crate::core::{
-    check_name, check_set, connection_broken, deadline, durable_wait, identifier, left, lock,
-    next_step, wait_empty_op, AcquireSpec, Backend, Error, Holder, Next, Op, Request, Result,
-    Retries, SetSpec, Step,
+    connection_broken, deadline, durable_wait, identifier, left, lock, slot_of, wait_empty_op,
+    AcquireSpec, Backend, Error, Holder, Op, Request, Result, Retries, SetSpec, Step,
 };
 
 /// A connection that several callers share: the redis crate's multiplexed connection, or its
@@ -107,11 +106,7 @@ impl Target {
     }
 
     fn slot(&self, names: &[String]) -> Result<Option<u16>> {
-        match self {
-            Target::Standalone(_) => Ok(None),
-            Target::Cluster(_) if names.len() == 1 => check_name(&names[0]).map(Some),
-            Target::Cluster(_) => check_set(names).map(Some),
-        }
+        slot_of(names, matches!(self, Target::Cluster(_)))
     }
 }
 
@@ -155,17 +150,30 @@ impl From<redis::cluster::ClusterClient> for Target {
 /// The primary serving `slot`, asking the cluster (through the redis crate's async cluster
 /// connection) when it is not known.
 async fn owner(cluster: &Inner, slot: u16) -> RedisResult<String> {
+    if let Directory::Sync(_) = cluster.directory {
+        return Err(wrong_api("a sync", "the sync API"));
+    }
     if let Some(addr) = cluster.known_owner(slot) {
         return Ok(addr);
     }
-    let directory = lock(&cluster.async_directory).clone();
-    let mut directory = match directory {
-        Some(directory) => directory,
-        None => {
-            let directory = cluster.client().get_async_connection().await?;
-            *lock(&cluster.async_directory) = Some(directory.clone());
-            directory
+    let mut directory = match &cluster.directory {
+        Directory::Client {
+            client,
+            asynchronous,
+            ..
+        } => {
+            let known = lock(asynchronous).clone();
+            match known {
+                Some(directory) => directory,
+                None => {
+                    let directory = client.get_async_connection().await?;
+                    *lock(asynchronous) = Some(directory.clone());
+                    directory
+                }
+            }
         }
+        Directory::Async(conn) => conn.clone(),
+        Directory::Sync(_) => unreachable!("refused above"),
     };
     let answer = directory
         .route_command(
@@ -181,9 +189,7 @@ async fn owner(cluster: &Inner, slot: u16) -> RedisResult<String> {
 /// one of its own (`dedicated`), moved to the slot's new owner after a move or a failover.
 struct Link {
     target: Target,
-    slot: Option<u16>,
-    /// On one server: whether it has the module, asked once (shared by a semaphore's clones).
-    backend: Arc<OnceLock<Backend>>,
+    route: Route,
     dedicated: bool,
     /// The node's address (empty on one server) and the connection in use.
     conn: Option<(String, Conn)>,
@@ -191,10 +197,13 @@ struct Link {
 
 impl Link {
     fn new(target: Target, slot: Option<u16>, backend: Arc<OnceLock<Backend>>) -> Self {
+        let route = match (&target, slot) {
+            (Target::Cluster(cluster), Some(slot)) => Route::Slot(cluster.inner.clone(), slot),
+            _ => Route::Standalone(backend),
+        };
         Link {
             target,
-            slot,
-            backend,
+            route,
             dedicated: false,
             conn: None,
         }
@@ -206,7 +215,7 @@ impl Link {
     }
 
     fn is_cluster(&self) -> bool {
-        matches!(self.target, Target::Cluster(_))
+        self.route.is_cluster()
     }
 
     /// As the sync API's `Link::send`: to the slot's owner, following `MOVED` and `ASK`,
@@ -215,15 +224,11 @@ impl Link {
         &mut self,
         build: &mut (dyn FnMut(Backend) -> Result<Request> + Send),
     ) -> Result<(Value, Backend)> {
-        let cluster = match &self.target {
-            Target::Cluster(cluster) => Some(cluster.inner.clone()),
-            Target::Standalone(_) => None,
-        };
-        let mut retries = Retries::new(cluster.as_ref().map_or(Duration::ZERO, |c| c.budget));
+        let mut retries = Retries::new(self.route.budget());
         let mut ask = None;
         loop {
-            let asking: Option<String> = ask.take();
-            let err = match self.attempt(build, asking.as_deref()).await {
+            let asked: Option<String> = ask.take();
+            let err = match self.attempt(build, asked.as_deref()).await {
                 Ok(answer) => return Ok(answer),
                 Err(Error::Redis(err)) => err,
                 Err(other) => return Err(other),
@@ -231,28 +236,15 @@ impl Link {
             if connection_broken(&err) {
                 self.forget_connection();
             }
-            if asking.is_some() {
+            if asked.is_some() {
                 self.conn = None;
             }
-            let (Some(cluster), Some(slot)) = (&cluster, self.slot) else {
-                return Err(err.into());
-            };
-            match next_step(&err, true) {
-                Next::Moved(addr) => {
-                    cluster.moved(slot, &addr);
-                    tokio::time::sleep(retries.redirect(err)?).await;
-                }
-                Next::Ask(addr) => {
-                    ask = Some(addr);
-                    tokio::time::sleep(retries.redirect(err)?).await;
-                }
-                Next::Pause => {
-                    tokio::time::sleep(retries.pause(err)?).await;
-                    cluster.forget();
-                    self.forget_connection();
-                }
-                Next::Fail => return Err(err.into()),
+            let retry = self.route.recover(err, &mut retries)?;
+            if retry.reconnect {
+                self.forget_connection();
             }
+            ask = retry.ask;
+            tokio::time::sleep(retry.pause).await;
         }
     }
 
@@ -320,10 +312,10 @@ impl Link {
         build: &mut (dyn FnMut(Backend) -> Result<Request> + Send),
         ask: Option<&str>,
     ) -> Result<(Value, Backend)> {
-        let addr = match (&self.target, self.slot, ask) {
-            (_, _, Some(addr)) => addr.to_string(),
-            (Target::Cluster(cluster), Some(slot), None) => owner(&cluster.inner, slot).await?,
-            _ => String::new(),
+        let addr = match (&self.route, ask) {
+            (_, Some(addr)) => addr.to_string(),
+            (Route::Slot(cluster, slot), None) => owner(cluster, *slot).await?,
+            (Route::Standalone(_), None) => String::new(),
         };
         if self.conn.as_ref().is_some_and(|(at, _)| *at != addr) || ask.is_some() {
             self.conn = None;
@@ -333,26 +325,13 @@ impl Link {
             self.conn = Some((addr.clone(), conn));
         }
         let mut conn = self.conn.as_ref().expect("connected above").1.clone();
-        let backend = match &self.target {
-            Target::Standalone(_) => match self.backend.get() {
-                Some(backend) => *backend,
-                None => {
-                    let backend = Backend::from_answer(redis::from_owned_redis_value(
-                        conn.query(&Backend::question()).await?,
-                    )?);
-                    *self.backend.get_or_init(|| backend)
-                }
-            },
-            Target::Cluster(cluster) => match cluster.inner.backend(&addr) {
-                Some(backend) => backend,
-                None => {
-                    let backend = Backend::from_answer(redis::from_owned_redis_value(
-                        conn.query(&Backend::question()).await?,
-                    )?);
-                    cluster.inner.set_backend(&addr, backend);
-                    backend
-                }
-            },
+        let backend = match self.route.backend(&addr) {
+            Some(backend) => backend,
+            None => {
+                let info = conn.query(&Backend::question()).await?;
+                self.route
+                    .learn_backend(&addr, redis::from_owned_redis_value(info)?)
+            }
         };
         let request = build(backend)?;
         let asking = redis::cmd("ASKING");

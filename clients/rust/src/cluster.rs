@@ -2,20 +2,22 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Client, ConnectionAddr, ConnectionInfo, RedisConnectionInfo, RedisResult, Value};
+use redis::{
+    Client, ConnectionAddr, ConnectionInfo, RedisConnectionInfo, RedisError, RedisResult, Value,
+};
 
-use crate::core::{lock, Backend, RETRY_BUDGET};
+use crate::core::{lock, next_step, Backend, Next, Retries, RETRY_BUDGET};
 
-/// A Redis Cluster for semaphores: the redis crate's [`ClusterClient`] finds the node serving a
-/// slot (`CLUSTER SLOTS`, asked of any node through its cluster connection), and each call goes
-/// to that primary on a connection of its own (`WAIT`, `BOUND` and `WAIT numreplicas` need one
-/// connection to one node). Clones share what they learnt: the slots' owners, and which nodes
-/// have the module (asked once per node).
+/// A Redis Cluster for semaphores: the redis crate's cluster client (or one of its cluster
+/// connections) finds the node serving a slot (`CLUSTER SLOTS`, asked of any node through its
+/// cluster connection), and each call goes to that primary on a connection to that node
+/// (`WAIT`, `BOUND` and `WAIT numreplicas` need one connection to one node). Clones share what
+/// they learnt: the slots' owners, and which nodes have the module (asked once per node).
 ///
 /// Every semaphore's name needs a hash tag (`"{jobs}"`, `"app:{jobs}"`), and the names of a
 /// set must share a slot: else the call fails with [`crate::Error::BadName`] before anything is
@@ -25,14 +27,28 @@ pub struct Cluster {
     pub(crate) inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    client: ClusterClient,
-    /// The database, user, password and protocol of the connections to the nodes.
-    settings: RedisConnectionInfo,
-    pub(crate) budget: Duration,
-    directory: Mutex<Option<ClusterConnection>>,
+/// What asks the cluster which node serves a slot.
+pub(crate) enum Directory {
+    /// The cluster client: its connections are made when needed, and made again after a
+    /// failure (sync and async).
+    Client {
+        client: ClusterClient,
+        sync: Mutex<Option<ClusterConnection>>,
+        #[cfg(feature = "tokio")]
+        asynchronous: Mutex<Option<redis::cluster_async::ClusterConnection>>,
+    },
+    /// A sync cluster connection (the sync API only).
+    Sync(Mutex<ClusterConnection>),
+    /// An async cluster connection (the async API only).
     #[cfg(feature = "tokio")]
-    pub(crate) async_directory: Mutex<Option<redis::cluster_async::ClusterConnection>>,
+    Async(redis::cluster_async::ClusterConnection),
+}
+
+pub(crate) struct Inner {
+    pub(crate) directory: Directory,
+    /// The database, user, password and protocol of the connections to the nodes.
+    settings: Mutex<RedisConnectionInfo>,
+    budget: Mutex<Duration>,
     /// Each slot range's primary, from the last `CLUSTER SLOTS`.
     slots: Mutex<Vec<(u16, u16, String)>>,
     /// The owners that `MOVED` named since.
@@ -47,43 +63,56 @@ impl fmt::Debug for Cluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cluster")
             .field("slots", &*lock(&self.inner.slots))
-            .field("budget", &self.inner.budget)
+            .field("budget", &self.inner.budget())
             .finish()
     }
 }
 
 impl Cluster {
-    /// The cluster that `client` reaches; the connections to its nodes have no user or
-    /// password ([`Cluster::node_settings`] gives them).
+    /// The cluster that `client` reaches, for the sync and the async API. The connections to
+    /// its nodes have no user or password unless [`Cluster::node_settings`] gives them.
     pub fn new(client: ClusterClient) -> Self {
-        Cluster::build(client, RedisConnectionInfo::default(), RETRY_BUDGET)
+        Cluster::build(Directory::Client {
+            client,
+            sync: Mutex::new(None),
+            #[cfg(feature = "tokio")]
+            asynchronous: Mutex::new(None),
+        })
+    }
+
+    /// The cluster that a sync cluster connection reaches, for the sync API (the async one
+    /// refuses it; [`Cluster::new`] serves both).
+    pub fn from_connection(conn: ClusterConnection) -> Self {
+        Cluster::build(Directory::Sync(Mutex::new(conn)))
+    }
+
+    /// The cluster that an async cluster connection reaches, for the async API (the sync one
+    /// refuses it; [`Cluster::new`] serves both).
+    #[cfg(feature = "tokio")]
+    pub fn from_async_connection(conn: redis::cluster_async::ClusterConnection) -> Self {
+        Cluster::build(Directory::Async(conn))
     }
 
     /// The database (0), user, password and protocol of the connections to the nodes, as in
-    /// the URLs the cluster client was made with.
+    /// the URLs the cluster client was made with (TLS is not supported there).
     pub fn node_settings(self, settings: RedisConnectionInfo) -> Self {
-        Cluster::build(self.inner.client.clone(), settings, self.inner.budget)
+        *lock(&self.inner.settings) = settings;
+        self
     }
 
-    /// How long a call keeps trying while its slot moves or its node fails over (default 30
-    /// seconds): then it fails with [`crate::Error::Unavailable`].
+    /// How long a call keeps trying, from its first failure, while its slot moves or its node
+    /// fails over (default 30 seconds): then it fails with [`crate::Error::Unavailable`].
     pub fn retry_budget(self, budget: Duration) -> Self {
-        Cluster::build(
-            self.inner.client.clone(),
-            self.inner.settings.clone(),
-            budget,
-        )
+        *lock(&self.inner.budget) = budget;
+        self
     }
 
-    fn build(client: ClusterClient, settings: RedisConnectionInfo, budget: Duration) -> Self {
+    fn build(directory: Directory) -> Self {
         Cluster {
             inner: Arc::new(Inner {
-                client,
-                settings,
-                budget,
-                directory: Mutex::new(None),
-                #[cfg(feature = "tokio")]
-                async_directory: Mutex::new(None),
+                directory,
+                settings: Mutex::new(RedisConnectionInfo::default()),
+                budget: Mutex::new(RETRY_BUDGET),
                 slots: Mutex::new(Vec::new()),
                 moved: Mutex::new(HashMap::new()),
                 backends: Mutex::new(HashMap::new()),
@@ -107,7 +136,7 @@ impl Inner {
         })?;
         Client::open(ConnectionInfo {
             addr: ConnectionAddr::Tcp(host.trim_matches(['[', ']']).to_string(), port),
-            redis: self.settings.clone(),
+            redis: lock(&self.settings).clone(),
         })
     }
 
@@ -124,20 +153,33 @@ impl Inner {
 
     /// The primary serving `slot`, asking the cluster when it is not known.
     pub(crate) fn owner(&self, slot: u16) -> RedisResult<String> {
+        #[cfg(feature = "tokio")]
+        if let Directory::Async(_) = self.directory {
+            return Err(wrong_api("an async", "the async API"));
+        }
         if let Some(addr) = self.known_owner(slot) {
             return Ok(addr);
         }
-        let mut directory = lock(&self.directory);
-        if directory.is_none() {
-            *directory = Some(self.client.get_connection()?);
-        }
-        let conn = directory.as_mut().expect("connected above");
-        let answer = conn.route_command(
-            &cluster_slots(),
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-        );
+        let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+        let answer = match &self.directory {
+            Directory::Client { client, sync, .. } => {
+                let mut directory = lock(sync);
+                if directory.is_none() {
+                    *directory = Some(client.get_connection()?);
+                }
+                let conn = directory.as_mut().expect("connected above");
+                conn.route_command(&cluster_slots(), random)
+            }
+            Directory::Sync(conn) => lock(conn).route_command(&cluster_slots(), random),
+            #[cfg(feature = "tokio")]
+            Directory::Async(_) => unreachable!("refused above"),
+        };
         self.learn_slots(answer)?;
         self.known_owner(slot).ok_or_else(|| no_owner(slot))
+    }
+
+    pub(crate) fn budget(&self) -> Duration {
+        *lock(&self.budget)
     }
 
     /// Keeps the layout `CLUSTER SLOTS` answered.
@@ -176,10 +218,18 @@ impl Inner {
     pub(crate) fn forget(&self) {
         lock(&self.slots).clear();
         lock(&self.moved).clear();
-        *lock(&self.directory) = None;
-        #[cfg(feature = "tokio")]
+        if let Directory::Client {
+            sync,
+            #[cfg(feature = "tokio")]
+            asynchronous,
+            ..
+        } = &self.directory
         {
-            *lock(&self.async_directory) = None;
+            *lock(sync) = None;
+            #[cfg(feature = "tokio")]
+            {
+                *lock(asynchronous) = None;
+            }
         }
     }
 
@@ -190,11 +240,15 @@ impl Inner {
     pub(crate) fn set_backend(&self, addr: &str, backend: Backend) {
         lock(&self.backends).insert(addr.to_string(), backend);
     }
+}
 
-    #[cfg(feature = "tokio")]
-    pub(crate) fn client(&self) -> &ClusterClient {
-        &self.client
-    }
+/// A Cluster made of the other API's cluster connection.
+pub(crate) fn wrong_api(made_of: &str, serves: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "this Cluster was made of a cluster connection of the other API",
+        format!("{made_of} cluster connection serves {serves} only: make the Cluster of a ClusterClient"),
+    ))
 }
 
 /// No node serves `slot` (the cluster is failing over): a failure to retry after a pause.
@@ -210,4 +264,95 @@ pub(crate) fn cluster_slots() -> redis::Cmd {
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("SLOTS");
     cmd
+}
+
+/// Where a link's calls go (one server, or the node serving a slot of a cluster), what it
+/// knows of the backends there, and what it does after a failed try: the part of the sync and
+/// async transports that is the same.
+#[derive(Clone)]
+pub(crate) enum Route {
+    /// One server: whether it has the module, asked once (shared by a semaphore's clones).
+    Standalone(Arc<OnceLock<Backend>>),
+    /// The primary serving the slot; each node's backend is kept by the cluster.
+    Slot(Arc<Inner>, u16),
+}
+
+/// How to try again after a failure.
+pub(crate) struct Retry {
+    /// The pause before the next try.
+    pub(crate) pause: Duration,
+    /// `ASK`: the next try goes to this node, after `ASKING`.
+    pub(crate) ask: Option<String>,
+    /// The owner is to be found again, and connected to again.
+    pub(crate) reconnect: bool,
+}
+
+impl Route {
+    pub(crate) fn budget(&self) -> Duration {
+        match self {
+            Route::Standalone(_) => Duration::ZERO,
+            Route::Slot(cluster, _) => cluster.budget(),
+        }
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Route::Slot(..))
+    }
+
+    /// The backend of the node at `addr`, if it is known.
+    pub(crate) fn backend(&self, addr: &str) -> Option<Backend> {
+        match self {
+            Route::Standalone(backend) => backend.get().copied(),
+            Route::Slot(cluster, _) => cluster.backend(addr),
+        }
+    }
+
+    /// The node at `addr` answered whether it has the module.
+    pub(crate) fn learn_backend(&self, addr: &str, info: Vec<Value>) -> Backend {
+        let backend = Backend::from_answer(info);
+        match self {
+            Route::Standalone(known) => *known.get_or_init(|| backend),
+            Route::Slot(cluster, _) => {
+                cluster.set_backend(addr, backend);
+                backend
+            }
+        }
+    }
+
+    /// After a try failed with `err`: how to try again, or the error for the caller (on one
+    /// server at once; in Redis Cluster once `retries` give up).
+    pub(crate) fn recover(
+        &self,
+        err: RedisError,
+        retries: &mut Retries,
+    ) -> crate::core::Result<Retry> {
+        let Route::Slot(cluster, slot) = self else {
+            return Err(err.into());
+        };
+        Ok(match next_step(&err, true) {
+            Next::Moved(addr) => {
+                cluster.moved(*slot, &addr);
+                Retry {
+                    pause: retries.redirect(err)?,
+                    ask: None,
+                    reconnect: false,
+                }
+            }
+            Next::Ask(addr) => Retry {
+                pause: retries.redirect(err)?,
+                ask: Some(addr),
+                reconnect: false,
+            },
+            Next::Pause => {
+                let pause = retries.pause(err)?;
+                cluster.forget();
+                Retry {
+                    pause,
+                    ask: None,
+                    reconnect: true,
+                }
+            }
+            Next::Fail => return Err(err.into()),
+        })
+    }
 }

@@ -319,6 +319,16 @@ pub(crate) fn check_set(names: &[String]) -> Result<u16> {
     Ok(slot(first))
 }
 
+/// The slot of `names` (a semaphore, or a set's), checked before anything is sent, in Redis
+/// Cluster; `None` on one server.
+pub(crate) fn slot_of(names: &[String], cluster: bool) -> Result<Option<u16>> {
+    match (cluster, names) {
+        (false, _) => Ok(None),
+        (true, [name]) => check_name(name).map(Some),
+        (true, names) => check_set(names).map(Some),
+    }
+}
+
 /// What to do after a call failed.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Next {

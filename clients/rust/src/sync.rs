@@ -8,11 +8,10 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Cmd, Connection, FromRedisValue, Value};
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Route};
 use crate::core::{
-    check_name, check_set, connection_broken, deadline, durable_wait, identifier, left, lock,
-    next_step, wait_empty_op, AcquireSpec, Backend, Error, Holder, Next, Op, Request, Result,
-    Retries, SetSpec, Step,
+    connection_broken, deadline, durable_wait, identifier, left, lock, slot_of, wait_empty_op,
+    AcquireSpec, Backend, Error, Holder, Op, Request, Result, Retries, SetSpec, Step,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -57,11 +56,7 @@ impl Target {
     /// The slot of `names` (a semaphore, or a set's), checked before anything is sent:
     /// `None` on one server.
     pub(crate) fn slot(&self, names: &[String]) -> Result<Option<u16>> {
-        match self {
-            Target::Standalone(_) => Ok(None),
-            Target::Cluster(_) if names.len() == 1 => check_name(&names[0]).map(Some),
-            Target::Cluster(_) => check_set(names).map(Some),
-        }
+        slot_of(names, matches!(self, Target::Cluster(_)))
     }
 }
 
@@ -69,19 +64,20 @@ impl Target {
 /// a connection error, and moved to the slot's new owner after a move or a failover.
 pub(crate) struct Link {
     target: Target,
-    slot: Option<u16>,
-    /// On one server: whether it has the module, asked once (shared by a semaphore's clones).
-    backend: Arc<OnceLock<Backend>>,
+    route: Route,
     /// The node's address (empty on one server) and the connection.
     conn: Option<(String, Connection)>,
 }
 
 impl Link {
     pub(crate) fn new(target: Target, slot: Option<u16>, backend: Arc<OnceLock<Backend>>) -> Self {
+        let route = match (&target, slot) {
+            (Target::Cluster(cluster), Some(slot)) => Route::Slot(cluster.inner.clone(), slot),
+            _ => Route::Standalone(backend),
+        };
         Link {
             target,
-            slot,
-            backend,
+            route,
             conn: None,
         }
     }
@@ -94,41 +90,24 @@ impl Link {
         &mut self,
         build: &mut dyn FnMut(Backend) -> Result<Request>,
     ) -> Result<(Value, Backend)> {
-        let cluster = match &self.target {
-            Target::Cluster(cluster) => Some(cluster.inner.clone()),
-            Target::Standalone(_) => None,
-        };
-        let mut retries = Retries::new(cluster.as_ref().map_or(Duration::ZERO, |c| c.budget));
+        let mut retries = Retries::new(self.route.budget());
         let mut ask = None;
         loop {
-            let asking = ask.take();
-            let err = match self.attempt(build, asking.as_deref()) {
+            let asked: Option<String> = ask.take();
+            let err = match self.attempt(build, asked.as_deref()) {
                 Ok(answer) => return Ok(answer),
                 Err(Error::Redis(err)) => err,
                 Err(other) => return Err(other),
             };
-            if connection_broken(&err) || asking.is_some() {
+            if connection_broken(&err) || asked.is_some() {
                 self.conn = None;
             }
-            let (Some(cluster), Some(slot)) = (&cluster, self.slot) else {
-                return Err(err.into());
-            };
-            match next_step(&err, true) {
-                Next::Moved(addr) => {
-                    cluster.moved(slot, &addr);
-                    thread::sleep(retries.redirect(err)?);
-                }
-                Next::Ask(addr) => {
-                    ask = Some(addr);
-                    thread::sleep(retries.redirect(err)?);
-                }
-                Next::Pause => {
-                    thread::sleep(retries.pause(err)?);
-                    cluster.forget();
-                    self.conn = None;
-                }
-                Next::Fail => return Err(err.into()),
+            let retry = self.route.recover(err, &mut retries)?;
+            if retry.reconnect {
+                self.conn = None;
             }
+            ask = retry.ask;
+            thread::sleep(retry.pause);
         }
     }
 
@@ -138,10 +117,10 @@ impl Link {
         build: &mut dyn FnMut(Backend) -> Result<Request>,
         ask: Option<&str>,
     ) -> Result<(Value, Backend)> {
-        let addr = match (&self.target, self.slot, ask) {
-            (_, _, Some(addr)) => addr.to_string(),
-            (Target::Cluster(cluster), Some(slot), None) => cluster.inner.owner(slot)?,
-            _ => String::new(),
+        let addr = match (&self.route, ask) {
+            (_, Some(addr)) => addr.to_string(),
+            (Route::Slot(cluster, slot), None) => cluster.owner(*slot)?,
+            (Route::Standalone(_), None) => String::new(),
         };
         if self.conn.as_ref().is_some_and(|(at, _)| *at != addr) {
             self.conn = None;
@@ -154,22 +133,11 @@ impl Link {
             self.conn = Some((addr.clone(), conn));
         }
         let conn = &mut self.conn.as_mut().expect("connected above").1;
-        let backend = match &self.target {
-            Target::Standalone(_) => match self.backend.get() {
-                Some(backend) => *backend,
-                None => {
-                    let backend = ask_backend(conn)?;
-                    *self.backend.get_or_init(|| backend)
-                }
-            },
-            Target::Cluster(cluster) => match cluster.inner.backend(&addr) {
-                Some(backend) => backend,
-                None => {
-                    let backend = ask_backend(conn)?;
-                    cluster.inner.set_backend(&addr, backend);
-                    backend
-                }
-            },
+        let backend = match self.route.backend(&addr) {
+            Some(backend) => backend,
+            None => self
+                .route
+                .learn_backend(&addr, Backend::question().query(conn)?),
         };
         let request = build(backend)?;
         if ask.is_some() {
@@ -202,13 +170,8 @@ impl Link {
     }
 
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.target, Target::Cluster(_))
+        self.route.is_cluster()
     }
-}
-
-/// Asks the node on `conn` whether it has the module.
-fn ask_backend(conn: &mut Connection) -> Result<Backend> {
-    Ok(Backend::from_answer(Backend::question().query(conn)?))
 }
 
 /// A semaphore's settings; [`Semaphore::acquire`] takes a permit. Defaults: limit 1, lease 30

@@ -397,6 +397,33 @@ async fn calls_async(cluster: &Cluster, name: &str) {
     assert!(served.release().await.unwrap());
 }
 
+/// A Cluster made of a sync cluster connection serves the sync API, one made of an async
+/// connection the async API; each refuses the other API clearly.
+fn clusters_made_of_connections(nodes: &Nodes, rt: &tokio::runtime::Runtime) {
+    let sync = Cluster::from_connection(nodes.client().get_connection().unwrap());
+    let permit = Semaphore::new(&sync, "{made}").acquire().unwrap();
+    assert_eq!(redsem_client::in_use(&sync, "{made}").unwrap(), 1);
+    assert!(permit.release().unwrap());
+    rt.block_on(async {
+        match aio::in_use(&sync, "{made}").await {
+            Err(Error::Redis(err)) => assert!(err.to_string().contains("sync API only")),
+            other => panic!("{other:?}"),
+        }
+        let conn = nodes.client().get_async_connection().await.unwrap();
+        let asynchronous = Cluster::from_async_connection(conn);
+        let permit = aio::Semaphore::new(&asynchronous, "{made}")
+            .acquire()
+            .await
+            .unwrap();
+        assert_eq!(aio::in_use(&asynchronous, "{made}").await.unwrap(), 1);
+        assert!(permit.release().await.unwrap());
+        match redsem_client::in_use(&asynchronous, "{made}") {
+            Err(Error::Redis(err)) => assert!(err.to_string().contains("async API only")),
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
 /// Sets, wait_empty and the stored limit, sync and async (sets and wait_empty need the module).
 fn sets_and_limits(cluster: &Cluster, rt: &tokio::runtime::Runtime) {
     let set = SemaphoreSet::new(cluster)
@@ -661,6 +688,7 @@ fn calls_errors_load_and_a_reshard_under_load() {
     calls_sync(&nodes, &cluster, "{calls}");
     rt.block_on(calls_async(&cluster, "{calls-async}"));
     sets_and_limits(&cluster, &rt);
+    clusters_made_of_connections(&nodes, &rt);
 
     // Limits under concurrent acquirers over names in three slots (three primaries).
     let names = names_on_each_primary(&nodes, "load");
