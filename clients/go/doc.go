@@ -1,0 +1,27 @@
+// Package redsem holds permits of redsem semaphores (the Redis module sem) through go-redis
+// v9: a *redis.Client (redis.NewClient, redis.NewFailoverClient) or a *redis.ClusterClient.
+//
+// Where the server has the module loaded it sends the module's commands; where it has not (a
+// managed service), it runs the same operations as one Lua script (redsem.lua, embedded) over
+// the same keys, found out once per client (per node in Redis Cluster) with COMMAND INFO
+// SEM.ACQUIRE. What only the module does (Bound, sets, WaitEmpty) returns ErrModuleRequired
+// there, before anything is sent.
+//
+//	permit, err := redsem.Acquire(ctx, rdb, "jobs", redsem.Options{Limit: 3, Wait: 10 * time.Second})
+//	if err != nil {
+//		return err // errors.Is(err, redsem.ErrNotAcquired): the semaphore stayed full
+//	}
+//	defer permit.Release(context.Background())
+//	work(permit.Context()) // cancelled once the permit is lost
+//
+// The identifier is made here (a UUID v4) unless Options.ID gives one, so a resent acquire
+// renews the same holder rather than taking a second permit. A permit is refreshed every
+// lease/3 in a goroutine; a refresh that finds it gone, or no refresh confirmed within a
+// lease, marks it lost: Lost, Check and Context tell the work to stop.
+//
+// In Redis Cluster a name needs a hash tag ("{jobs}", "app:{jobs}") and the names of a set
+// one slot, checked before anything is sent; every call goes to the primary serving the
+// name's slot, in the long form (every key named), and a move of the slot or a failover of
+// its primary is waited out: the call is resent, with the same identifier, until it has an
+// answer or RetryFor (30 s) has passed.
+package redsem

@@ -1,0 +1,65 @@
+package redsem
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrNotAcquired: no permit was granted (the semaphore was full, for Wait when waiting).
+	ErrNotAcquired = errors.New("redsem: no permit was granted")
+	// ErrPermitLost: the permit ran out before it was given back (its lease ended, or another
+	// client removed it); from then on another holder may have held it, so the work it guarded
+	// may have overlapped another holder's.
+	ErrPermitLost = errors.New("redsem: the permit was lost")
+	// ErrModuleRequired: the server has no redsem module loaded, and what was asked needs it
+	// (Bound, a set of semaphores, WaitEmpty). Returned before the call is sent; everything
+	// else works without the module, through the script.
+	ErrModuleRequired = errors.New("redsem: the redsem module is required")
+	// ErrBadInput: an argument is out of range (the message names it), or in Redis Cluster a
+	// name has no hash tag or the names of a set are in different slots. Nothing was sent.
+	ErrBadInput = errors.New("redsem: bad input")
+)
+
+// errReleased is the cause of a permit's Context once it was released while held.
+var errReleased = errors.New("redsem: the permit was released")
+
+// NotDurableError: fewer replicas than Options.DurableReplicas acknowledged the grant in time
+// (WAIT numreplicas timeout); the permit was given back.
+type NotDurableError struct {
+	Name   string
+	Acked  int64 // replicas that acknowledged
+	Wanted int64 // Options.DurableReplicas
+}
+
+func (e *NotDurableError) Error() string {
+	return fmt.Sprintf("redsem: %d of %d replicas acknowledged the grant of %q in time; the "+
+		"permit was given back", e.Acked, e.Wanted, e.Name)
+}
+
+// described is an error with its own message that matches a sentinel with errors.Is.
+type described struct {
+	msg  string
+	kind error
+	err  error // a further cause, or nil
+}
+
+func (e *described) Error() string { return e.msg }
+
+func (e *described) Unwrap() []error {
+	if e.err == nil {
+		return []error{e.kind}
+	}
+	return []error{e.kind, e.err}
+}
+
+func badInput(format string, args ...any) error {
+	return &described{msg: "redsem: " + fmt.Sprintf(format, args...), kind: ErrBadInput}
+}
+
+func moduleRequired(what string) error {
+	return &described{
+		msg:  "redsem: " + what + " needs the redsem module loaded in the server",
+		kind: ErrModuleRequired,
+	}
+}

@@ -1,0 +1,234 @@
+package redsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// held is what a Permit and a PermitSet share: identity, refresh, lost-permit reporting and
+// release over the line (its connection).
+type held struct {
+	line        *line
+	id          string
+	lease       time.Duration
+	what        string
+	refreshArgs []any
+	releaseArgs []any
+	wanted      int64 // how many semaphores a refresh or a release must find held
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu             sync.Mutex
+	confirmedUntil time.Time // the server's deadline is at least this
+	lostErr        error
+	released       bool
+	releaseErr     error
+
+	releaseMu sync.Mutex
+	stop      chan struct{}
+	done      chan struct{} // closed when the refresh goroutine ends (nil: none)
+}
+
+func (h *held) init(l *line, id string, lease time.Duration, sent time.Time, what string,
+	refreshArgs, releaseArgs []any, wanted int64,
+) {
+	h.line, h.id, h.lease, h.what = l, id, lease, what
+	h.refreshArgs, h.releaseArgs, h.wanted = refreshArgs, releaseArgs, wanted
+	h.confirmedUntil = sent.Add(lease)
+	h.ctx, h.cancel = context.WithCancelCause(context.Background())
+	h.stop = make(chan struct{})
+}
+
+// ID is the holder's identifier: Options.ID, or the UUID v4 made for this permit.
+func (h *held) ID() string { return h.id }
+
+// Context is cancelled when the permit is lost (context.Cause matches ErrPermitLost) or
+// released: pass it to the work the permit guards, so that the work stops once another holder
+// may have the permit.
+func (h *held) Context() context.Context {
+	h.noteDeadline()
+	return h.ctx
+}
+
+// Lost reports whether the permit may have run out: a refresh or the release answered 0, or
+// no refresh was confirmed within a lease (the server is unreachable). It stays true.
+func (h *held) Lost() bool {
+	h.noteDeadline()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lostErr != nil
+}
+
+// Check returns an error matching ErrPermitLost once the permit is lost: call it in long work
+// to stop early.
+func (h *held) Check() error {
+	h.noteDeadline()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lostErr
+}
+
+func (h *held) noteDeadline() {
+	h.mu.Lock()
+	expired := !h.released && !time.Now().Before(h.confirmedUntil)
+	h.mu.Unlock()
+	if expired {
+		h.markLost("no refresh was confirmed within the lease")
+	}
+}
+
+func (h *held) markLost(reason string) {
+	h.mu.Lock()
+	if h.lostErr == nil {
+		h.lostErr = &described{
+			msg:  fmt.Sprintf("redsem: the permit %q of %s was lost: %s", h.id, h.what, reason),
+			kind: ErrPermitLost,
+		}
+	}
+	err := h.lostErr
+	h.mu.Unlock()
+	h.cancel(err)
+}
+
+func (h *held) answered(command any, reply any) string {
+	if h.wanted == 1 {
+		return fmt.Sprintf("%v answered %v", command, reply)
+	}
+	return fmt.Sprintf("%v answered %v of %d", command, reply, h.wanted)
+}
+
+// Refresh moves the deadline to now + lease (the background refresh does this every
+// lease/3). It returns an error matching ErrPermitLost, and marks the permit lost, if it had
+// run out.
+func (h *held) Refresh(ctx context.Context) error {
+	h.mu.Lock()
+	released, until := h.released, h.confirmedUntil
+	h.mu.Unlock()
+	if released {
+		return errors.New("redsem: the permit was already released")
+	}
+	sent := time.Now()
+	// In Redis Cluster, resent through a move or a failover while the last lease may run.
+	v, err := h.line.run(ctx, until, func(e *endpoint) (any, error) {
+		return e.send(ctx, h.refreshArgs...)
+	})
+	if err != nil {
+		return err
+	}
+	if n, _ := v.(int64); n == h.wanted {
+		h.mu.Lock()
+		if h.lostErr == nil {
+			h.confirmedUntil = sent.Add(h.lease)
+		}
+		h.mu.Unlock()
+		return h.Check()
+	}
+	h.markLost(h.answered(h.refreshArgs[0], v) + " (the lease ran out, or the holder was removed)")
+	return h.Check()
+}
+
+func (h *held) start() {
+	h.done = make(chan struct{})
+	go h.refreshLoop()
+}
+
+func (h *held) refreshLoop() {
+	defer close(h.done)
+	interval := h.lease / 3
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-timer.C:
+		}
+		h.mu.Lock()
+		until := h.confirmedUntil
+		h.mu.Unlock()
+		if !time.Now().Before(until) {
+			h.noteDeadline()
+			return
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), until)
+		err := h.Refresh(ctx)
+		cancel()
+		if errors.Is(err, ErrPermitLost) {
+			return
+		}
+		next := interval
+		if err != nil { // unreachable: try again, and mark it lost at the deadline
+			h.mu.Lock()
+			left := time.Until(h.confirmedUntil)
+			h.mu.Unlock()
+			next = min(next, max(left, 0))
+		}
+		timer.Reset(next)
+	}
+}
+
+// Release gives the permit back. It returns nil if the permit was held throughout, an error
+// matching ErrPermitLost if it was lost (the work it guarded may have overlapped another
+// holder's), or the error of the call. Later calls return the same.
+func (h *held) Release(ctx context.Context) error {
+	h.releaseMu.Lock()
+	defer h.releaseMu.Unlock()
+	h.mu.Lock()
+	if h.released {
+		err := h.releaseErr
+		h.mu.Unlock()
+		return err
+	}
+	h.mu.Unlock()
+	h.noteDeadline()
+	close(h.stop)
+	if h.done != nil {
+		<-h.done // lets a refresh under way finish first
+	}
+	v, err := h.line.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
+		return e.send(ctx, h.releaseArgs...)
+	})
+	h.line.close()
+	if err != nil {
+		h.markLost(fmt.Sprintf("the release failed: %v", err))
+	} else if n, _ := v.(int64); n != h.wanted {
+		h.markLost(h.answered(h.releaseArgs[0], v) + ": the lease ran out before the release")
+	}
+	h.mu.Lock()
+	h.released = true
+	if err == nil {
+		err = h.lostErr
+	}
+	h.releaseErr = err
+	h.mu.Unlock()
+	h.cancel(errReleased)
+	return err
+}
+
+// Permit is a granted permit of one semaphore: refreshed in the background every lease/3
+// while held (unless Options.ManualRefresh), given back by Release. Its methods may be called
+// from any goroutine.
+type Permit struct {
+	held
+	name   string
+	ticket int64
+	count  int64
+}
+
+// Name is the semaphore's name.
+func (p *Permit) Name() string { return p.name }
+
+// Ticket is the fencing ticket of a fair permit (it only grows per name), 0 otherwise.
+func (p *Permit) Ticket() int64 { return p.ticket }
+
+// Count is the number of permits held (Options.Count).
+func (p *Permit) Count() int64 { return p.count }
+
+func (p *Permit) String() string {
+	return fmt.Sprintf("redsem.Permit{%q id=%q ticket=%d count=%d}", p.name, p.id, p.ticket,
+		p.count)
+}

@@ -1,0 +1,488 @@
+package redsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// --- Connections of their own -------------------------------------------------------------
+//
+// go-redis reads every reply of Do within the client's ReadTimeout (5 s by default), and only
+// its own blocking commands (BLPOP, WAIT, ...) may take longer. A permit that waits in the
+// server, is BOUND or waits for replicas therefore takes a connection (Conn) of a companion
+// client: the same options (address, credentials, TLS, dialer), but reads bounded by each
+// call's own deadline: the wait plus blockMargin, or the client's ReadTimeout for the rest.
+// There is one companion per client (per node in Redis Cluster); its pool lends connections
+// to permits, and takes them back at their release.
+
+// blockMargin is how long a blocking call's reply may take beyond the time it blocks in the
+// server (go-redis gives its own blocking commands 10 s).
+const blockMargin = 10 * time.Second
+
+type companion struct {
+	client *redis.Client
+	margin time.Duration // the client's ReadTimeout (0: none)
+}
+
+var companions sync.Map // *redis.Client -> *companion
+
+func companionOf(c *redis.Client) *companion {
+	if v, ok := companions.Load(c); ok {
+		return v.(*companion)
+	}
+	opt := *c.Options()
+	margin := opt.ReadTimeout
+	if margin < 0 {
+		margin = 0
+	}
+	opt.ReadTimeout = -1 // no deadline of its own: each call sets one
+	opt.ContextTimeoutEnabled = true
+	opt.MinIdleConns = 0
+	opt.MaxRetries = -1 // a resent wait would join the end of the line
+	made := &companion{client: redis.NewClient(&opt), margin: margin}
+	v, loaded := companions.LoadOrStore(c, made)
+	if loaded {
+		_ = made.client.Close()
+	}
+	return v.(*companion)
+}
+
+// --- The backend of a server: the module, or the script ----------------------------------
+
+type backendKey struct {
+	client any    // the *redis.Client, or the *redis.ClusterClient
+	addr   string // in Redis Cluster, the node's address
+}
+
+var backends sync.Map // backendKey -> bool (true: the module is loaded)
+
+// hasModule asks the server of c (once per client, or per node of a cluster client) whether
+// it has the module: COMMAND INFO SEM.ACQUIRE answers [nil] without it.
+func hasModule(ctx context.Context, key backendKey, c *redis.Client) (bool, error) {
+	if v, ok := backends.Load(key); ok {
+		return v.(bool), nil
+	}
+	reply, err := c.Do(ctx, "COMMAND", "INFO", "SEM.ACQUIRE").Result()
+	if err != nil {
+		return false, err
+	}
+	list, _ := reply.([]any)
+	module := len(list) > 0 && list[0] != nil
+	backends.Store(key, module)
+	return module, nil
+}
+
+// --- An endpoint: where one call goes ------------------------------------------------------
+
+type endpoint struct {
+	pool     *redis.Client // the server's client (in Redis Cluster, the node's)
+	conn     *redis.Conn   // a connection of the companion's, or nil: the pool
+	margin   time.Duration // the companion's margin for calls that do not block
+	clientID int64         // CLIENT ID of conn, once asked
+	asking   bool          // send ASKING first (an ASK redirection)
+	broken   bool          // conn failed or was killed: not to be used again
+	scripts  bool          // the server runs the script (it has no module)
+	names    []string      // in Redis Cluster: the long form's names
+}
+
+// reply is a command's reply, nil for a nil reply.
+func reply(cmd *redis.Cmd) (any, error) {
+	v, err := cmd.Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	return v, err
+}
+
+// raw sends one command as it is and reads its reply, which the server sends at once.
+func (e *endpoint) raw(ctx context.Context, args ...any) (any, error) {
+	if e.conn == nil {
+		return reply(e.pool.Do(ctx, args...))
+	}
+	if e.margin > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.margin)
+		defer cancel()
+	}
+	if e.asking {
+		if err := e.conn.Do(ctx, "ASKING").Err(); err != nil {
+			e.noteErr(err)
+			return nil, err
+		}
+	}
+	v, err := reply(e.conn.Do(ctx, args...))
+	e.noteErr(err)
+	return v, err
+}
+
+func (e *endpoint) noteErr(err error) {
+	if err != nil && transient(err) {
+		e.broken = true
+	}
+}
+
+// send sends a SEM.* command in this server's form: short, long (Redis Cluster) or script.
+func (e *endpoint) send(ctx context.Context, args ...any) (any, error) {
+	if !e.scripts {
+		if e.names != nil {
+			args = longForm(args, e.names)
+		}
+		return e.raw(ctx, args...)
+	}
+	v, err := e.raw(ctx, scriptForm(args, false)...)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return e.raw(ctx, scriptForm(args, true)...)
+	}
+	return v, err
+}
+
+// form is a SEM.* command in this server's form, for the module.
+func (e *endpoint) form(args ...any) []any {
+	if e.names != nil {
+		return longForm(args, e.names)
+	}
+	return args
+}
+
+// forever marks a call that blocks without limit.
+const forever = time.Duration(-1)
+
+// blockResult is the outcome of a blocking call.
+type blockResult struct {
+	reply any
+	err   error
+}
+
+// block sends a command that may block `block` in the server (forever: without limit) on the
+// endpoint's own connection. When ctx ends first, the call is ended in the server (CLIENT
+// UNBLOCK, then CLIENT KILL if no reply comes within a second): cancelled is true, and the
+// reply is what the server answered (a grant that came at that moment included).
+func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) (
+	v any, err error, cancelled bool,
+) {
+	if e.conn == nil {
+		return nil, errors.New("redsem: a blocking call needs a connection of its own"), false
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, true
+	}
+	bctx := context.Background()
+	if block != forever {
+		var cancel context.CancelFunc
+		bctx, cancel = context.WithTimeout(bctx, block+blockMargin)
+		defer cancel()
+	}
+	if ctx.Done() != nil && e.clientID == 0 {
+		asking := e.asking
+		e.asking = false
+		id, err := e.raw(ctx, "CLIENT", "ID")
+		e.asking = asking
+		if err != nil {
+			return nil, err, false
+		}
+		e.clientID, _ = id.(int64)
+	}
+	if e.asking { // ASKING holds for the next command only
+		if err := e.conn.Do(bctx, "ASKING").Err(); err != nil {
+			e.noteErr(err)
+			return nil, err, false
+		}
+	}
+	if ctx.Done() == nil {
+		v, err := reply(e.conn.Do(bctx, args...))
+		e.noteErr(err)
+		return v, err, false
+	}
+	done := make(chan blockResult, 1)
+	go func() {
+		v, err := reply(e.conn.Do(bctx, args...))
+		done <- blockResult{v, err}
+	}()
+	select {
+	case r := <-done:
+		e.noteErr(r.err)
+		return r.reply, r.err, false
+	case <-ctx.Done():
+	}
+	// End the call in the server: its reply (nil, or a grant of that moment) follows.
+	for i := 0; i < 10; i++ {
+		uctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = e.pool.Do(uctx, "CLIENT", "UNBLOCK", e.clientID).Err()
+		cancel()
+		select {
+		case r := <-done:
+			e.noteErr(r.err)
+			return r.reply, r.err, true
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	// No reply: close the connection in the server (a grant not delivered is given back).
+	kctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = e.pool.Do(kctx, "CLIENT", "KILL", "ID", e.clientID).Err()
+	cancel()
+	r := <-done
+	e.broken = true
+	return r.reply, r.err, true
+}
+
+func (e *endpoint) close() {
+	if e.conn != nil {
+		_ = e.conn.Close()
+		e.conn = nil
+	}
+}
+
+// transient reports the errors after which a call in Redis Cluster is sent again to the
+// slot's owner, found anew: a slot on the move, a cluster without agreement, a node loading,
+// down or gone, a replica; and, everywhere, a connection that cannot be used again.
+func transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err) ||
+		redis.IsMasterDownError(err) || redis.IsReadOnlyError(err) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, redis.ErrClosed) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "broken pipe") ||
+		strings.Contains(msg, "connection reset") || strings.Contains(msg, "use of closed network")
+}
+
+// --- A line: where the calls of one semaphore (or set) go ----------------------------------
+
+// DefaultRetryFor is how long a call in Redis Cluster is resent through a move of its slot or
+// a failover of its primary before it gives up.
+const DefaultRetryFor = 30 * time.Second
+
+const (
+	firstPause   = 50 * time.Millisecond
+	longestPause = time.Second
+)
+
+type line struct {
+	client   *redis.Client        // a plain client, or nil
+	cluster  *redis.ClusterClient // a cluster client, or nil
+	names    []string
+	slot     int
+	own      bool // a connection of its own
+	retryFor time.Duration
+
+	mu   sync.Mutex // one call at a time (a permit's refresh and its owner's calls)
+	ep   *endpoint
+	hint string // the node a MOVED named
+}
+
+func newLine(client redis.UniversalClient, names []string, retryFor time.Duration, own bool) (
+	*line, error,
+) {
+	if retryFor == 0 {
+		retryFor = DefaultRetryFor
+	}
+	switch c := client.(type) {
+	case *redis.Client:
+		return &line{client: c, names: names, own: own, retryFor: retryFor}, nil
+	case *redis.ClusterClient:
+		slot, err := clusterSlot(names)
+		if err != nil {
+			return nil, err
+		}
+		return &line{cluster: c, names: names, slot: slot, own: own, retryFor: retryFor}, nil
+	case nil:
+		return nil, badInput("the client is nil")
+	default:
+		return nil, badInput("the client must be a *redis.Client (redis.NewClient, "+
+			"redis.NewFailoverClient) or a *redis.ClusterClient (redis.NewClusterClient), not %T",
+			client)
+	}
+}
+
+// connectTo makes an endpoint on c, finding out its backend.
+func (l *line) connectTo(ctx context.Context, c *redis.Client, own bool) (*endpoint, error) {
+	key := backendKey{client: c}
+	if l.cluster != nil {
+		key = backendKey{client: l.cluster, addr: c.Options().Addr}
+	}
+	module, err := hasModule(ctx, key, c)
+	if err != nil {
+		return nil, err
+	}
+	e := &endpoint{pool: c, scripts: !module}
+	if l.cluster != nil {
+		e.names = l.names
+	}
+	if own {
+		comp := companionOf(c)
+		e.conn = comp.client.Conn()
+		e.margin = comp.margin
+	}
+	return e, nil
+}
+
+// node is the client of the node serving the slot: the one a MOVED named, else the
+// cluster client's view.
+func (l *line) node(ctx context.Context, addr string) (*redis.Client, error) {
+	if addr != "" {
+		var found *redis.Client
+		var mu sync.Mutex
+		_ = l.cluster.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+			if c.Options().Addr == addr {
+				mu.Lock()
+				found = c
+				mu.Unlock()
+			}
+			return nil
+		})
+		if found != nil {
+			return found, nil
+		}
+	}
+	return l.cluster.MasterForKey(ctx, l.names[0])
+}
+
+// open finds out the backend before anything else is sent: ErrModuleRequired for needs.
+func (l *line) open(ctx context.Context, needs string) (scripts bool, err error) {
+	_, err = l.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
+		scripts = e.scripts
+		return nil, nil
+	})
+	if err == nil && needs != "" && scripts {
+		err = moduleRequired(needs)
+	}
+	return scripts, err
+}
+
+// run runs op on the line's endpoint. In Redis Cluster it follows MOVED and ASK and, after
+// the errors of transient, pauses (50 ms doubling to 1 s) and sends op again to the slot's
+// owner, until it has an answer or retryFor (or until, when given) has passed.
+func (l *line) run(ctx context.Context, until time.Time, op func(*endpoint) (any, error)) (
+	any, error,
+) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cluster == nil {
+		if l.ep == nil {
+			ep, err := l.connectTo(ctx, l.client, l.own)
+			if err != nil {
+				return nil, err
+			}
+			l.ep = ep
+		}
+		v, err := op(l.ep)
+		if l.ep.broken {
+			l.drop() // a fresh connection for the next call
+			if transient(err) && ctx.Err() == nil {
+				// Once more on a fresh connection: the same arguments, the same identifier.
+				if l.ep, err = l.connectTo(ctx, l.client, l.own); err != nil {
+					return nil, err
+				}
+				v, err = op(l.ep)
+				if l.ep.broken {
+					l.drop()
+				}
+			}
+		}
+		return v, err
+	}
+	giveUp := time.Now().Add(l.retryFor)
+	if !until.IsZero() && until.Before(giveUp) {
+		giveUp = until
+	}
+	pause := firstPause
+	asked := ""
+	for {
+		var v any
+		var err error
+		if asked != "" {
+			var c *redis.Client
+			if c, err = l.node(ctx, asked); err == nil {
+				var e *endpoint
+				if e, err = l.connectTo(ctx, c, true); err == nil {
+					e.asking = true
+					v, err = op(e)
+					e.close()
+				}
+			}
+			asked = ""
+		} else {
+			if l.ep == nil {
+				var c *redis.Client
+				if c, err = l.node(ctx, l.hint); err == nil {
+					l.ep, err = l.connectTo(ctx, c, l.own)
+				}
+			}
+			if err == nil {
+				v, err = op(l.ep)
+				if l.ep.broken {
+					l.drop()
+				}
+			}
+		}
+		if err == nil {
+			return v, nil
+		}
+		movedTo, moved := redis.IsMovedError(err)
+		askedBy, ask := redis.IsAskError(err)
+		if !moved && !ask && !transient(err) {
+			return v, err
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		left := time.Until(giveUp)
+		if left <= 0 {
+			return nil, &described{
+				msg: fmt.Sprintf("redsem: no answer from the primary of slot %d within %s of "+
+					"retries through moves and failovers: %v", l.slot, l.retryFor, err),
+				kind: err,
+			}
+		}
+		switch {
+		case moved:
+			l.drop()
+			l.hint = movedTo
+			l.cluster.ReloadState(ctx)
+		case ask:
+			asked = askedBy
+		default:
+			l.drop()
+			l.hint = ""
+			wait := min(pause, left)
+			pause = min(pause*2, longestPause)
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(wait):
+			}
+			l.cluster.ReloadState(ctx)
+		}
+	}
+}
+
+func (l *line) drop() {
+	if l.ep != nil {
+		l.ep.close()
+		l.ep = nil
+	}
+}
+
+// close gives the line's connection back.
+func (l *line) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.drop()
+}
