@@ -1,0 +1,277 @@
+package io.redsem;
+
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+
+/** What the commands look like: arguments, times, keys, the long form and slots. */
+final class Commands {
+  private Commands() {}
+
+  /** The suffixes of a semaphore's keys: the module's four derived keys, and the script's list. */
+  static final String[] DERIVED = {":owner", ":counter", ":permits", ":limit"};
+
+  static final String WAKE = ":wake";
+
+  /** The commands on a set of semaphores: their keys follow every argument in the long form. */
+  private static final List<String> SET_COMMANDS =
+      List.of("SEM.ACQUIREALL", "SEM.RELEASEALL", "SEM.REFRESHALL");
+
+  /** The largest limit the module takes (an unsigned 32-bit number). */
+  static final long MAX_LIMIT = 4294967295L;
+
+  /** A wait without limit, in nanoseconds. */
+  static final long NO_LIMIT = Long.MAX_VALUE;
+
+  static byte[] bytes(Object arg) {
+    if (arg instanceof byte[]) {
+      return (byte[]) arg;
+    }
+    return String.valueOf(arg).getBytes(StandardCharsets.UTF_8);
+  }
+
+  static byte[][] encode(List<Object> args) {
+    byte[][] out = new byte[args.size()][];
+    for (int i = 0; i < out.length; i++) {
+      out[i] = bytes(args.get(i));
+    }
+    return out;
+  }
+
+  static String text(Object reply) {
+    if (reply instanceof byte[]) {
+      return new String((byte[]) reply, StandardCharsets.UTF_8);
+    }
+    return String.valueOf(reply);
+  }
+
+  static long integer(Object reply) {
+    if (reply instanceof Number) {
+      return ((Number) reply).longValue();
+    }
+    return Long.parseLong(text(reply));
+  }
+
+  /** Milliseconds as the module reads seconds: digits, a dot and 3 decimals. */
+  static String seconds(long ms) {
+    return (ms / 1000) + "." + String.format("%03d", ms % 1000);
+  }
+
+  /** Nanoseconds as the module reads seconds; a positive time never rounds down to none. */
+  static String secondsOfNanos(long nanos) {
+    long ms = Math.round(nanos / 1_000_000.0);
+    if (ms == 0 && nanos > 0) {
+      ms = 1;
+    }
+    return seconds(ms);
+  }
+
+  /** The milliseconds {@link #secondsOfNanos} sends. */
+  static long sentMillis(long nanos) {
+    long ms = Math.round(nanos / 1_000_000.0);
+    return ms == 0 && nanos > 0 ? 1 : ms;
+  }
+
+  /** The script's 6 keys: the semaphore's, the module's derived keys, and the wake-up list. */
+  static List<Object> scriptKeys(String name) {
+    List<Object> keys = new ArrayList<>(6);
+    keys.add(name);
+    for (String suffix : DERIVED) {
+      keys.add(name + suffix);
+    }
+    keys.add(name + WAKE);
+    return keys;
+  }
+
+  /**
+   * A SEM.* command with every key named (what Redis Cluster routes by): a semaphore's four keys
+   * after its name, a set's after every argument; other commands as they are.
+   */
+  static List<Object> longForm(List<Object> args, List<String> names) {
+    String command = text(args.get(0)).toUpperCase();
+    List<Object> out = new ArrayList<>(args.size() + 4 * names.size());
+    if (SET_COMMANDS.contains(command)) {
+      out.addAll(args);
+      for (String name : names) {
+        for (String suffix : DERIVED) {
+          out.add(name + suffix);
+        }
+      }
+      return out;
+    }
+    if (command.startsWith("SEM.")) {
+      String name = text(args.get(1));
+      out.add(args.get(0));
+      out.add(args.get(1));
+      for (String suffix : DERIVED) {
+        out.add(name + suffix);
+      }
+      out.addAll(args.subList(2, args.size()));
+      return out;
+    }
+    return args;
+  }
+
+  /** Redis's rule: the bytes between the first '{' and the first '}' after it, if not empty. */
+  static byte[] hashTag(byte[] key) {
+    int start = indexOf(key, (byte) '{', 0);
+    if (start < 0) {
+      return null;
+    }
+    int end = indexOf(key, (byte) '}', start + 1);
+    if (end <= start + 1) {
+      return null;
+    }
+    return Arrays.copyOfRange(key, start + 1, end);
+  }
+
+  private static int indexOf(byte[] bytes, byte b, int from) {
+    for (int i = from; i < bytes.length; i++) {
+      if (bytes[i] == b) {
+        return i;
+      }
+    }
+    return -1;
+  }
+
+  /** The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, or of the whole key. */
+  static int slot(byte[] key) {
+    byte[] tag = hashTag(key);
+    byte[] hashed = tag == null ? key : tag;
+    int crc = 0;
+    for (byte b : hashed) {
+      crc ^= (b & 0xff) << 8;
+      for (int i = 0; i < 8; i++) {
+        crc = (crc & 0x8000) != 0 ? (crc << 1) ^ 0x1021 : crc << 1;
+      }
+    }
+    return (crc & 0xffff) % 16384;
+  }
+
+  static int slot(String key) {
+    return slot(bytes(key));
+  }
+
+  /**
+   * The one slot of the names' keys in Redis Cluster, or IllegalArgumentException before
+   * anything is sent: a name without a hash tag, or names in different slots.
+   */
+  static int clusterSlot(List<String> names) {
+    int first = -1;
+    for (String n : names) {
+      if (hashTag(bytes(n)) == null) {
+        throw new IllegalArgumentException(
+            "in Redis Cluster a semaphore's name needs a hash tag, e.g. \"{" + n + "}\" or \"app:{"
+                + n + "}\": the keys of \"" + n + "\" (" + n + ", " + n + ":owner, " + n
+                + ":counter, " + n + ":permits, " + n + ":limit) would fall in different slots");
+      }
+      int s = slot(n);
+      if (first < 0) {
+        first = s;
+      } else if (s != first) {
+        throw new IllegalArgumentException(
+            "in Redis Cluster the semaphores of a set must share a slot: give their names one "
+                + "hash tag, e.g. \"{app}a\" and \"{app}b\" (\"" + names.get(0) + "\" is in slot "
+                + first + ", \"" + n + "\" in slot " + s + ")");
+      }
+    }
+    return first;
+  }
+
+  static String checkName(String name, String what) {
+    if (name == null || name.isEmpty()) {
+      throw new IllegalArgumentException(what + " must not be empty");
+    }
+    return name;
+  }
+
+  static void checkLimit(long limit, String what) {
+    if (limit < 1 || limit > MAX_LIMIT) {
+      throw new IllegalArgumentException(
+          what + " must be an integer from 1 to " + MAX_LIMIT + " (got " + limit + ")");
+    }
+  }
+
+  /** A lease in seconds, checked: finite and greater than 0; in nanoseconds. */
+  static long leaseNanos(double seconds) {
+    if (!(seconds > 0) || Double.isInfinite(seconds)) {
+      throw new IllegalArgumentException(
+          "lease must be a finite number of seconds greater than 0 (got " + seconds + ")");
+    }
+    return Math.max(1, (long) (seconds * 1e9));
+  }
+
+  static long leaseNanos(java.time.Duration lease) {
+    if (lease == null || lease.isNegative() || lease.isZero()) {
+      throw new IllegalArgumentException(
+          "lease must be a duration greater than 0 (got " + lease + ")");
+    }
+    return saturatedNanos(lease);
+  }
+
+  /** A wait in seconds: 0 does not wait, +infinity waits without limit; in nanoseconds. */
+  static long waitNanos(double seconds, String what) {
+    if (!(seconds >= 0)) {
+      throw new IllegalArgumentException(
+          what + " must be a number of seconds, 0 or more (Double.POSITIVE_INFINITY: no limit;"
+              + " got " + seconds + ")");
+    }
+    if (Double.isInfinite(seconds) || seconds * 1e9 >= Long.MAX_VALUE) {
+      return NO_LIMIT;
+    }
+    return (long) (seconds * 1e9);
+  }
+
+  /** A wait as a Duration: null or zero do not wait. */
+  static long waitNanos(java.time.Duration wait, String what) {
+    if (wait == null) {
+      return 0;
+    }
+    if (wait.isNegative()) {
+      throw new IllegalArgumentException(what + " must not be negative (got " + wait + ")");
+    }
+    return saturatedNanos(wait);
+  }
+
+  private static long saturatedNanos(java.time.Duration d) {
+    try {
+      return d.toNanos();
+    } catch (ArithmeticException e) {
+      return NO_LIMIT;
+    }
+  }
+
+  /** What is left, at this send, of a wait that ends at {@code deadline} (System.nanoTime). */
+  static long waitLeft(long wait, long deadline) {
+    if (wait == 0 || wait == NO_LIMIT) {
+      return wait;
+    }
+    return Math.max(deadline - System.nanoTime(), 0);
+  }
+
+  static long deadline(long wait) {
+    if (wait == NO_LIMIT) {
+      return Long.MAX_VALUE;
+    }
+    return System.nanoTime() + wait;
+  }
+
+  /** How long (ms) a command with this wait may block in the server: -1 without limit. */
+  static long blockMillis(long waitNanos) {
+    if (waitNanos == NO_LIMIT) {
+      return -1;
+    }
+    return sentMillis(waitNanos);
+  }
+
+  static String describeWait(long waitNanos) {
+    if (waitNanos == 0) {
+      return "";
+    }
+    if (waitNanos == NO_LIMIT) {
+      return " (waiting without limit)";
+    }
+    return " within " + seconds(sentMillis(waitNanos)) + " s";
+  }
+}

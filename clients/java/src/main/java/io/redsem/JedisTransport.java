@@ -1,0 +1,153 @@
+package io.redsem;
+
+import java.lang.reflect.Field;
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.Map;
+import redis.clients.jedis.CommandArguments;
+import redis.clients.jedis.Connection;
+import redis.clients.jedis.ConnectionPool;
+import redis.clients.jedis.HostAndPort;
+import redis.clients.jedis.UnifiedJedis;
+import redis.clients.jedis.commands.ProtocolCommand;
+import redis.clients.jedis.exceptions.JedisConnectionException;
+import redis.clients.jedis.exceptions.JedisDataException;
+import redis.clients.jedis.providers.ClusterConnectionProvider;
+import redis.clients.jedis.providers.ConnectionProvider;
+
+/**
+ * Jedis: connections of a {@code UnifiedJedis}'s pool ({@code RedisClient}), or of the node
+ * pools of a {@code JedisCluster} / {@code RedisClusterClient}.
+ */
+final class JedisTransport implements Transport {
+  private final ConnectionProvider provider;
+  private final ClusterConnectionProvider cluster; // null on one server
+
+  private JedisTransport(ConnectionProvider provider) {
+    this.provider = provider;
+    this.cluster = provider instanceof ClusterConnectionProvider
+        ? (ClusterConnectionProvider) provider : null;
+  }
+
+  static JedisTransport of(UnifiedJedis jedis) {
+    if (jedis == null) {
+      throw new IllegalArgumentException("the Jedis client must not be null");
+    }
+    // UnifiedJedis keeps its connections' provider to itself (a protected field).
+    try {
+      Field field = UnifiedJedis.class.getDeclaredField("provider");
+      field.setAccessible(true);
+      ConnectionProvider provider = (ConnectionProvider) field.get(jedis);
+      if (provider == null) {
+        throw new IllegalArgumentException(
+            "this UnifiedJedis has no connection provider: use a RedisClient, JedisCluster or"
+                + " RedisClusterClient");
+      }
+      return new JedisTransport(provider);
+    } catch (ReflectiveOperationException | RuntimeException e) {
+      if (e instanceof IllegalArgumentException) {
+        throw (IllegalArgumentException) e;
+      }
+      throw new IllegalArgumentException(
+          "cannot reach the connections of this UnifiedJedis (" + e + ")", e);
+    }
+  }
+
+  @Override
+  public boolean cluster() {
+    return cluster != null;
+  }
+
+  @Override
+  public Conn open(String node, boolean dedicated) {
+    if (cluster == null) {
+      return new JedisConn(provider.getConnection());
+    }
+    ConnectionPool pool = cluster.getNodes().get(node);
+    if (pool == null) {
+      cluster.renewSlotCache();
+      pool = cluster.getNodes().get(node);
+      if (pool == null) {
+        throw new JedisConnectionException("no node " + node + " in the cluster's map yet");
+      }
+    }
+    return new JedisConn(pool.getResource());
+  }
+
+  @Override
+  public String ownerOf(int slot) {
+    HostAndPort node = cluster.getNode(slot);
+    if (node == null) {
+      throw new JedisConnectionException("no node serves slot " + slot + " yet");
+    }
+    return node.toString();
+  }
+
+  @Override
+  public void refreshTopology() {
+    cluster.renewSlotCache();
+  }
+
+  @Override
+  public Failure classify(RuntimeException error) {
+    if (error instanceof JedisConnectionException) {
+      return Failure.PAUSE;
+    }
+    if (error instanceof JedisDataException) {
+      return Failure.ofServerError(error.getMessage());
+    }
+    return Failure.OTHER;
+  }
+
+  @Override
+  public void close() {
+    // The pools are the application's.
+  }
+
+  private static final class JedisConn implements Conn {
+    private final Connection connection;
+
+    JedisConn(Connection connection) {
+      this.connection = connection;
+    }
+
+    @Override
+    public Object call(long blockMillis, List<Object> args) {
+      byte[] name = Commands.bytes(args.get(0));
+      ProtocolCommand command = () -> name;
+      CommandArguments arguments = new CommandArguments(command);
+      for (int i = 1; i < args.size(); i++) {
+        arguments.add(Commands.bytes(args.get(i)));
+      }
+      if (blockMillis == 0) {
+        return connection.executeCommand(arguments);
+      }
+      int base = connection.getSoTimeout();
+      long timeout = blockMillis < 0 || base == 0 ? 0 : blockMillis + base;
+      connection.setSoTimeout((int) Math.min(timeout, Integer.MAX_VALUE));
+      try {
+        return connection.executeCommand(arguments);
+      } finally {
+        if (!connection.isBroken()) {
+          connection.setSoTimeout(base);
+        }
+      }
+    }
+
+    @Override
+    public void close(boolean broken) {
+      if (broken) {
+        connection.setBroken();
+      }
+      connection.close();
+    }
+  }
+
+  static String text(byte[] b) {
+    return new String(b, StandardCharsets.UTF_8);
+  }
+
+  Map<String, ConnectionPool> nodes() {
+    return cluster.getNodes();
+  }
+}

@@ -1,0 +1,207 @@
+package io.redsem;
+
+import io.lettuce.core.RedisCommandExecutionException;
+import io.lettuce.core.RedisCommandInterruptedException;
+import io.lettuce.core.RedisCommandTimeoutException;
+import io.lettuce.core.RedisException;
+import io.lettuce.core.RedisFuture;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.codec.ByteArrayCodec;
+import io.lettuce.core.output.CommandOutput;
+import io.lettuce.core.protocol.CommandArgs;
+import io.lettuce.core.protocol.ProtocolKeyword;
+import java.nio.ByteBuffer;
+import java.time.Duration;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Deque;
+import java.util.List;
+import java.util.concurrent.CancellationException;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+
+/** A Lettuce connection as redsem sends on it: raw commands, read into plain Java values. */
+final class LettuceConn implements Transport.Conn {
+  /** How long the reply of a command blocked without limit is read for: a year. */
+  private static final Duration NO_LIMIT = Duration.ofDays(366);
+
+  private final StatefulRedisConnection<byte[], byte[]> connection;
+  private final boolean owned; // closed with this Conn (a dedicated connection)
+
+  LettuceConn(StatefulRedisConnection<byte[], byte[]> connection, boolean owned) {
+    this.connection = connection;
+    this.owned = owned;
+  }
+
+  @Override
+  public Object call(long blockMillis, List<Object> args) {
+    byte[] name = Commands.bytes(args.get(0));
+    String shown = Commands.text(name);
+    ProtocolKeyword keyword = new ProtocolKeyword() {
+      @Override
+      public byte[] getBytes() {
+        return name;
+      }
+
+      @Override
+      public String toString() {
+        return shown;
+      }
+    };
+    CommandArgs<byte[], byte[]> arguments = new CommandArgs<>(ByteArrayCodec.INSTANCE);
+    for (int i = 1; i < args.size(); i++) {
+      arguments.add(Commands.bytes(args.get(i)));
+    }
+    Duration base = connection.getTimeout();
+    Duration timeout = base;
+    if (blockMillis != 0) {
+      // A dedicated connection: its command timeout covers the wait in the server too.
+      timeout = blockMillis < 0 ? NO_LIMIT : base.plusMillis(blockMillis);
+      connection.setTimeout(timeout);
+    }
+    try {
+      RedisFuture<Object> future =
+          connection.async().dispatch(keyword, new ReplyOutput(), arguments);
+      return await(future, timeout, shown);
+    } finally {
+      if (blockMillis != 0) {
+        connection.setTimeout(base);
+      }
+    }
+  }
+
+  private static Object await(RedisFuture<Object> future, Duration timeout, String command) {
+    try {
+      return future.toCompletableFuture().get(timeout.toNanos(), TimeUnit.NANOSECONDS);
+    } catch (ExecutionException e) {
+      Throwable cause = e.getCause();
+      if (cause instanceof RuntimeException) {
+        throw (RuntimeException) cause;
+      }
+      throw new RedisException(cause);
+    } catch (TimeoutException e) {
+      future.cancel(true);
+      throw new RedisCommandTimeoutException("no reply to " + command + " within " + timeout);
+    } catch (CancellationException e) {
+      throw new RedisException("the connection closed under " + command, e);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new RedisCommandInterruptedException(e);
+    }
+  }
+
+  @Override
+  public void close(boolean broken) {
+    if (owned || broken) {
+      connection.closeAsync();
+    }
+  }
+
+  boolean isOpen() {
+    return connection.isOpen();
+  }
+
+  /** What a Lettuce error means for a call in Cluster. */
+  static Transport.Failure classify(RuntimeException error) {
+    if (error instanceof RedisCommandExecutionException) {
+      return Transport.Failure.ofServerError(error.getMessage());
+    }
+    if (error instanceof RedisException) {
+      return Transport.Failure.PAUSE; // the connection's: timed out, closed, refused
+    }
+    return Transport.Failure.OTHER;
+  }
+
+  /**
+   * Any reply, as plain values: byte[] for strings, Long for integers, List for arrays (and
+   * maps, flattened), null for nil; RESP2 and RESP3 alike.
+   */
+  static final class ReplyOutput extends CommandOutput<byte[], byte[], Object> {
+    private final Deque<List<Object>> open = new ArrayDeque<>();
+
+    ReplyOutput() {
+      super(ByteArrayCodec.INSTANCE, null);
+    }
+
+    private void add(Object value) {
+      if (open.isEmpty()) {
+        output = value;
+      } else {
+        open.peek().add(value);
+      }
+    }
+
+    private static byte[] copy(ByteBuffer bytes) {
+      if (bytes == null) {
+        return null;
+      }
+      byte[] out = new byte[bytes.remaining()];
+      bytes.duplicate().get(out);
+      return out;
+    }
+
+    @Override
+    public void set(ByteBuffer bytes) {
+      add(copy(bytes));
+    }
+
+    @Override
+    public void setSingle(ByteBuffer bytes) {
+      add(copy(bytes));
+    }
+
+    @Override
+    public void setBigNumber(ByteBuffer bytes) {
+      add(copy(bytes));
+    }
+
+    @Override
+    public void set(long integer) {
+      add(integer);
+    }
+
+    @Override
+    public void set(double number) {
+      add(number);
+    }
+
+    @Override
+    public void set(boolean value) {
+      add(value ? 1L : 0L);
+    }
+
+    @Override
+    public void multi(int count) {
+      if (count < 0) {
+        add(null); // a nil array
+        return;
+      }
+      List<Object> list = new ArrayList<>(count);
+      add(list);
+      open.push(list);
+    }
+
+    @Override
+    public void multiArray(int count) {
+      multi(count);
+    }
+
+    @Override
+    public void multiSet(int count) {
+      multi(count);
+    }
+
+    @Override
+    public void multiMap(int count) {
+      multi(count < 0 ? count : count * 2);
+    }
+
+    @Override
+    public void complete(int depth) {
+      while (open.size() > depth) {
+        open.pop();
+      }
+    }
+  }
+}

@@ -1,0 +1,37 @@
+package io.redsem;
+
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ThreadFactory;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+
+/**
+ * The background refresh of every permit: one timer thread ticks each permit every lease/3 and
+ * hands the refresh to a pool of daemon threads (a refresh may wait out a failover).
+ */
+final class Refresher {
+  private Refresher() {}
+
+  private static final AtomicInteger THREADS = new AtomicInteger();
+
+  private static ThreadFactory daemons(String prefix) {
+    return task -> {
+      Thread t = new Thread(task, prefix + THREADS.incrementAndGet());
+      t.setDaemon(true);
+      return t;
+    };
+  }
+
+  private static final ScheduledExecutorService TIMER =
+      Executors.newSingleThreadScheduledExecutor(daemons("redsem-refresh-timer-"));
+  private static final ExecutorService WORKERS =
+      Executors.newCachedThreadPool(daemons("redsem-refresh-"));
+
+  static ScheduledFuture<?> every(long periodNanos, Runnable refresh) {
+    return TIMER.scheduleWithFixedDelay(
+        () -> WORKERS.execute(refresh), periodNanos, periodNanos, TimeUnit.NANOSECONDS);
+  }
+}

@@ -1,0 +1,348 @@
+package io.redsem;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.OptionalLong;
+import java.util.UUID;
+
+/**
+ * A redsem semaphore: {@code try (Permit permit = semaphore.acquire()) { ... }}. Built with
+ * {@link #builder(Redsem, String)} (or {@link Redsem#semaphore(String)}); immutable, and shared
+ * by threads: each {@link #acquire()} takes its own permit.
+ */
+public final class Semaphore {
+  /** The longest a waiter without the module blocks on {@code <name>:wake} before it tries again. */
+  private static final long RECHECK_NANOS = 1_000_000_000L;
+
+  private final Redsem redsem;
+  private final String name;
+  private final long limit;
+  private final long leaseNanos;
+  private final long waitNanos;
+  private final boolean fair;
+  private final long count; // 0: no COUNT
+  private final boolean bound;
+  private final String id;
+  private final int durableReplicas;
+  private final long durableTimeoutMillis;
+  private final boolean autoRefresh;
+  private final long retryForNanos;
+
+  private Semaphore(Builder b) {
+    this.redsem = b.redsem;
+    this.name = b.name;
+    this.limit = b.limit;
+    this.leaseNanos = b.leaseNanos;
+    this.waitNanos = b.waitNanos;
+    this.fair = b.fair;
+    this.count = b.count;
+    this.bound = b.bound;
+    this.id = b.id;
+    this.durableReplicas = b.durableReplicas;
+    this.durableTimeoutMillis = b.durableTimeoutMillis;
+    this.autoRefresh = b.autoRefresh;
+    this.retryForNanos = b.retryForNanos;
+  }
+
+  /** A builder of the semaphore {@code name} through {@code redsem}'s client. */
+  public static Builder builder(Redsem redsem, String name) {
+    return new Builder(redsem, name);
+  }
+
+  public String name() {
+    return name;
+  }
+
+  /**
+   * Takes a permit, or throws {@link NotAcquired} (or {@link NotDurable}, {@link
+   * ModuleRequired}, or the client library's error).
+   */
+  public Permit acquire() {
+    boolean dedicated = bound || waitNanos != 0 || durableReplicas > 0;
+    Line line = new Line(redsem, List.of(name), dedicated, retryForNanos);
+    Permit permit;
+    long sent;
+    try {
+      line.open(bound ? "BOUND" : null);
+      String identifier = id != null ? id : UUID.randomUUID().toString();
+      long deadline = waitNanos == Commands.NO_LIMIT ? 0 : System.nanoTime() + waitNanos;
+      Object[] result = line.run(hop -> {
+        if (hop.scripts) {
+          if (bound) { // a node without the module, after a move
+            throw new ModuleRequired("BOUND");
+          }
+          return acquireByScript(hop, identifier, deadline);
+        }
+        long at = System.nanoTime();
+        long left = Commands.waitLeft(waitNanos, deadline);
+        List<Object> command = command(identifier, left, true);
+        return new Object[] {hop.blocking(command, left == 0 ? 0 : Commands.blockMillis(left)), at};
+      });
+      Object reply = result[0];
+      sent = (Long) result[1];
+      if (reply == null) {
+        throw new NotAcquired("no permit of \"" + name + "\" (limit " + limit + ") was granted"
+            + Commands.describeWait(waitNanos));
+      }
+      OptionalLong ticket = fair
+          ? OptionalLong.of(Commands.integer(((List<?>) reply).get(1)))
+          : OptionalLong.empty();
+      permit = new Permit(name, identifier, ticket, count == 0 ? 1 : count, leaseNanos, line, sent);
+    } catch (RuntimeException e) {
+      line.close();
+      throw e;
+    }
+    try {
+      if (durableReplicas > 0) {
+        long acked = Commands.integer(line.run(hop -> hop.blocking(
+            List.of("WAIT", durableReplicas, durableTimeoutMillis),
+            durableTimeoutMillis == 0 ? -1 : durableTimeoutMillis)));
+        if (acked < durableReplicas) {
+          throw new NotDurable(acked + " of " + durableReplicas
+              + " replicas acknowledged the grant of \"" + name + "\" within "
+              + durableTimeoutMillis + " ms", acked, durableReplicas);
+        }
+      }
+      // A wait for the grant leaves the lease's start unknown: confirm it now.
+      if (System.nanoTime() - sent > leaseNanos / 3 && !permit.refresh()) {
+        throw new PermitLost(permit.lostMessage());
+      }
+    } catch (RuntimeException e) {
+      permit.abandon();
+      throw e;
+    }
+    if (!bound) {
+      line.shed(); // only BOUND ties the permit to its connection
+    }
+    if (autoRefresh) {
+      permit.startRefreshing();
+    }
+    return permit;
+  }
+
+  /**
+   * Acquires through the script, waiting until {@code deadline} on {@code <name>:wake} between
+   * attempts. Returns the module's reply (null: not granted) and when the granting attempt was
+   * sent.
+   */
+  private Object[] acquireByScript(Hop hop, String identifier, long deadline) {
+    List<Object> command = command(identifier, 0, false);
+    while (true) {
+      long at = System.nanoTime();
+      Object reply = hop.send(command);
+      if (!(reply instanceof List) || ((List<?>) reply).size() != 2) {
+        throw new RedsemException("unexpected answer of the redsem script: " + reply);
+      }
+      Object granted = ((List<?>) reply).get(0);
+      if (granted != null) {
+        return new Object[] {granted, at};
+      }
+      long retryMs = Commands.integer(((List<?>) reply).get(1));
+      // One millisecond more: the lease ends at its deadline, not before.
+      long retry = retryMs > 0 ? (retryMs + 1) * 1_000_000L : RECHECK_NANOS;
+      long left = waitNanos == Commands.NO_LIMIT ? Long.MAX_VALUE : deadline - System.nanoTime();
+      if (waitNanos == 0 || left <= 0) {
+        return new Object[] {null, at};
+      }
+      long block = Math.min(left, Math.min(retry, RECHECK_NANOS));
+      hop.blocking(List.of("BLPOP", name + Commands.WAKE, Commands.secondsOfNanos(block)),
+          Commands.sentMillis(block));
+    }
+  }
+
+  /** The acquire, waiting {@code wait} ns; {@code inServer=false}: the script's form. */
+  private List<Object> command(String identifier, long wait, boolean inServer) {
+    List<Object> args = new ArrayList<>(12);
+    args.add(fair ? "SEM.ACQUIREFAIR" : "SEM.ACQUIRE");
+    args.add(name);
+    args.add(limit);
+    args.add(Commands.secondsOfNanos(leaseNanos));
+    args.add("ID");
+    args.add(identifier);
+    if (count != 0) {
+      args.add("COUNT");
+      args.add(count);
+    }
+    if (fair) {
+      args.add("WITHTICKET");
+    }
+    if (!inServer) {
+      return args;
+    }
+    if (wait != 0) {
+      args.add("WAIT");
+      args.add(wait == Commands.NO_LIMIT ? "0" : Commands.secondsOfNanos(wait));
+    }
+    if (bound) {
+      args.add("BOUND");
+    }
+    return args;
+  }
+
+  @Override
+  public String toString() {
+    return "Semaphore[" + name + " limit=" + limit + (fair ? " fair" : "") + "]";
+  }
+
+  /** The options of a semaphore, each checked as it is set. */
+  public static final class Builder {
+    private final Redsem redsem;
+    private final String name;
+    private long limit = 1;
+    private long leaseNanos = 30_000_000_000L;
+    private long waitNanos;
+    private boolean fair;
+    private long count;
+    private boolean bound;
+    private String id;
+    private int durableReplicas;
+    private long durableTimeoutMillis = 1000;
+    private boolean autoRefresh = true;
+    private long retryForNanos;
+
+    private Builder(Redsem redsem, String name) {
+      if (redsem == null) {
+        throw new IllegalArgumentException("redsem must not be null");
+      }
+      this.redsem = redsem;
+      this.name = Commands.checkName(name, "the semaphore name");
+      this.retryForNanos = redsem.retryForNanos;
+    }
+
+    /** The number of permits, 1 to 4294967295 (default 1). */
+    public Builder limit(long limit) {
+      Commands.checkLimit(limit, "limit");
+      this.limit = limit;
+      return this;
+    }
+
+    /** The lease (default 30 s, millisecond precision); the permit is refreshed every lease/3. */
+    public Builder lease(Duration lease) {
+      this.leaseNanos = Commands.leaseNanos(lease);
+      return this;
+    }
+
+    /** The lease in seconds: finite and greater than 0. */
+    public Builder lease(double seconds) {
+      this.leaseNanos = Commands.leaseNanos(seconds);
+      return this;
+    }
+
+    /**
+     * How long to wait inside the server for a permit: null or zero do not wait (default).
+     * Without the module the package waits itself: it tries again whenever a release wakes it
+     * ({@code BLPOP <name>:wake}), when the earliest lease ends, and at least every second; a
+     * newcomer may then take a freed permit ahead of the waiters.
+     */
+    public Builder waitFor(Duration wait) {
+      this.waitNanos = Commands.waitNanos(wait, "wait");
+      return this;
+    }
+
+    /** The wait in seconds: 0 does not wait, Double.POSITIVE_INFINITY waits without limit. */
+    public Builder waitFor(double seconds) {
+      this.waitNanos = Commands.waitNanos(seconds, "wait");
+      return this;
+    }
+
+    /** SEM.ACQUIREFAIR: first come, first served, and a fencing ticket per permit. */
+    public Builder fair(boolean fair) {
+      this.fair = fair;
+      return this;
+    }
+
+    /** Take this many permits at once (COUNT), all or none: 1 to the limit. */
+    public Builder count(long count) {
+      if (count < 1 || count > Commands.MAX_LIMIT) {
+        throw new IllegalArgumentException(
+            "count must be an integer from 1 to the limit (got " + count + ")");
+      }
+      this.count = count;
+      return this;
+    }
+
+    /**
+     * BOUND: the permit is given back when its connection closes (the process dies); it holds a
+     * connection of its own until its release. It needs the module.
+     */
+    public Builder bound(boolean bound) {
+      this.bound = bound;
+      return this;
+    }
+
+    /**
+     * The holder's identifier (default: a new UUID v4 per acquire). A second acquire with it,
+     * while the first permit is held, renews that permit rather than taking another.
+     */
+    public Builder id(String id) {
+      if (id != null && id.isEmpty()) {
+        throw new IllegalArgumentException("id must not be empty");
+      }
+      this.id = id;
+      return this;
+    }
+
+    /**
+     * After the grant, {@code WAIT replicas timeout} on the granting connection; fewer
+     * acknowledgements give the permit back and throw {@link NotDurable}.
+     */
+    public Builder durableReplicas(int replicas) {
+      if (replicas < 0) {
+        throw new IllegalArgumentException(
+            "durableReplicas must not be negative (got " + replicas + ")");
+      }
+      this.durableReplicas = replicas;
+      return this;
+    }
+
+    /** How long {@code durableReplicas} waits for the replicas (default 1 s; zero: no limit). */
+    public Builder durableTimeout(Duration timeout) {
+      if (timeout == null || timeout.isNegative()) {
+        throw new IllegalArgumentException(
+            "durableTimeout must be a duration of 0 or more (got " + timeout + ")");
+      }
+      this.durableTimeoutMillis = timeout.toMillis();
+      return this;
+    }
+
+    /** False to refresh by hand ({@link Permit#refresh()}) instead of in the background. */
+    public Builder autoRefresh(boolean autoRefresh) {
+      this.autoRefresh = autoRefresh;
+      return this;
+    }
+
+    /**
+     * In Redis Cluster, how long a call is resent with the same identifier while its slot moves
+     * or its primary fails over (default: the Redsem's, 30 s).
+     */
+    public Builder retryFor(Duration retryFor) {
+      if (retryFor == null || retryFor.isNegative()) {
+        throw new IllegalArgumentException(
+            "retryFor must be a duration of 0 or more (got " + retryFor + ")");
+      }
+      this.retryForNanos = retryFor.toNanos();
+      return this;
+    }
+
+    /**
+     * The semaphore. In Redis Cluster a name without a hash tag is refused here
+     * (IllegalArgumentException), before anything is sent.
+     */
+    public Semaphore build() {
+      if (count > limit) {
+        throw new IllegalArgumentException(
+            "count must be an integer from 1 to the limit " + limit + " (got " + count + ")");
+      }
+      if (redsem.isCluster()) {
+        Commands.clusterSlot(List.of(name));
+      }
+      return new Semaphore(this);
+    }
+
+    /** {@code build().acquire()}. */
+    public Permit acquire() {
+      return build().acquire();
+    }
+  }
+}

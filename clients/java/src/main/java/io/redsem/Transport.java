@@ -1,0 +1,95 @@
+package io.redsem;
+
+import java.util.List;
+
+/**
+ * What the semaphore logic needs of a client library: connections to the server (or to a node
+ * of a Redis Cluster), raw commands on them, and what an error means. One implementation per
+ * library and kind of client; everything else is written once.
+ */
+interface Transport extends AutoCloseable {
+  /** Whether the client speaks to a Redis Cluster (the long form, a node per slot). */
+  boolean cluster();
+
+  /**
+   * A connection to the server, or to the node {@code node} ("host:port") of a cluster.
+   * {@code dedicated}: a connection nobody else sends on until it is closed (a blocking
+   * command, BOUND, WAIT numreplicas, ASKING); otherwise one that may be shared.
+   */
+  Conn open(String node, boolean dedicated);
+
+  /** The primary serving {@code slot}, as "host:port" (cluster only). */
+  String ownerOf(int slot);
+
+  /** Learns the slots' owners anew (cluster only); errors are the caller's to ignore. */
+  void refreshTopology();
+
+  /** What an error thrown by a call means for a call in Cluster. */
+  Failure classify(RuntimeException error);
+
+  /** Closes the connections this transport opened (never the application's client). */
+  @Override
+  void close();
+
+  /** One connection. */
+  interface Conn {
+    /**
+     * Sends a command and returns its reply: byte[] for a bulk or status string, Long for an
+     * integer, List for an array, null for nil. The server's errors are thrown as the library
+     * throws them. {@code blockMillis}: how long the command may block in the server (0: it does
+     * not block, -1: without limit); the reply is read for that long plus the connection's own
+     * timeout.
+     */
+    Object call(long blockMillis, List<Object> args);
+
+    /** Gives the connection back; {@code broken}: a call failed and its reply may still come. */
+    void close(boolean broken);
+  }
+
+  /** What an error means: a redirection, a pause, a script to load, or none of these. */
+  final class Failure {
+    enum Kind {
+      MOVED,
+      ASK,
+      PAUSE,
+      NOSCRIPT,
+      OTHER
+    }
+
+    final Kind kind;
+    final String node;
+
+    Failure(Kind kind, String node) {
+      this.kind = kind;
+      this.node = node;
+    }
+
+    static final Failure OTHER = new Failure(Kind.OTHER, null);
+    static final Failure PAUSE = new Failure(Kind.PAUSE, null);
+    static final Failure NOSCRIPT = new Failure(Kind.NOSCRIPT, null);
+
+    /** The meaning of a server's error text (the same for every library). */
+    static Failure ofServerError(String message) {
+      if (message == null) {
+        return OTHER;
+      }
+      String m = message.startsWith("-") ? message.substring(1) : message;
+      if (m.startsWith("MOVED ") || m.startsWith("ASK ")) {
+        String[] parts = m.split(" ");
+        if (parts.length >= 3) {
+          return new Failure(m.startsWith("MOVED") ? Kind.MOVED : Kind.ASK, parts[2]);
+        }
+      }
+      if (m.startsWith("NOSCRIPT")) {
+        return NOSCRIPT;
+      }
+      for (String paused :
+          new String[] {"TRYAGAIN", "CLUSTERDOWN", "LOADING", "MASTERDOWN", "READONLY"}) {
+        if (m.startsWith(paused)) {
+          return PAUSE;
+        }
+      }
+      return OTHER;
+    }
+  }
+}
