@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -274,6 +275,9 @@ const (
 	longestPause = time.Second
 )
 
+// redirected counts the calls in Redis Cluster sent again after a redirection or a failure.
+var redirected atomic.Int64
+
 type line struct {
 	client   *redis.Client        // a plain client, or nil
 	cluster  *redis.ClusterClient // a cluster client, or nil
@@ -443,6 +447,7 @@ func (l *line) run(ctx context.Context, until time.Time, op func(*endpoint) (any
 		if ctx.Err() != nil {
 			return nil, err
 		}
+		redirected.Add(1)
 		left := time.Until(giveUp)
 		if left <= 0 {
 			return nil, &described{
