@@ -26,6 +26,13 @@ and without the module 1 s, the longest BLPOP of a wait).
 The identifier is made here (a UUID v4) unless ``identifier=`` gives one, so a retried acquire
 (redis-py retries on connection errors) renews the same holder rather than taking a second
 permit.
+
+Every call takes a ``redis.cluster.RedisCluster`` (``redis.asyncio.cluster.RedisCluster`` for
+the asyncio forms) wherever it takes a ``redis.Redis``. In Redis Cluster a name needs a hash tag
+(``"{jobs}"``, ``"app:{jobs}"``) and the names of a set one slot, checked before anything is
+sent; every call goes to the primary serving the name's slot, in the long form (every key
+named), and a move of the slot or a failover of its primary is waited out: the call is resent,
+with the same identifier, until it has an answer or ``retry_for`` seconds (30) have passed.
 """
 
 from __future__ import annotations
@@ -42,10 +49,26 @@ import time
 import uuid
 import weakref
 from types import TracebackType
-from typing import Any, List, Optional, Sequence, Tuple, Type, TypeVar, Union, cast
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+    cast,
+)
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+from redis.crc import key_slot
 
 __all__ = [
     "Semaphore",
@@ -78,6 +101,13 @@ Identifier = Union[str, bytes]
 Args = List[Union[str, bytes, int, float]]
 # A semaphore of a set: (name, limit) for one permit, or (name, limit, count).
 SemaphoreSpec = Union[Tuple[Identifier, int], Tuple[Identifier, int, int]]
+# What the calls take: a client of one server, or of a Redis Cluster.
+Client = Union[redis.Redis, redis.cluster.RedisCluster]
+AsyncClient = Union[redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster]
+# How long a call in Redis Cluster is resent through a move or a failover before it gives up.
+RETRY_FOR = 30.0
+
+_T = TypeVar("_T")
 
 
 def _execute(conn: redis.Redis, *args: Union[str, bytes, int, float]) -> Any:
@@ -85,7 +115,7 @@ def _execute(conn: redis.Redis, *args: Union[str, bytes, int, float]) -> Any:
     return cast(Any, conn).execute_command(*args)
 
 
-async def _execute_async(conn: redis.asyncio.Redis, *args: Union[str, bytes, int, float]) -> Any:
+async def _execute_async(conn: _AsyncConn, *args: Union[str, bytes, int, float]) -> Any:
     """As _execute, for redis.asyncio."""
     return await cast(Any, conn).execute_command(*args)
 
@@ -164,7 +194,7 @@ def _run_blocking(conn: redis.Redis, args: Args, block: Optional[float]) -> Any:
     return connection.read_response(timeout=(_NO_LIMIT if block is None else block) + base)
 
 
-async def _run_blocking_async(conn: redis.asyncio.Redis, args: Args, block: Optional[float]) -> Any:
+async def _run_blocking_async(conn: _AsyncConn, args: Args, block: Optional[float]) -> Any:
     """As _run_blocking, for redis.asyncio."""
     await conn.initialize()
     connection = conn.connection
@@ -284,7 +314,7 @@ def _send(conn: redis.Redis, scripts: bool, args: Args) -> Any:
         return _execute(conn, *_script_args(args, True))
 
 
-async def _send_async(conn: redis.asyncio.Redis, scripts: bool, args: Args) -> Any:
+async def _send_async(conn: _AsyncConn, scripts: bool, args: Args) -> Any:
     """As _send, for redis.asyncio."""
     if not scripts:
         return await _execute_async(conn, *args)
@@ -310,6 +340,21 @@ def _wait_deadline(wait: Optional[float]) -> float:
     return time.monotonic() + (wait or 0.0)
 
 
+def _wait_left(wait: Optional[float], deadline: float) -> Optional[float]:
+    """What is left, at this send, of a wait (None, 0: no wait; math.inf: no limit) that ends at
+    ``deadline`` (monotonic): a call resent after a move or a failover waits only that long."""
+    if not wait or math.isinf(wait):
+        return wait
+    return max(deadline - time.monotonic(), 0.0)
+
+
+def _blocks_for(wait: Optional[float]) -> Optional[float]:
+    """How long a call with this wait may block in the server (None: without limit)."""
+    if wait and math.isinf(wait):
+        return None
+    return wait or 0.0
+
+
 def _block_for(deadline: float, retry: float) -> Optional[float]:
     """How long the next BLPOP may block, None when the wait is over."""
     left = deadline - time.monotonic()
@@ -318,42 +363,527 @@ def _block_for(deadline: float, retry: float) -> Optional[float]:
     return min(left, retry, _RECHECK)
 
 
+# --- Where the calls go: one server, or the slot's primary in Redis Cluster --------------------
+#
+# A semaphore's calls (or a set's) go through a line: on a plain client, the client itself or
+# one connection of its pool (a permit's own); on a cluster client, a connection to the
+# primary serving the names' slot, opened again on the slot's new owner after a move or a
+# failover. Each call on a line is an operation given a _Hop: the connection, whether that
+# server runs the script (no module), and, in Cluster, the names whose keys the long form adds.
+
+# The commands on a set of semaphores: their keys follow every argument in the long form.
+_SET_COMMANDS = ("SEM.ACQUIREALL", "SEM.RELEASEALL", "SEM.REFRESHALL")
+
+
+def _encoded(name: Identifier) -> bytes:
+    return name if isinstance(name, bytes) else name.encode()
+
+
+def _shown(name: Identifier) -> str:
+    return name if isinstance(name, str) else name.decode("utf-8", "backslashreplace")
+
+
+def _has_hash_tag(name: bytes) -> bool:
+    """Redis's rule: the bytes between the first ``{`` and the first ``}`` after it, if any."""
+    start = name.find(b"{")
+    return start >= 0 and name.find(b"}", start + 1) > start + 1
+
+
+def _cluster_slot(names: Sequence[Identifier]) -> int:
+    """The one slot of the names' keys in Redis Cluster, or ValueError before anything is sent:
+    a name without a hash tag, or names in different slots."""
+    slots: List[Tuple[Identifier, int]] = []
+    for name in names:
+        raw = _encoded(name)
+        if not _has_hash_tag(raw):
+            n = _shown(name)
+            raise ValueError(
+                f'in Redis Cluster a semaphore\'s name needs a hash tag, e.g. "{{{n}}}" or '
+                f'"app:{{{n}}}": the keys of "{n}" ({n}, {n}:owner, {n}:counter, {n}:permits, '
+                f"{n}:limit) would fall in different slots"
+            )
+        slots.append((name, key_slot(raw)))
+    first, slot = slots[0]
+    for other, other_slot in slots[1:]:
+        if other_slot != slot:
+            raise ValueError(
+                "in Redis Cluster the semaphores of a set must share a slot: give their names "
+                f'one hash tag, e.g. "{{app}}a" and "{{app}}b" ("{_shown(first)}" is in slot '
+                f'{slot}, "{_shown(other)}" in slot {other_slot})'
+            )
+    return slot
+
+
+def _long_form(args: Args, names: Sequence[Identifier]) -> Args:
+    """A SEM.* command with every key named (what Redis Cluster routes by): a semaphore's four
+    keys after its name, a set's after every argument; other commands as they are."""
+    command = str(args[0]).upper()
+    if command in _SET_COMMANDS:
+        return [*args, *(key for name in names for key in _keys(name)[1:5])]
+    if command.startswith("SEM."):
+        return [args[0], args[1], *_keys(cast(Identifier, args[1]))[1:5], *args[2:]]
+    return args
+
+
+class _Hop:
+    """One connection a line's operation runs on, and how commands are sent there."""
+
+    def __init__(
+        self, conn: redis.Redis, scripts: bool, names: Optional[Sequence[Identifier]]
+    ) -> None:
+        self.conn = conn
+        #: The server runs the script (it has no module).
+        self.scripts = scripts
+        self._names = names  # in Cluster: the long form's names
+
+    def _form(self, args: Args) -> Args:
+        # The script names its 6 keys itself.
+        return args if self._names is None or self.scripts else _long_form(args, self._names)
+
+    def send(self, args: Args) -> Any:
+        """A SEM.* command, as itself or through the script."""
+        return _send(self.conn, self.scripts, self._form(args))
+
+    def blocking(self, args: Args, block: Optional[float]) -> Any:
+        """A command that may block ``block`` seconds in the server (None: without limit)."""
+        return _run_blocking(self.conn, self._form(args), block)
+
+
+class _Line:
+    """Where the calls of one semaphore or set go (see above)."""
+
+    #: Whether the server of the last call runs the script (it has no module).
+    scripts = False
+
+    def open(self, needs: Optional[str]) -> None:
+        """Finds out the server's backend; ModuleRequired(needs) when it runs the script."""
+        self.run(lambda hop: None)
+        if needs is not None and self.scripts:
+            raise ModuleRequired(needs)
+
+    def run(self, op: Callable[[_Hop], _T], until: Optional[float] = None) -> _T:
+        """Runs ``op``; in Cluster, again after a move or a failure (until the monotonic time
+        ``until`` at the latest)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _PlainLine(_Line):
+    """A plain client's line: the client itself, or (``own``) one connection of its pool."""
+
+    def __init__(self, client: redis.Redis, own: bool) -> None:
+        self._client = client
+        self._own = own
+        self._conn: Optional[redis.Redis] = None
+
+    def open(self, needs: Optional[str]) -> None:
+        # Asked once per pool; no connection of the permit's own yet.
+        self.scripts = not _has_module(self._client)
+        if needs is not None and self.scripts:
+            raise ModuleRequired(needs)
+
+    def run(self, op: Callable[[_Hop], _T], until: Optional[float] = None) -> _T:
+        if self._conn is None:
+            self.scripts = not _has_module(self._client)
+            # client() is untyped in some redis-py releases.
+            self._conn = cast(Any, self._client).client() if self._own else self._client
+        return op(_Hop(self._conn, self.scripts, None))
+
+    def close(self) -> None:
+        if self._own and self._conn is not None:
+            self._conn.close()  # back to the pool
+
+
+# Errors after which a call in Cluster waits and is sent again to the slot's owner (found anew):
+# a slot on the move or a cluster without agreement, a node loading, down or gone, a replica.
+_PAUSED = (
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.SlotNotCoveredError,
+)
+_FIRST_PAUSE = 0.05
+_LONGEST_PAUSE = 1.0
+
+# What each cluster client's nodes answered to COMMAND INFO SEM.ACQUIRE (True: the module), by
+# node address: a cluster may get the module node by node.
+_node_backends: "weakref.WeakKeyDictionary[Any, Dict[str, bool]]" = weakref.WeakKeyDictionary()
+
+
+def _known_node_backend(cluster: Any, node: str) -> Optional[bool]:
+    with _backends_lock:
+        return _node_backends.get(cluster, {}).get(node)
+
+
+def _note_node_backend(cluster: Any, node: str, reply: Any) -> bool:
+    module = isinstance(reply, (list, tuple)) and len(reply) > 0 and reply[0] is not None
+    with _backends_lock:
+        _node_backends.setdefault(cluster, {})[node] = module
+    return module
+
+
+class _Retries:
+    """The redirections and failures of a call in Cluster, and the pauses between its sends:
+    MOVED and ASK are followed at once, the rest (_PAUSED) waits 50 ms, doubling to 1 s; after
+    ``retry_for`` seconds (or at ``until``) the last error is raised as a SemaphoreError."""
+
+    def __init__(self, retry_for: float, until: Optional[float], slot: int) -> None:
+        now = time.monotonic()
+        self.give_up = now + retry_for if until is None else min(now + retry_for, until)
+        self.retry_for = retry_for
+        self.slot = slot
+        self.pause = _FIRST_PAUSE
+
+    def next_pause(self, err: BaseException, pauses: bool) -> float:
+        """How long to wait before the next send, or the error that ends the call."""
+        left = self.give_up - time.monotonic()
+        if left <= 0:
+            raise SemaphoreError(
+                f"no answer from the primary of slot {self.slot} within {self.retry_for} s of "
+                f"retries through moves and failovers: {err!r}"
+            ) from err
+        if not pauses:
+            return 0.0
+        pause = min(self.pause, left)
+        self.pause = min(self.pause * 2, _LONGEST_PAUSE)
+        return pause
+
+
+class _ClusterLine(_Line):
+    """In Redis Cluster: a connection to the primary serving the names' slot, held from the first
+    call to close(). Every call on it is resent through MOVED (the slot's owner learnt anew), ASK
+    (ASKING, then the call, on one connection to the node named) and _PAUSED, with the same
+    arguments (the same identifier)."""
+
+    def __init__(
+        self, cluster: redis.cluster.RedisCluster, names: Sequence[Identifier], retry_for: float
+    ) -> None:
+        self.slot = _cluster_slot(names)
+        self._cluster: Any = cluster  # its methods are untyped in some redis-py releases
+        self._names = names
+        self._retry_for = retry_for
+        self._conn: Optional[redis.Redis] = None
+        # A permit's refresh thread and its owner's calls take turns on the connection.
+        self._lock = threading.RLock()
+
+    def _connect(self, node: Any) -> Tuple[redis.Redis, bool]:
+        """A connection of ``node``'s pool, and whether the node runs the script."""
+        conn: redis.Redis = cast(Any, self._cluster.get_redis_connection(node)).client()
+        try:
+            module = _known_node_backend(self._cluster, node.name)
+            if module is None:
+                reply = _execute(conn, "COMMAND INFO", "SEM.ACQUIRE")
+                module = _note_node_backend(self._cluster, node.name, reply)
+        except BaseException:
+            _drop(conn, broken=True)
+            raise
+        return conn, not module
+
+    def run(self, op: Callable[[_Hop], _T], until: Optional[float] = None) -> _T:
+        retries = _Retries(self._retry_for, until, self.slot)
+        asked: Any = None  # the node an ASK named
+        with self._lock:
+            while True:
+                try:
+                    if asked is not None:
+                        node, asked = asked, None
+                        conn, scripts = self._connect(node)
+                        broken = True
+                        try:
+                            _execute(conn, "ASKING")
+                            reply = op(_Hop(conn, scripts, self._names))
+                            broken = False
+                            return reply
+                        except redis.exceptions.ResponseError:
+                            broken = False
+                            raise
+                        finally:
+                            _drop(conn, broken)
+                    if self._conn is None:
+                        node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
+                        self._conn, self.scripts = self._connect(node)
+                    return op(_Hop(self._conn, self.scripts, self._names))
+                except redis.exceptions.MovedError as err:
+                    self._close(broken=False)
+                    pause = retries.next_pause(err, pauses=False)
+                    self._cluster.nodes_manager.move_slot(err)
+                except redis.exceptions.AskError as err:
+                    pause = retries.next_pause(err, pauses=False)
+                    asked = self._cluster.get_node(host=err.host, port=err.port)
+                    if asked is None:  # a node the client does not know yet
+                        pause = retries.next_pause(err, pauses=True)
+                except _PAUSED as err:
+                    self._close(broken=True)
+                    pause = retries.next_pause(err, pauses=True)
+                if pause > 0:
+                    time.sleep(pause)
+                    try:
+                        self._cluster.nodes_manager.initialize()  # the slot's owner, anew
+                    except Exception:
+                        pass  # no node answered: the next send finds out
+
+    def _close(self, broken: bool) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            _drop(conn, broken)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close(broken=False)
+
+
+def _drop(conn: redis.Redis, broken: bool) -> None:
+    """Gives a single-connection client's connection back to its pool, closed first when a call
+    on it failed (its reply may still come)."""
+    try:
+        if broken and conn.connection is not None:
+            cast(Any, conn.connection).disconnect()
+    finally:
+        conn.close()
+
+
+def _line(client: Client, names: Sequence[Identifier], retry_for: float, own: bool) -> _Line:
+    """The line of a call on ``names`` through ``client`` (a plain or a cluster client)."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        return _ClusterLine(client, names, retry_for)
+    return _PlainLine(client, own)
+
+
+# The asyncio forms.
+
+
+class _NodeConnection:
+    """One connection of a node's pool in ``redis.asyncio.cluster``, used as a
+    single-connection client (what _execute_async and _run_blocking_async need of one)."""
+
+    def __init__(self, node: Any) -> None:
+        self._node = node
+        self.connection: Any = node.acquire_connection()
+
+    async def initialize(self) -> None:
+        pass
+
+    async def execute_command(self, *args: Union[str, bytes, int, float]) -> Any:
+        await self.connection.send_command(*args)
+        return await self.connection.read_response()
+
+    async def aclose(self, broken: bool = False) -> None:
+        try:
+            if broken:
+                await self.connection.disconnect()
+        finally:
+            self._node.release(self.connection)
+
+
+# A connection an asyncio operation runs on.
+_AsyncConn = Union[redis.asyncio.Redis, _NodeConnection]
+
+
+class _AsyncHop:
+    """As _Hop, for redis.asyncio."""
+
+    def __init__(
+        self, conn: _AsyncConn, scripts: bool, names: Optional[Sequence[Identifier]]
+    ) -> None:
+        self.conn = conn
+        self.scripts = scripts
+        self._names = names
+
+    def _form(self, args: Args) -> Args:
+        # The script names its 6 keys itself.
+        return args if self._names is None or self.scripts else _long_form(args, self._names)
+
+    async def send(self, args: Args) -> Any:
+        return await _send_async(self.conn, self.scripts, self._form(args))
+
+    async def blocking(self, args: Args, block: Optional[float]) -> Any:
+        return await _run_blocking_async(self.conn, self._form(args), block)
+
+
+class _AsyncLine:
+    """As _Line, for redis.asyncio."""
+
+    scripts = False
+
+    async def open(self, needs: Optional[str]) -> None:
+        async def nothing(hop: _AsyncHop) -> None:
+            return None
+
+        await self.run(nothing)
+        if needs is not None and self.scripts:
+            raise ModuleRequired(needs)
+
+    async def run(
+        self, op: Callable[[_AsyncHop], Awaitable[_T]], until: Optional[float] = None
+    ) -> _T:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class _AsyncPlainLine(_AsyncLine):
+    """As _PlainLine, for redis.asyncio."""
+
+    def __init__(self, client: redis.asyncio.Redis, own: bool) -> None:
+        self._client = client
+        self._own = own
+        self._conn: Optional[redis.asyncio.Redis] = None
+
+    async def open(self, needs: Optional[str]) -> None:
+        self.scripts = not await _has_module_async(self._client)
+        if needs is not None and self.scripts:
+            raise ModuleRequired(needs)
+
+    async def run(
+        self, op: Callable[[_AsyncHop], Awaitable[_T]], until: Optional[float] = None
+    ) -> _T:
+        if self._conn is None:
+            self.scripts = not await _has_module_async(self._client)
+            self._conn = self._client.client() if self._own else self._client
+        return await op(_AsyncHop(self._conn, self.scripts, None))
+
+    async def close(self) -> None:
+        if self._own and self._conn is not None:
+            await self._conn.aclose()  # back to the pool
+
+
+class _AsyncClusterLine(_AsyncLine):
+    """As _ClusterLine, for redis.asyncio.cluster."""
+
+    def __init__(
+        self,
+        cluster: redis.asyncio.cluster.RedisCluster,
+        names: Sequence[Identifier],
+        retry_for: float,
+    ) -> None:
+        self.slot = _cluster_slot(names)
+        self._cluster: Any = cluster
+        self._names = names
+        self._retry_for = retry_for
+        self._conn: Optional[_NodeConnection] = None
+        self._lock = asyncio.Lock()
+
+    async def _connect(self, node: Any) -> Tuple[_NodeConnection, bool]:
+        conn = _NodeConnection(node)
+        try:
+            module = _known_node_backend(self._cluster, node.name)
+            if module is None:
+                reply = await conn.execute_command("COMMAND INFO", "SEM.ACQUIRE")
+                module = _note_node_backend(self._cluster, node.name, reply)
+        except BaseException:
+            await conn.aclose(broken=True)
+            raise
+        return conn, not module
+
+    async def run(
+        self, op: Callable[[_AsyncHop], Awaitable[_T]], until: Optional[float] = None
+    ) -> _T:
+        retries = _Retries(self._retry_for, until, self.slot)
+        asked: Any = None
+        async with self._lock:
+            while True:
+                try:
+                    await self._cluster.initialize()  # once per client
+                    if asked is not None:
+                        node, asked = asked, None
+                        conn, scripts = await self._connect(node)
+                        broken = True
+                        try:
+                            await conn.execute_command("ASKING")
+                            reply = await op(_AsyncHop(conn, scripts, self._names))
+                            broken = False
+                            return reply
+                        except redis.exceptions.ResponseError:
+                            broken = False
+                            raise
+                        finally:
+                            await conn.aclose(broken)
+                    if self._conn is None:
+                        node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
+                        self._conn, self.scripts = await self._connect(node)
+                    return await op(_AsyncHop(self._conn, self.scripts, self._names))
+                except redis.exceptions.MovedError as err:
+                    await self._close(broken=False)
+                    pause = retries.next_pause(err, pauses=False)
+                    await self._cluster.nodes_manager.move_slot(err)
+                except redis.exceptions.AskError as err:
+                    pause = retries.next_pause(err, pauses=False)
+                    asked = self._cluster.get_node(host=err.host, port=err.port)
+                    if asked is None:
+                        pause = retries.next_pause(err, pauses=True)
+                except _PAUSED as err:
+                    await self._close(broken=True)
+                    pause = retries.next_pause(err, pauses=True)
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                    try:
+                        await self._cluster.nodes_manager.initialize()
+                    except Exception:
+                        pass
+
+    async def _close(self, broken: bool) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.aclose(broken)
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._close(broken=False)
+
+
+def _async_line(
+    client: AsyncClient, names: Sequence[Identifier], retry_for: float, own: bool
+) -> _AsyncLine:
+    """As _line, for redis.asyncio."""
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        return _AsyncClusterLine(client, names, retry_for)
+    return _AsyncPlainLine(client, own)
+
+
 def _acquire_by_script(
-    conn: redis.Redis, options: "_Options", identifier: Identifier
+    hop: _Hop, options: "_Options", identifier: Identifier, deadline: float
 ) -> Tuple[Any, float]:
-    """Acquires through the script, waiting (``options.wait``) on <name>:wake between attempts,
-    on ``conn`` (the permit's own connection). Returns the module's reply (None: not granted)
-    and the monotonic time the granting attempt was sent."""
+    """Acquires through the script, waiting until ``deadline`` (monotonic) on <name>:wake
+    between attempts, on the permit's own connection. Returns the module's reply (None: not
+    granted) and the monotonic time the granting attempt was sent."""
     command = options.acquire_command(identifier, in_server=False)
-    deadline = _wait_deadline(options.wait)
     while True:
         sent = time.monotonic()
-        granted, retry = _attempt(_send(conn, True, command))
+        granted, retry = _attempt(hop.send(command))
         if granted is not None:
             return granted, sent
         block = _block_for(deadline, retry)
         if block is None:
             return None, sent
         seconds = _seconds(block)
-        _run_blocking(conn, ["BLPOP", _wake_key(options.name), seconds], float(seconds))
+        hop.blocking(["BLPOP", _wake_key(options.name), seconds], float(seconds))
 
 
 async def _acquire_by_script_async(
-    conn: redis.asyncio.Redis, options: "_Options", identifier: Identifier
+    hop: _AsyncHop, options: "_Options", identifier: Identifier, deadline: float
 ) -> Tuple[Any, float]:
     """As _acquire_by_script, for redis.asyncio."""
     command = options.acquire_command(identifier, in_server=False)
-    deadline = _wait_deadline(options.wait)
     while True:
         sent = time.monotonic()
-        granted, retry = _attempt(await _send_async(conn, True, command))
+        granted, retry = _attempt(await hop.send(command))
         if granted is not None:
             return granted, sent
         block = _block_for(deadline, retry)
         if block is None:
             return None, sent
         seconds = _seconds(block)
-        await _run_blocking_async(conn, ["BLPOP", _wake_key(options.name), seconds], float(seconds))
+        await hop.blocking(["BLPOP", _wake_key(options.name), seconds], float(seconds))
+
+
+def _check_retry_for(retry_for: float) -> None:
+    if not retry_for >= 0:
+        raise ValueError("retry_for must be a number of seconds (0: no retry in Redis Cluster)")
 
 
 class _Options:
@@ -372,6 +902,7 @@ class _Options:
         durable_replicas: int,
         durable_timeout_ms: int,
         auto_refresh: bool,
+        retry_for: float,
     ) -> None:
         if not name:
             raise ValueError("the semaphore name must not be empty")
@@ -387,6 +918,7 @@ class _Options:
             raise ValueError("the identifier must not be empty")
         if durable_replicas < 0 or durable_timeout_ms < 0:
             raise ValueError("durable_replicas and durable_timeout_ms must not be negative")
+        _check_retry_for(retry_for)
         self.name = name
         self.limit = limit
         self.lease = float(lease)
@@ -398,10 +930,13 @@ class _Options:
         self.durable_replicas = durable_replicas
         self.durable_timeout_ms = durable_timeout_ms
         self.auto_refresh = auto_refresh
+        self.retry_for = float(retry_for)
 
-    def acquire_command(self, identifier: Identifier, in_server: bool = True) -> Args:
-        """The acquire; ``in_server=False`` leaves out WAIT and BOUND (the script's form: its
-        caller waits)."""
+    def acquire_command(
+        self, identifier: Identifier, wait: Optional[float] = None, in_server: bool = True
+    ) -> Args:
+        """The acquire, waiting ``wait`` seconds (what is left of options.wait);
+        ``in_server=False`` leaves out WAIT and BOUND (the script's form: its caller waits)."""
         command = "SEM.ACQUIREFAIR" if self.fair else "SEM.ACQUIRE"
         args: Args = [command, self.name, self.limit, _seconds(self.lease), "ID", identifier]
         if self.count is not None:
@@ -410,17 +945,21 @@ class _Options:
             args.append("WITHTICKET")
         if not in_server:
             return args
-        if self.wait:  # None and 0 do not wait
-            args += ["WAIT", "0" if math.isinf(self.wait) else _seconds(self.wait)]
+        if wait:  # None and 0 do not wait
+            args += ["WAIT", "0" if math.isinf(wait) else _seconds(wait)]
         if self.bound:
             args.append("BOUND")
         return args
 
-    def blocks_for(self) -> Optional[float]:
-        """How long the acquire may wait in the server (None: without limit)."""
-        if self.wait and math.isinf(self.wait):
-            return None
-        return self.wait or 0.0
+    def check_durable(self, acked: int) -> None:
+        """NotDurable when fewer than durable_replicas acknowledged the grant."""
+        if acked < self.durable_replicas:
+            raise NotDurable(
+                f"{acked} of {self.durable_replicas} replicas acknowledged the grant "
+                f"of {self.name!r} within {self.durable_timeout_ms} ms",
+                acked,
+                self.durable_replicas,
+            )
 
     def ticket_of(self, reply: Any) -> Optional[int]:
         """The ticket of a granted reply (``[identifier, ticket]`` when fair), else None."""
@@ -443,6 +982,7 @@ class _SetOptions:
         bound: bool,
         identifier: Optional[Identifier],
         auto_refresh: bool,
+        retry_for: float,
     ) -> None:
         specs: List[Tuple[Identifier, int, int]] = []
         for spec in semaphores:
@@ -466,6 +1006,7 @@ class _SetOptions:
             raise ValueError("wait must be None, or a number of seconds (math.inf: no limit)")
         if identifier is not None and not identifier:
             raise ValueError("the identifier must not be empty")
+        _check_retry_for(retry_for)
         self.semaphores = specs
         self.names = tuple(name for name, _, _ in specs)
         self.lease = float(lease)
@@ -474,25 +1015,21 @@ class _SetOptions:
         self.bound = bound
         self.identifier = identifier
         self.auto_refresh = auto_refresh
+        self.retry_for = float(retry_for)
 
-    def acquire_command(self, identifier: Identifier) -> Args:
+    def acquire_command(self, identifier: Identifier, wait: Optional[float]) -> Args:
+        """The acquire, waiting ``wait`` seconds (what is left of options.wait)."""
         args: Args = ["SEM.ACQUIREALL", len(self.semaphores)]
         for name, limit, count in self.semaphores:
             args += [name, limit, count]
         args += [_seconds(self.lease), "ID", identifier]
         if self.fair:
             args += ["FAIR", "WITHTICKET"]
-        if self.wait:  # None and 0 do not wait
-            args += ["WAIT", "0" if math.isinf(self.wait) else _seconds(self.wait)]
+        if wait:  # None and 0 do not wait
+            args += ["WAIT", "0" if math.isinf(wait) else _seconds(wait)]
         if self.bound:
             args.append("BOUND")
         return args
-
-    def blocks_for(self) -> Optional[float]:
-        """How long the acquire may wait in the server (None: without limit)."""
-        if self.wait and math.isinf(self.wait):
-            return None
-        return self.wait or 0.0
 
     def tickets_of(self, reply: Any) -> Optional[Tuple[int, ...]]:
         """The tickets of a granted reply (``[identifier, [ticket, ...]]`` when fair), else None."""
@@ -510,8 +1047,6 @@ class _Held:
 
     # How many semaphores a refresh or a release must find held.
     _wanted = 1
-    # Sent through the script (the server has no module), else as the module's commands.
-    _scripts = False
 
     def __init__(self, identifier: Identifier, lease: float, sent: float) -> None:
         #: The holder's identifier: ``identifier=``, or the UUID v4 made for this permit.
@@ -663,12 +1198,12 @@ _AsyncSelf = TypeVar("_AsyncSelf", bound="_AsyncHeld")
 
 
 class _SyncHeld(_Held):
-    """Refresh in a background thread, and release, over a redis-py connection."""
+    """Refresh in a background thread, and release, over the permit's line (its connection)."""
 
-    _conn: redis.Redis
+    _line: _Line
 
-    def _init_sync(self, conn: redis.Redis) -> None:
-        self._conn = conn
+    def _init_sync(self, line: _Line) -> None:
+        self._line = line
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._release_lock = threading.Lock()
@@ -695,7 +1230,9 @@ class _SyncHeld(_Held):
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
         command = self._refresh_args()
-        return self._refreshed(command, _send(self._conn, self._scripts, command), sent)
+        # In Cluster, resent through a move or a failover while the last lease may still run.
+        reply = self._line.run(lambda hop: hop.send(command), until=self._confirmed_until)
+        return self._refreshed(command, reply, sent)
 
     def release(self) -> bool:
         """Gives the permit back: True if it was held throughout, False if it was lost (then
@@ -710,12 +1247,12 @@ class _SyncHeld(_Held):
                 self._thread.join()  # lets a refresh under way finish first
             command = self._release_args()
             try:
-                reply = _send(self._conn, self._scripts, command)
+                reply = self._line.run(lambda hop: hop.send(command))
             except BaseException as err:
                 self._release_failed(err)
                 raise
             finally:
-                self._conn.close()  # back to the pool
+                self._line.close()  # back to the pool
             return self._released_with(command, reply)
 
     def __enter__(self: _SyncSelf) -> _SyncSelf:
@@ -741,10 +1278,10 @@ class _SyncHeld(_Held):
 class _AsyncHeld(_Held):
     """As _SyncHeld, for redis.asyncio: the refresh is an asyncio task."""
 
-    _conn: redis.asyncio.Redis
+    _line: _AsyncLine
 
-    def _init_async(self, conn: redis.asyncio.Redis) -> None:
-        self._conn = conn
+    def _init_async(self, line: _AsyncLine) -> None:
+        self._line = line
         self._stop = asyncio.Event()
         self._task: Optional["asyncio.Task[None]"] = None
         self._release_lock = asyncio.Lock()
@@ -774,7 +1311,7 @@ class _AsyncHeld(_Held):
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
         command = self._refresh_args()
-        reply = await _send_async(self._conn, self._scripts, command)
+        reply = await self._line.run(lambda hop: hop.send(command), until=self._confirmed_until)
         return self._refreshed(command, reply, sent)
 
     async def release(self) -> bool:
@@ -788,12 +1325,12 @@ class _AsyncHeld(_Held):
                 await self._task
             command = self._release_args()
             try:
-                reply = await _send_async(self._conn, self._scripts, command)
+                reply = await self._line.run(lambda hop: hop.send(command))
             except BaseException as err:
                 self._release_failed(err)
                 raise
             finally:
-                await self._conn.aclose()  # back to the pool
+                await self._line.close()  # back to the pool
             return self._released_with(command, reply)
 
     async def __aenter__(self: _AsyncSelf) -> _AsyncSelf:
@@ -823,22 +1360,20 @@ class Permit(_SyncHeld, _PermitState):
     def __init__(
         self,
         options: _Options,
-        conn: redis.Redis,
+        line: _Line,
         identifier: Identifier,
         ticket: Optional[int],
         sent: float,
-        scripts: bool = False,
     ) -> None:
         _PermitState.__init__(self, options, identifier, ticket, sent)
-        self._init_sync(conn)
-        self._scripts = scripts
+        self._init_sync(line)
 
     def release_some(self, count: int) -> bool:
         """Gives back ``count`` of a weighted permit's permits and keeps holding the rest (with
         its deadline and ticket). Returns False, and marks it lost, if it had run out."""
         self._check_release_some(count)
         command: Args = ["SEM.RELEASE", self.name, self.id, "COUNT", count]
-        reply = _send(self._conn, self._scripts, command)
+        reply = self._line.run(lambda hop: hop.send(command))
         if reply == 1:
             self.count -= count
             return True
@@ -852,21 +1387,19 @@ class AsyncPermit(_AsyncHeld, _PermitState):
     def __init__(
         self,
         options: _Options,
-        conn: redis.asyncio.Redis,
+        line: _AsyncLine,
         identifier: Identifier,
         ticket: Optional[int],
         sent: float,
-        scripts: bool = False,
     ) -> None:
         _PermitState.__init__(self, options, identifier, ticket, sent)
-        self._init_async(conn)
-        self._scripts = scripts
+        self._init_async(line)
 
     async def release_some(self, count: int) -> bool:
         """As Permit.release_some."""
         self._check_release_some(count)
         command: Args = ["SEM.RELEASE", self.name, self.id, "COUNT", count]
-        reply = await _send_async(self._conn, self._scripts, command)
+        reply = await self._line.run(lambda hop: hop.send(command))
         if reply == 1:
             self.count -= count
             return True
@@ -883,13 +1416,13 @@ class PermitSet(_SyncHeld, _SetState):
     def __init__(
         self,
         options: _SetOptions,
-        conn: redis.Redis,
+        line: _Line,
         identifier: Identifier,
         tickets: Optional[Tuple[int, ...]],
         sent: float,
     ) -> None:
         _SetState.__init__(self, options, identifier, tickets, sent)
-        self._init_sync(conn)
+        self._init_sync(line)
 
 
 class AsyncPermitSet(_AsyncHeld, _SetState):
@@ -898,13 +1431,13 @@ class AsyncPermitSet(_AsyncHeld, _SetState):
     def __init__(
         self,
         options: _SetOptions,
-        conn: redis.asyncio.Redis,
+        line: _AsyncLine,
         identifier: Identifier,
         tickets: Optional[Tuple[int, ...]],
         sent: float,
     ) -> None:
         _SetState.__init__(self, options, identifier, tickets, sent)
-        self._init_async(conn)
+        self._init_async(line)
 
 
 # The permits entered through `with semaphore` in this thread or task, innermost last, so one
@@ -930,9 +1463,13 @@ def _pop(semaphore: object) -> Any:
 class Semaphore:
     """A redsem semaphore: ``with Semaphore(...) as permit`` or ``permit = sem.acquire()``.
 
-    client: a ``redis.Redis`` (its pool lends each permit a connection).
+    client: a ``redis.Redis`` (its pool lends each permit a connection), or a
+        ``redis.cluster.RedisCluster`` (each permit gets a connection to the primary serving
+        the name's slot).
     name, limit, lease: the semaphore's key, its number of permits, and the lease in seconds
-        (millisecond precision); the permit is refreshed every lease/3 while held.
+        (millisecond precision); the permit is refreshed every lease/3 while held. In Redis
+        Cluster the name needs a hash tag (``"{jobs}"``, ``"app:{jobs}"``): without one,
+        acquire() raises ValueError before sending anything.
     wait: seconds to wait inside the server for a permit; None or 0 do not wait, math.inf
         waits without limit. Without the module the package waits: it tries again whenever a
         release wakes it (BLPOP on ``<name>:wake``), when the earliest lease ends, and at
@@ -947,6 +1484,10 @@ class Semaphore:
     durable_replicas, durable_timeout_ms: after the grant, ``WAIT durable_replicas
         durable_timeout_ms``; fewer acknowledgements give the permit back and raise NotDurable.
     auto_refresh: False to refresh by hand (``permit.refresh()``) instead of in a thread.
+    retry_for: in Redis Cluster, how long (seconds) a call is resent, with the same identifier,
+        while its slot moves or its primary fails over (a waiting acquire then waits again on
+        the new owner, for what is left of ``wait``, at the end of the line); then it raises
+        SemaphoreError. A refresh is resent only while the last lease may still run.
 
     Without ``identifier``, one Semaphore can be shared by threads; each ``with`` takes its own
     permit. With one, it must not be held twice at once.
@@ -954,7 +1495,7 @@ class Semaphore:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         name: Identifier,
         limit: int,
         lease: float = 30,
@@ -967,47 +1508,46 @@ class Semaphore:
         durable_replicas: int = 0,
         durable_timeout_ms: int = 1000,
         auto_refresh: bool = True,
+        retry_for: float = RETRY_FOR,
     ) -> None:
         self.client = client
         self.options = _Options(
             name, limit, lease, wait, fair, count, bound, identifier,
-            durable_replicas, durable_timeout_ms, auto_refresh,
+            durable_replicas, durable_timeout_ms, auto_refresh, retry_for,
         )
 
     def acquire(self) -> Permit:
         """Takes a permit, or raises NotAcquired (or NotDurable, or a redis-py error)."""
         options = self.options
-        scripts = not _has_module(self.client)
-        if scripts and options.bound:
-            raise ModuleRequired("BOUND")
-        identifier = options.identifier or str(uuid.uuid4())
-        # One connection of the pool, for this permit only (client() is untyped in some
-        # redis-py releases).
-        conn: redis.Redis = cast(Any, self.client).client()
+        line = _line(self.client, [options.name], options.retry_for, own=True)
         try:
-            if scripts:
-                reply, sent = _acquire_by_script(conn, options, identifier)
-            else:
+            line.open("BOUND" if options.bound else None)
+            identifier = options.identifier or str(uuid.uuid4())
+            deadline = _wait_deadline(options.wait)
+
+            def attempt(hop: _Hop) -> Tuple[Any, float]:
+                if hop.scripts:
+                    if options.bound:  # a node without the module, after a move
+                        raise ModuleRequired("BOUND")
+                    return _acquire_by_script(hop, options, identifier, deadline)
                 sent = time.monotonic()
-                command = options.acquire_command(identifier)
-                reply = _run_blocking(conn, command, options.blocks_for())
+                wait = _wait_left(options.wait, deadline)
+                command = options.acquire_command(identifier, wait)
+                return hop.blocking(command, _blocks_for(wait)), sent
+
+            reply, sent = line.run(attempt)
             if reply is None:
                 raise NotAcquired(options.describe())
-            permit = Permit(options, conn, identifier, options.ticket_of(reply), sent, scripts)
+            permit = Permit(options, line, identifier, options.ticket_of(reply), sent)
         except BaseException:
-            conn.close()
+            line.close()
             raise
         try:
             if options.durable_replicas:
                 wait: Args = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
-                acked = _run_blocking(conn, wait, options.durable_timeout_ms / 1000 or None)
-                if acked < options.durable_replicas:
-                    raise NotDurable(
-                        f"{acked} of {options.durable_replicas} replicas acknowledged the grant "
-                        f"of {options.name!r} within {options.durable_timeout_ms} ms",
-                        acked,
-                        options.durable_replicas,
-                    )
+                block = options.durable_timeout_ms / 1000 or None
+                acked = line.run(lambda hop: hop.blocking(wait, block))
+                options.check_durable(acked)
             # A wait for the grant leaves the lease's start unknown: confirm it now.
             if time.monotonic() - sent > options.lease / 3 and not permit.refresh():
                 raise PermitLost(permit._lost_message())
@@ -1036,14 +1576,15 @@ class Semaphore:
 
 
 class AsyncSemaphore:
-    """The asyncio form of Semaphore, for ``redis.asyncio.Redis``: ``async with
-    AsyncSemaphore(...) as permit``; the same options. Each permit, held or waited for, holds a
-    connection of the pool: with ``redis.asyncio.BlockingConnectionPool`` (or a
-    ``max_connections``), size the pool for the permits taken at once."""
+    """The asyncio form of Semaphore, for ``redis.asyncio.Redis`` or
+    ``redis.asyncio.cluster.RedisCluster``: ``async with AsyncSemaphore(...) as permit``; the
+    same options. Each permit, held or waited for, holds a connection of the pool: with
+    ``redis.asyncio.BlockingConnectionPool`` (or a ``max_connections``), size the pool for the
+    permits taken at once."""
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         name: Identifier,
         limit: int,
         lease: float = 30,
@@ -1056,49 +1597,46 @@ class AsyncSemaphore:
         durable_replicas: int = 0,
         durable_timeout_ms: int = 1000,
         auto_refresh: bool = True,
+        retry_for: float = RETRY_FOR,
     ) -> None:
         self.client = client
         self.options = _Options(
             name, limit, lease, wait, fair, count, bound, identifier,
-            durable_replicas, durable_timeout_ms, auto_refresh,
+            durable_replicas, durable_timeout_ms, auto_refresh, retry_for,
         )
 
     async def acquire(self) -> AsyncPermit:
         """As Semaphore.acquire."""
         options = self.options
-        scripts = not await _has_module_async(self.client)
-        if scripts and options.bound:
-            raise ModuleRequired("BOUND")
-        identifier = options.identifier or str(uuid.uuid4())
-        conn = self.client.client()
+        line = _async_line(self.client, [options.name], options.retry_for, own=True)
         try:
-            if scripts:
-                reply, sent = await _acquire_by_script_async(conn, options, identifier)
-            else:
+            await line.open("BOUND" if options.bound else None)
+            identifier = options.identifier or str(uuid.uuid4())
+            deadline = _wait_deadline(options.wait)
+
+            async def attempt(hop: _AsyncHop) -> Tuple[Any, float]:
+                if hop.scripts:
+                    if options.bound:
+                        raise ModuleRequired("BOUND")
+                    return await _acquire_by_script_async(hop, options, identifier, deadline)
                 sent = time.monotonic()
-                command = options.acquire_command(identifier)
-                reply = await _run_blocking_async(conn, command, options.blocks_for())
+                wait = _wait_left(options.wait, deadline)
+                command = options.acquire_command(identifier, wait)
+                return await hop.blocking(command, _blocks_for(wait)), sent
+
+            reply, sent = await line.run(attempt)
             if reply is None:
                 raise NotAcquired(options.describe())
-            permit = AsyncPermit(
-                options, conn, identifier, options.ticket_of(reply), sent, scripts
-            )
+            permit = AsyncPermit(options, line, identifier, options.ticket_of(reply), sent)
         except BaseException:
-            await conn.aclose()
+            await line.close()
             raise
         try:
             if options.durable_replicas:
                 wait: Args = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
-                acked = await _run_blocking_async(
-                    conn, wait, options.durable_timeout_ms / 1000 or None
-                )
-                if acked < options.durable_replicas:
-                    raise NotDurable(
-                        f"{acked} of {options.durable_replicas} replicas acknowledged the grant "
-                        f"of {options.name!r} within {options.durable_timeout_ms} ms",
-                        acked,
-                        options.durable_replicas,
-                    )
+                block = options.durable_timeout_ms / 1000 or None
+                acked = await line.run(lambda hop: hop.blocking(wait, block))
+                options.check_durable(acked)
             if time.monotonic() - sent > options.lease / 3 and not await permit.refresh():
                 raise PermitLost(permit._lost_message())
         except BaseException:
@@ -1129,23 +1667,26 @@ class SemaphoreSet:
     """Permits of several semaphores for one identifier, all or none (SEM.ACQUIREALL): ``with
     SemaphoreSet(r, [("gpu", 1), ("licence", 5, 2)]) as permits``, or ``acquire_all(...)``.
 
-    client: a ``redis.Redis`` (its pool lends each set a connection, as for a Semaphore).
+    client: a ``redis.Redis`` (its pool lends each set a connection, as for a Semaphore), or a
+        ``redis.cluster.RedisCluster``.
     semaphores: ``(name, limit)`` for one permit of ``name``, or ``(name, limit, count)``; 1 to
-        64 distinct names (in Redis Cluster they must share a slot: use hash tags).
+        64 distinct names (in Redis Cluster they must share a slot: give them one hash tag,
+        ``"{app}gpu"`` and ``"{app}licence"``; else acquire() raises ValueError before sending
+        anything).
     lease: seconds, the same for every semaphore; they are refreshed together every lease/3,
         and the set is lost as soon as any one of them is.
     wait: seconds to wait inside the server until the whole set can be granted at once; None
         or 0 do not wait, math.inf waits without limit.
     fair: every semaphore is a fair one (FAIR); ``permits.tickets`` has one fencing ticket per
         semaphore, in the order given.
-    bound, identifier, auto_refresh: as for Semaphore.
+    bound, identifier, auto_refresh, retry_for: as for Semaphore.
 
     A set needs the module: without it, acquire() raises ModuleRequired.
     """
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         semaphores: Sequence[SemaphoreSpec],
         lease: float = 30,
         *,
@@ -1154,27 +1695,37 @@ class SemaphoreSet:
         bound: bool = False,
         identifier: Optional[Identifier] = None,
         auto_refresh: bool = True,
+        retry_for: float = RETRY_FOR,
     ) -> None:
         self.client = client
-        self.options = _SetOptions(semaphores, lease, wait, fair, bound, identifier, auto_refresh)
+        self.options = _SetOptions(
+            semaphores, lease, wait, fair, bound, identifier, auto_refresh, retry_for
+        )
 
     def acquire(self) -> PermitSet:
         """Takes every permit of the set, or raises NotAcquired (then none is held);
         ModuleRequired without the module."""
         options = self.options
-        if not _has_module(self.client):
-            raise ModuleRequired("SEM.ACQUIREALL")
-        identifier = options.identifier or str(uuid.uuid4())
-        conn: redis.Redis = cast(Any, self.client).client()
+        line = _line(self.client, options.names, options.retry_for, own=True)
         try:
-            sent = time.monotonic()
-            command = options.acquire_command(identifier)
-            reply = _run_blocking(conn, command, options.blocks_for())
+            line.open("SEM.ACQUIREALL")
+            identifier = options.identifier or str(uuid.uuid4())
+            deadline = _wait_deadline(options.wait)
+
+            def attempt(hop: _Hop) -> Tuple[Any, float]:
+                if hop.scripts:  # a node without the module, after a move
+                    raise ModuleRequired("SEM.ACQUIREALL")
+                sent = time.monotonic()
+                wait = _wait_left(options.wait, deadline)
+                command = options.acquire_command(identifier, wait)
+                return hop.blocking(command, _blocks_for(wait)), sent
+
+            reply, sent = line.run(attempt)
             if reply is None:
                 raise NotAcquired(options.describe())
-            permits = PermitSet(options, conn, identifier, options.tickets_of(reply), sent)
+            permits = PermitSet(options, line, identifier, options.tickets_of(reply), sent)
         except BaseException:
-            conn.close()
+            line.close()
             raise
         try:
             # A wait for the grant leaves the lease's start unknown: confirm it now.
@@ -1205,11 +1756,12 @@ class SemaphoreSet:
 
 
 class AsyncSemaphoreSet:
-    """The asyncio form of SemaphoreSet, for ``redis.asyncio.Redis``; the same options."""
+    """The asyncio form of SemaphoreSet, for ``redis.asyncio.Redis`` or
+    ``redis.asyncio.cluster.RedisCluster``; the same options."""
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         semaphores: Sequence[SemaphoreSpec],
         lease: float = 30,
         *,
@@ -1218,26 +1770,36 @@ class AsyncSemaphoreSet:
         bound: bool = False,
         identifier: Optional[Identifier] = None,
         auto_refresh: bool = True,
+        retry_for: float = RETRY_FOR,
     ) -> None:
         self.client = client
-        self.options = _SetOptions(semaphores, lease, wait, fair, bound, identifier, auto_refresh)
+        self.options = _SetOptions(
+            semaphores, lease, wait, fair, bound, identifier, auto_refresh, retry_for
+        )
 
     async def acquire(self) -> AsyncPermitSet:
         """As SemaphoreSet.acquire."""
         options = self.options
-        if not await _has_module_async(self.client):
-            raise ModuleRequired("SEM.ACQUIREALL")
-        identifier = options.identifier or str(uuid.uuid4())
-        conn = self.client.client()
+        line = _async_line(self.client, options.names, options.retry_for, own=True)
         try:
-            sent = time.monotonic()
-            command = options.acquire_command(identifier)
-            reply = await _run_blocking_async(conn, command, options.blocks_for())
+            await line.open("SEM.ACQUIREALL")
+            identifier = options.identifier or str(uuid.uuid4())
+            deadline = _wait_deadline(options.wait)
+
+            async def attempt(hop: _AsyncHop) -> Tuple[Any, float]:
+                if hop.scripts:
+                    raise ModuleRequired("SEM.ACQUIREALL")
+                sent = time.monotonic()
+                wait = _wait_left(options.wait, deadline)
+                command = options.acquire_command(identifier, wait)
+                return await hop.blocking(command, _blocks_for(wait)), sent
+
+            reply, sent = await line.run(attempt)
             if reply is None:
                 raise NotAcquired(options.describe())
-            permits = AsyncPermitSet(options, conn, identifier, options.tickets_of(reply), sent)
+            permits = AsyncPermitSet(options, line, identifier, options.tickets_of(reply), sent)
         except BaseException:
-            await conn.aclose()
+            await line.close()
             raise
         try:
             if time.monotonic() - sent > options.lease / 3 and not await permits.refresh():
@@ -1267,7 +1829,7 @@ class AsyncSemaphoreSet:
 
 
 def acquire_all(
-    client: redis.Redis,
+    client: Client,
     semaphores: Sequence[SemaphoreSpec],
     lease: float = 30,
     *,
@@ -1276,17 +1838,18 @@ def acquire_all(
     bound: bool = False,
     identifier: Optional[Identifier] = None,
     auto_refresh: bool = True,
+    retry_for: float = RETRY_FOR,
 ) -> PermitSet:
     """``SemaphoreSet(...).acquire()``: the set's permits, all held, or NotAcquired (none
     held). The PermitSet is a context manager that releases them."""
     return SemaphoreSet(
         client, semaphores, lease, wait=wait, fair=fair, bound=bound,
-        identifier=identifier, auto_refresh=auto_refresh,
+        identifier=identifier, auto_refresh=auto_refresh, retry_for=retry_for,
     ).acquire()
 
 
 async def acquire_all_async(
-    client: redis.asyncio.Redis,
+    client: AsyncClient,
     semaphores: Sequence[SemaphoreSpec],
     lease: float = 30,
     *,
@@ -1295,11 +1858,12 @@ async def acquire_all_async(
     bound: bool = False,
     identifier: Optional[Identifier] = None,
     auto_refresh: bool = True,
+    retry_for: float = RETRY_FOR,
 ) -> AsyncPermitSet:
     """As acquire_all, for redis.asyncio."""
     return await AsyncSemaphoreSet(
         client, semaphores, lease, wait=wait, fair=fair, bound=bound,
-        identifier=identifier, auto_refresh=auto_refresh,
+        identifier=identifier, auto_refresh=auto_refresh, retry_for=retry_for,
     ).acquire()
 
 
@@ -1316,31 +1880,56 @@ def _wait_empty_args(name: Identifier, timeout: float) -> Tuple[Args, Optional[f
     return ["SEM.WAITEMPTY", name, seconds], float(seconds)
 
 
-def wait_empty(client: redis.Redis, name: Identifier, timeout: float) -> bool:
+def _wait_empty_left(name: Identifier, timeout: float, deadline: float) -> Tuple[Args, Optional[float]]:
+    """_wait_empty_args for what is left of ``timeout`` at this send."""
+    left = timeout if math.isinf(timeout) else max(deadline - time.monotonic(), 0.0)
+    return _wait_empty_args(name, left)
+
+
+def wait_empty(
+    client: Client, name: Identifier, timeout: float, *, retry_for: float = RETRY_FOR
+) -> bool:
     """Waits until the semaphore ``name`` has no live holder (SEM.WAITEMPTY): True once it has
     none (at once if it has none now), False when ``timeout`` seconds pass first (math.inf:
-    no limit). It takes nothing. It blocks the connection, so it uses one of the pool's own.
+    no limit). It takes nothing. It blocks the connection, so it uses one of the pool's own
+    (in Redis Cluster, one to the primary of the name's slot; ``retry_for`` as for Semaphore).
     It needs the module: without it, it raises ModuleRequired."""
-    args, block = _wait_empty_args(name, timeout)
-    if not _has_module(client):
-        raise ModuleRequired("SEM.WAITEMPTY")
-    conn: redis.Redis = cast(Any, client).client()
+    _wait_empty_args(name, timeout)
+    _check_retry_for(retry_for)
+    line = _line(client, [name], retry_for, own=True)
     try:
-        return bool(_run_blocking(conn, args, block) == 1)
+        line.open("SEM.WAITEMPTY")
+        deadline = _wait_deadline(timeout)
+
+        def attempt(hop: _Hop) -> Any:
+            if hop.scripts:
+                raise ModuleRequired("SEM.WAITEMPTY")
+            return hop.blocking(*_wait_empty_left(name, timeout, deadline))
+
+        return bool(line.run(attempt) == 1)
     finally:
-        conn.close()
+        line.close()
 
 
-async def wait_empty_async(client: redis.asyncio.Redis, name: Identifier, timeout: float) -> bool:
+async def wait_empty_async(
+    client: AsyncClient, name: Identifier, timeout: float, *, retry_for: float = RETRY_FOR
+) -> bool:
     """As wait_empty, for redis.asyncio."""
-    args, block = _wait_empty_args(name, timeout)
-    if not await _has_module_async(client):
-        raise ModuleRequired("SEM.WAITEMPTY")
-    conn = client.client()
+    _wait_empty_args(name, timeout)
+    _check_retry_for(retry_for)
+    line = _async_line(client, [name], retry_for, own=True)
     try:
-        return bool(await _run_blocking_async(conn, args, block) == 1)
+        await line.open("SEM.WAITEMPTY")
+        deadline = _wait_deadline(timeout)
+
+        async def attempt(hop: _AsyncHop) -> Any:
+            if hop.scripts:
+                raise ModuleRequired("SEM.WAITEMPTY")
+            return await hop.blocking(*_wait_empty_left(name, timeout, deadline))
+
+        return bool(await line.run(attempt) == 1)
     finally:
-        await conn.aclose()
+        await line.close()
 
 
 # The largest limit SEM.LIMIT stores (an unsigned 32-bit number).
@@ -1361,43 +1950,69 @@ def _set_limit_args(name: Identifier, limit: int) -> Args:
     return ["SEM.LIMIT", name, limit]
 
 
-def stored_limit(client: redis.Redis, name: Identifier) -> Optional[int]:
+def _limit_call(client: Client, command: Args, retry_for: float) -> Any:
+    """A SEM.LIMIT call on the client's server, or the primary of its name's slot."""
+    _check_retry_for(retry_for)
+    line = _line(client, [cast(Identifier, command[1])], retry_for, own=False)
+    try:
+        return line.run(lambda hop: hop.send(command))
+    finally:
+        line.close()
+
+
+async def _limit_call_async(client: AsyncClient, command: Args, retry_for: float) -> Any:
+    """As _limit_call, for redis.asyncio."""
+    _check_retry_for(retry_for)
+    line = _async_line(client, [cast(Identifier, command[1])], retry_for, own=False)
+    try:
+        return await line.run(lambda hop: hop.send(command))
+    finally:
+        await line.close()
+
+
+def stored_limit(
+    client: Client, name: Identifier, *, retry_for: float = RETRY_FOR
+) -> Optional[int]:
     """The operator's limit stored for the semaphore ``name`` (SEM.LIMIT name), or None when
     there is none. While one is stored, every acquire of ``name`` uses it instead of its own."""
-    command: Args = ["SEM.LIMIT", _checked_name(name)]
-    reply = _send(client, not _has_module(client), command)
+    reply = _limit_call(client, ["SEM.LIMIT", _checked_name(name)], retry_for)
     return None if reply is None else int(reply)
 
 
-async def stored_limit_async(client: redis.asyncio.Redis, name: Identifier) -> Optional[int]:
+async def stored_limit_async(
+    client: AsyncClient, name: Identifier, *, retry_for: float = RETRY_FOR
+) -> Optional[int]:
     """As stored_limit, for redis.asyncio."""
-    command: Args = ["SEM.LIMIT", _checked_name(name)]
-    reply = await _send_async(client, not await _has_module_async(client), command)
+    reply = await _limit_call_async(client, ["SEM.LIMIT", _checked_name(name)], retry_for)
     return None if reply is None else int(reply)
 
 
-def set_limit(client: redis.Redis, name: Identifier, limit: int) -> None:
+def set_limit(
+    client: Client, name: Identifier, limit: int, *, retry_for: float = RETRY_FOR
+) -> None:
     """Stores an operator's limit for the semaphore ``name`` (SEM.LIMIT name n), 0 to
     4294967295: every acquire of ``name`` uses it instead of its own until clear_limit. 0
     pauses the semaphore; a lower limit takes no permit from its holders."""
-    command = _set_limit_args(name, limit)
-    _send(client, not _has_module(client), command)
+    _limit_call(client, _set_limit_args(name, limit), retry_for)
 
 
-async def set_limit_async(client: redis.asyncio.Redis, name: Identifier, limit: int) -> None:
+async def set_limit_async(
+    client: AsyncClient, name: Identifier, limit: int, *, retry_for: float = RETRY_FOR
+) -> None:
     """As set_limit, for redis.asyncio."""
-    command = _set_limit_args(name, limit)
-    await _send_async(client, not await _has_module_async(client), command)
+    await _limit_call_async(client, _set_limit_args(name, limit), retry_for)
 
 
-def clear_limit(client: redis.Redis, name: Identifier) -> bool:
+def clear_limit(client: Client, name: Identifier, *, retry_for: float = RETRY_FOR) -> bool:
     """Removes the operator's limit of the semaphore ``name`` (SEM.LIMIT name CLEAR): acquires
     use their own limits again. True if one was stored, else False."""
     command: Args = ["SEM.LIMIT", _checked_name(name), "CLEAR"]
-    return bool(_send(client, not _has_module(client), command) == 1)
+    return bool(_limit_call(client, command, retry_for) == 1)
 
 
-async def clear_limit_async(client: redis.asyncio.Redis, name: Identifier) -> bool:
+async def clear_limit_async(
+    client: AsyncClient, name: Identifier, *, retry_for: float = RETRY_FOR
+) -> bool:
     """As clear_limit, for redis.asyncio."""
     command: Args = ["SEM.LIMIT", _checked_name(name), "CLEAR"]
-    return bool(await _send_async(client, not await _has_module_async(client), command) == 1)
+    return bool(await _limit_call_async(client, command, retry_for) == 1)
