@@ -243,6 +243,7 @@ impl Inner {
 }
 
 /// A Cluster made of the other API's cluster connection.
+#[cfg(feature = "tokio")]
 pub(crate) fn wrong_api(made_of: &str, serves: &str) -> redis::RedisError {
     redis::RedisError::from((
         redis::ErrorKind::InvalidClientConfig,

@@ -411,13 +411,15 @@ impl Retries {
 
     /// The pause before the next try, or [`Error::Unavailable`] once the budget has passed.
     pub(crate) fn pause(&mut self, err: RedisError) -> Result<Duration> {
-        let pause = self.pause;
-        if self.failing() + pause > self.budget {
+        let failing = self.failing();
+        if failing >= self.budget {
             return Err(Error::Unavailable {
                 budget: self.budget,
                 last: err,
             });
         }
+        // The last pause ends with the budget: one more try then.
+        let pause = self.pause.min(self.budget - failing);
         self.pause = (self.pause * 2).min(Duration::from_secs(1));
         Ok(pause)
     }
@@ -784,6 +786,55 @@ mod tests {
         assert_eq!(
             check_set(&["{app}a".into(), "{app}b".into()]).unwrap(),
             slot("app")
+        );
+    }
+
+    #[test]
+    fn retries_pause_from_50_ms_doubling_to_1_s_until_the_budget_has_passed() {
+        let err = || RedisError::from((ErrorKind::TryAgain, "TRYAGAIN"));
+        let mut retries = Retries::new(Duration::from_secs(3));
+        let pauses: Vec<u64> = (0..7)
+            .map(|_| retries.pause(err()).unwrap().as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1000, 1000]);
+        let mut retries = Retries::new(Duration::ZERO);
+        assert!(matches!(
+            retries.pause(err()),
+            Err(Error::Unavailable { .. })
+        ));
+        let mut retries = Retries::new(Duration::from_millis(30));
+        let last = retries.pause(err()).unwrap(); // what is left of the budget, not 50 ms
+        assert!(last <= Duration::from_millis(30) && last > Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(matches!(
+            retries.pause(err()),
+            Err(Error::Unavailable { .. })
+        ));
+    }
+
+    #[test]
+    fn what_a_failure_leads_to() {
+        let err = |kind, text: &str| RedisError::from((kind, "", text.to_string()));
+        let moved = RedisError::from((ErrorKind::Moved, "", "3999 127.0.0.1:7001".to_string()));
+        assert_eq!(
+            next_step(&moved, true),
+            Next::Moved("127.0.0.1:7001".into())
+        );
+        let ask = RedisError::from((ErrorKind::Ask, "", "3999 127.0.0.1:7002".to_string()));
+        assert_eq!(next_step(&ask, true), Next::Ask("127.0.0.1:7002".into()));
+        for kind in [
+            ErrorKind::TryAgain,
+            ErrorKind::ClusterDown,
+            ErrorKind::MasterDown,
+        ] {
+            assert_eq!(next_step(&err(kind, "x"), true), Next::Pause);
+            assert_eq!(next_step(&err(kind, "x"), false), Next::Fail);
+        }
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(next_step(&refused, true), Next::Pause);
+        assert_eq!(
+            next_step(&err(ErrorKind::ResponseError, "syntax"), true),
+            Next::Fail
         );
     }
 

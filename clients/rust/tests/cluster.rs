@@ -797,6 +797,16 @@ fn a_primary_killed_under_a_waiter_and_a_holder() {
     if aheld {
         assert!(!awaiter.is_finished(), "a second permit of {async_name}");
     }
+    // The waiters wait again, on the new primary.
+    let mut conn = nodes.conn(new_owner);
+    let started = Instant::now();
+    while waiting_on(&mut conn, &[&sync_name, &async_name]) < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the waiters are not in line"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(holder.release().unwrap(), held);
     assert_eq!(rt.block_on(aholder.release()).unwrap(), aheld);
 
@@ -807,4 +817,51 @@ fn a_primary_killed_under_a_waiter_and_a_holder() {
     assert_eq!(rt.block_on(aio::in_use(&cluster, &async_name)).unwrap(), 1);
     assert!(served.release().unwrap());
     assert!(rt.block_on(aserved.release()).unwrap());
+
+    // The new primary has no replica: killed, its slots have no owner, and a call gives up
+    // with Error::Unavailable once its retry budget has passed.
+    driver(&["kill", &dir, &new_owner.to_string()]);
+    let short = Cluster::new(nodes.client()).retry_budget(Duration::from_millis(1500));
+    let started = Instant::now();
+    match Semaphore::new(&short, sync_name.clone()).acquire() {
+        Err(err @ Error::Unavailable { .. }) => assert!(
+            err.to_string()
+                .starts_with("the node serving the semaphore's slot gave no answer within the retry budget (1.5 s)"),
+            "{err}"
+        ),
+        other => panic!("an acquire without an owner: {other:?}"),
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1000) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    match rt.block_on(aio::Semaphore::new(&short, async_name.clone()).acquire()) {
+        Err(Error::Unavailable { .. }) => {}
+        other => panic!("an async acquire without an owner: {other:?}"),
+    }
+}
+
+/// The clients waiting on this node for a permit of `names`: in the module's line, or blocked
+/// in `BLPOP` (the script's waiters).
+fn waiting_on(conn: &mut redis::Connection, names: &[&str]) -> usize {
+    if scripts() {
+        let clients: String = redis::cmd("CLIENT").arg("LIST").query(conn).unwrap();
+        return clients
+            .lines()
+            .filter(|client| client.contains(" flags=b ") && client.contains(" cmd=blpop "))
+            .count();
+    }
+    names
+        .iter()
+        .filter(|name| {
+            let mut get = redis::cmd("SEM.GET");
+            get.arg(name);
+            for suffix in [":owner", ":counter", ":permits", ":limit"] {
+                get.arg(format!("{name}{suffix}"));
+            }
+            let json: String = get.arg("JSON").query(conn).unwrap();
+            json.contains("\"waiters\":1")
+        })
+        .count()
 }
