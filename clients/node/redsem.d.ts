@@ -1,6 +1,7 @@
 // Types of redsem.js: permits of redsem semaphores (the Redis module `sem`, or its Lua script
-// where the server has no module) for ioredis and node-redis. The clients are described by what the permit uses of them, so this file needs
-// neither library's types and accepts either's client.
+// where the server has no module) for ioredis and node-redis, plain or Redis Cluster clients.
+// The clients are described by what the package uses of them, so this file needs neither
+// library's types and accepts either's clients.
 
 /** An ioredis client (`new Redis()`), as far as a permit uses it. */
 export interface IORedisClient {
@@ -19,7 +20,35 @@ export interface NodeRedisClient {
   on(event: "error", listener: (err: Error) => void): unknown;
 }
 
-export type Client = IORedisClient | NodeRedisClient;
+/** An ioredis Cluster (`new Redis.Cluster([...])`), as the package uses it. */
+export interface IORedisCluster {
+  readonly isCluster: boolean;
+  /** The node key ("host:port") of each slot's primary, then its replicas. */
+  slots: string[][];
+  nodes(role?: "all" | "master" | "slave"): IORedisClient[];
+  refreshSlotsCache(callback?: (err?: Error | null) => void): void;
+}
+
+/** A connected node-redis cluster (`await createCluster(...).connect()`, node-redis 5). */
+export interface NodeRedisCluster {
+  readonly nodeByAddress: ReadonlyMap<string, object>;
+  nodeClient(node: object): unknown;
+}
+
+/**
+ * A client the package takes: a plain one, or a Redis Cluster client (then every name needs a
+ * hash tag, e.g. "{jobs}", and a set's names one slot).
+ */
+export type Client = IORedisClient | NodeRedisClient | IORedisCluster | NodeRedisCluster;
+
+/** What the calls that take no permit accept. */
+export interface CallOptions {
+  /**
+   * Redis Cluster only: seconds a call is resent through moves and failovers (the same call,
+   * the same identifier) before it gives up with a SemaphoreError. Default 30; 0: no retries.
+   */
+  retryBudget?: number;
+}
 
 export interface PermitOptions {
   /** Permits of the semaphore in all, from 1 to 4294967295. */
@@ -42,6 +71,8 @@ export interface PermitOptions {
   durableTimeoutMs?: number;
   /** Refresh in the background every lease/3. Default true. */
   autoRefresh?: boolean;
+  /** Redis Cluster only: seconds a call is resent through moves and failovers. Default 30. */
+  retryBudget?: number;
 }
 
 export class SemaphoreError extends Error {}
@@ -110,6 +141,8 @@ export interface SetOptions {
   id?: string | null;
   /** Refresh in the background every lease/3. Default true. */
   autoRefresh?: boolean;
+  /** Redis Cluster only: seconds a call is resent through moves and failovers. Default 30. */
+  retryBudget?: number;
 }
 
 /**
@@ -182,21 +215,35 @@ export function withPermits<T>(
  * it has none, false when `timeout` seconds pass first (Infinity: no limit; 0 looks once).
  * Needs the module (else ModuleRequired).
  */
-export function waitEmpty(redis: Client, name: string, timeout: number): Promise<boolean>;
+export function waitEmpty(
+  redis: Client,
+  name: string,
+  timeout: number,
+  options?: CallOptions,
+): Promise<boolean>;
 
 /**
  * The operator's limit stored for the semaphore `name` (`SEM.LIMIT name`), or null when there
  * is none. While one is stored, every acquire of `name` uses it instead of its own.
  */
-export function storedLimit(redis: Client, name: string): Promise<number | null>;
+export function storedLimit(
+  redis: Client,
+  name: string,
+  options?: CallOptions,
+): Promise<number | null>;
 
 /**
  * Stores an operator's limit for `name` (`SEM.LIMIT name n`), an integer from 0 (pauses) to
  * 4294967295, used by every acquire of `name` instead of its own until clearLimit.
  */
-export function setLimit(redis: Client, name: string, limit: number): Promise<void>;
+export function setLimit(
+  redis: Client,
+  name: string,
+  limit: number,
+  options?: CallOptions,
+): Promise<void>;
 
 /**
  * Removes the operator's limit of `name` (`SEM.LIMIT name CLEAR`): true if one was stored.
  */
-export function clearLimit(redis: Client, name: string): Promise<boolean>;
+export function clearLimit(redis: Client, name: string, options?: CallOptions): Promise<boolean>;

@@ -61,6 +61,19 @@ function seconds(value) {
   return `${Math.floor(ms / 1000)}.${String(ms % 1000).padStart(3, "0")}`;
 }
 
+function checkRetryBudget(budget) {
+  if (!(budget >= 0) || budget === Infinity) {
+    throw new TypeError("retryBudget must be a number of seconds (0: no retries)");
+  }
+}
+
+/** The options of the calls that take no permit: only retryBudget (Redis Cluster). */
+function callOptions(options) {
+  const opts = { retryBudget: RETRY_BUDGET, ...options };
+  checkRetryBudget(opts.retryBudget);
+  return opts;
+}
+
 function checkOptions(name, options) {
   const opts = {
     lease: 30,
@@ -72,6 +85,7 @@ function checkOptions(name, options) {
     durableReplicas: 0,
     durableTimeoutMs: 1000,
     autoRefresh: true,
+    retryBudget: RETRY_BUDGET,
     ...options,
   };
   if (!name) throw new TypeError("the semaphore name must not be empty");
@@ -88,6 +102,7 @@ function checkOptions(name, options) {
   if (opts.id != null && opts.id.length === 0) {
     throw new TypeError("the identifier must not be empty");
   }
+  checkRetryBudget(opts.retryBudget);
   return opts;
 }
 
@@ -120,6 +135,14 @@ function adapt(redis) {
     };
   }
   if (redis && typeof redis.sendCommand === "function" && typeof redis.duplicate === "function") {
+    const destroy = () => {
+      try {
+        const ended = typeof redis.destroy === "function" ? redis.destroy() : redis.disconnect();
+        Promise.resolve(ended).catch(() => {});
+      } catch {
+        // node-redis 5 throws when the socket has closed already: nothing is left to end.
+      }
+    };
     return {
       raw: redis,
       // node-redis sends strings and buffers only.
@@ -138,15 +161,10 @@ function adapt(redis) {
         try {
           await (typeof redis.close === "function" ? redis.close() : redis.quit());
         } catch {
-          await Promise.resolve(
-            typeof redis.destroy === "function" ? redis.destroy() : redis.disconnect(),
-          ).catch(() => {});
+          destroy();
         }
       },
-      destroy: () => {
-        const ended = typeof redis.destroy === "function" ? redis.destroy() : redis.disconnect();
-        Promise.resolve(ended).catch(() => {});
-      },
+      destroy,
       commandTimeout: undefined,
     };
   }
@@ -224,6 +242,7 @@ const SCRIPTED = new Set([
  * SEM.ACQUIREFAIR answer `[reply, retry_ms]` through the script.
  */
 function semCall(conn, args) {
+  if (conn.cluster) return conn.sem(args);
   if (conn.module) return conn.call(...args);
   const command = String(args[0]).toUpperCase();
   if (!SCRIPTED.has(command)) return Promise.reject(moduleRequired(command));
@@ -267,7 +286,9 @@ async function scriptAcquire(conn, name, opts, id) {
     const left = end - performance.now();
     if (!(left > 0)) return { reply: null, sent };
     const next = retryMs > 0 ? Math.min(Number(retryMs), RECHECK_MS) : RECHECK_MS;
-    await conn.call("BLPOP", `${name}:wake`, seconds(Math.min(left, next) / 1000));
+    const timeout = seconds(Math.min(left, next) / 1000);
+    if (conn.cluster) await conn.wake(`${name}:wake`, timeout);
+    else await conn.call("BLPOP", `${name}:wake`, timeout);
   }
 }
 
@@ -278,13 +299,14 @@ async function connectionFor(client, opts) {
   // covers that connection's writes.
   const durableMs = opts.durableReplicas ? opts.durableTimeoutMs : 0;
   const blockMs = Math.max((opts.wait || 0) * 1000, durableMs);
+  if (client.cluster) return { conn: client.dedicate(blockMs), own: true };
   return { conn: await ownConnection(client, blockMs), own: true };
 }
 
 /** A new connection for a command that may block `blockMs` in the server. */
-async function ownConnection(client, blockMs) {
+async function ownConnection(client, blockMs, options = {}) {
   // An ioredis commandTimeout must outlast the server's wait.
-  const override = {};
+  const override = { ...options };
   const timeout = client.commandTimeout;
   if (timeout) {
     override.commandTimeout = Number.isFinite(blockMs) ? timeout + blockMs : undefined;
@@ -292,6 +314,490 @@ async function ownConnection(client, blockMs) {
   const own = await client.duplicate(override);
   own.module = client.module; // the same server
   return own;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis Cluster: ioredis's Cluster and node-redis's createCluster.
+//
+// Every call for a semaphore goes to the primary serving its slot, in the long form (every key
+// named, so a node with the module's command filter or without it takes it), and is resent with
+// the same arguments (the same identifier) after a redirection or a failure until it has an
+// answer or the retry budget is spent.
+
+/** CRC16-XMODEM, as Redis Cluster hashes a key to its slot. */
+const CRC16_TABLE = (() => {
+  const table = new Uint16Array(256);
+  for (let i = 0; i < 256; i++) {
+    let crc = i << 8;
+    for (let bit = 0; bit < 8; bit++) crc = crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1;
+    table[i] = crc & 0xffff;
+  }
+  return table;
+})();
+
+function asBytes(name) {
+  return Buffer.isBuffer(name) ? name : Buffer.from(String(name));
+}
+
+/** The hash tag of a key (the bytes between the first `{` and the first `}` after it), or null. */
+function hashTag(bytes) {
+  const open = bytes.indexOf(0x7b);
+  if (open < 0) return null;
+  const close = bytes.indexOf(0x7d, open + 1);
+  return close > open + 1 ? bytes.subarray(open + 1, close) : null;
+}
+
+/** The cluster slot of a key: CRC16 of its hash tag (else of the whole key) mod 16384. */
+function keySlot(name) {
+  const bytes = asBytes(name);
+  const hashed = hashTag(bytes) || bytes;
+  let crc = 0;
+  for (const byte of hashed) crc = ((crc << 8) & 0xffff) ^ CRC16_TABLE[((crc >> 8) ^ byte) & 0xff];
+  return crc % 16384;
+}
+
+/**
+ * The slot every key of the semaphores `names` lives in, or a TypeError naming the fix: each
+ * name needs a hash tag (else its keys fall in different slots), and a set's names one slot.
+ */
+function clusterSlot(names) {
+  const slots = names.map((name) => {
+    if (hashTag(asBytes(name)) === null) {
+      const n = String(name);
+      throw new TypeError(
+        `in Redis Cluster a semaphore's name needs a hash tag, e.g. "{${n}}" or "app:{${n}}": ` +
+          `the keys of "${n}" (${n}, ${n}:owner, ${n}:counter, ${n}:permits, ${n}:limit) ` +
+          "would fall in different slots",
+      );
+    }
+    return keySlot(name);
+  });
+  const other = slots.findIndex((slot) => slot !== slots[0]);
+  if (other > 0) {
+    throw new TypeError(
+      'in Redis Cluster the semaphores of a set must share a slot: give their names one hash ' +
+        `tag, e.g. "{app}a" and "{app}b" ("${names[0]}" is in slot ${slots[0]}, ` +
+        `"${names[other]}" in slot ${slots[other]})`,
+    );
+  }
+  return slots[0];
+}
+
+/** The keys the module keeps for a semaphore besides its name, as the long form names them. */
+const LONG_SUFFIXES = ["owner", "counter", "permits", "limit"];
+
+/** The commands that take several semaphores: their keys come last, in the names' order. */
+const SET_COMMANDS = new Set(["SEM.ACQUIREALL", "SEM.RELEASEALL", "SEM.REFRESHALL"]);
+
+/** `[SEM.X, ...]` in the long form for the semaphores `names`. */
+function longForm(args, names) {
+  const keysOf = (name) => LONG_SUFFIXES.map((suffix) => `${name}:${suffix}`);
+  if (SET_COMMANDS.has(String(args[0]).toUpperCase())) {
+    return [...args, ...names.flatMap(keysOf)];
+  }
+  return [args[0], args[1], ...keysOf(args[1]), ...args.slice(2)];
+}
+
+/** How long a call keeps trying through moves and failovers, in seconds, unless told. */
+const RETRY_BUDGET = 30;
+
+/**
+ * What kind of trouble an error from a cluster node is: `ask` or `moved` (with the address to
+ * go to), `retry` (the slot is moving, the cluster is down or changing), `gone` (the
+ * connection or the node is), or null (an answer: it is the caller's).
+ */
+function clusterTrouble(err) {
+  const message = err && typeof err.message === "string" ? err.message : "";
+  const redirect = /^(ASK|MOVED) \d+ (\S+)/.exec(message);
+  if (redirect) return { kind: redirect[1].toLowerCase(), address: redirect[2] };
+  if (/^(TRYAGAIN|CLUSTERDOWN|LOADING|MASTERDOWN|READONLY|UNBLOCKED)\b/.test(message)) {
+    return { kind: "retry" };
+  }
+  if (err && err.redsemNodeGone) return { kind: "gone" };
+  if (err && ["ECONNREFUSED", "ECONNRESET", "EPIPE", "ETIMEDOUT"].includes(err.code)) {
+    return { kind: "gone" };
+  }
+  // ioredis and node-redis on a connection that closed or never opened.
+  if (
+    /Connection is closed|Stream isn't writeable|Socket closed unexpectedly|client is closed|Disconnects client|ECONNREFUSED|ECONNRESET|Connection timeout/i.test(
+      message,
+    )
+  ) {
+    return { kind: "gone" };
+  }
+  return null;
+}
+
+function nodeGone(address, why) {
+  const err = new Error(`the cluster node ${address} ${why}`);
+  err.redsemNodeGone = true;
+  return err;
+}
+
+/** `conn` with ASKING sent right before each command, on the same connection. */
+function asking(conn) {
+  return {
+    ...conn,
+    call: (...args) => {
+      // Both are queued in this turn of the event loop, so nothing comes between them.
+      Promise.resolve(conn.call("ASKING")).catch(() => {});
+      return conn.call(...args);
+    },
+  };
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * What the package uses of a cluster client, per library: the client's slot map (owner), the
+ * connection it keeps to a node (node), a new one of our own (dedicated), and a refresh of its
+ * map. The module check is asked of each node once and remembered per address.
+ */
+class ClusterClient {
+  constructor(raw) {
+    this.raw = raw;
+    this.modules = new Map(); // address -> Promise<boolean>
+    this.moved = new Map(); // slot -> address a MOVED named, until the next refresh
+    this._refreshing = null;
+  }
+
+  /** The address of the primary serving `slot`: where a MOVED sent us, else the client's map. */
+  async owner(slot) {
+    await this.ready();
+    return this.moved.get(slot) || this.mapped(slot);
+  }
+
+  /** Refreshes the client's slot map (one at a time; callers share the one under way). */
+  refresh() {
+    if (!this._refreshing) {
+      this._refreshing = this.rediscover()
+        .catch(() => {})
+        .finally(() => {
+          this.moved.clear();
+          this._refreshing = null;
+        });
+    }
+    return this._refreshing;
+  }
+
+  /** Whether the node at `address` has the module: COMMAND INFO SEM.ACQUIRE, asked once. */
+  moduleAt(address) {
+    let known = this.modules.get(address);
+    if (!known) {
+      known = this.node(address)
+        .then((conn) => conn.call("COMMAND", "INFO", "SEM.ACQUIRE"))
+        .then((reply) => Array.isArray(reply) && reply.length > 0 && reply[0] != null);
+      this.modules.set(address, known);
+      known.catch(() => {
+        if (this.modules.get(address) === known) this.modules.delete(address);
+      });
+    }
+    return known;
+  }
+}
+
+class IORedisCluster extends ClusterClient {
+  async ready() {
+    // A cluster still connecting queues commands until it has its slot map.
+    if (this.raw.status !== "ready") await this.raw.ping();
+  }
+
+  mapped(slot) {
+    const keys = this.raw.slots[slot];
+    return keys && keys.length > 0 ? keys[0] : null;
+  }
+
+  _instance(address) {
+    const node = this.raw.nodes("all").find((redis) => {
+      const { host, port } = redis.options;
+      return `${host}:${port}` === address;
+    });
+    if (!node) throw nodeGone(address, "is not in the client's map");
+    return node;
+  }
+
+  async node(address) {
+    return adapt(this._instance(address));
+  }
+
+  async dedicated(address, blockMs) {
+    // A duplicate of the cluster's connection to the node: its options (the cluster's
+    // redisOptions), never reconnecting by itself (the package follows the slot instead).
+    const own = adapt(this._instance(address));
+    const conn = await ownConnection(own, blockMs, { retryStrategy: null, readOnly: false });
+    conn.raw.on("error", () => {}); // its commands report what goes wrong
+    return conn;
+  }
+
+  rediscover() {
+    return new Promise((resolve) => this.raw.refreshSlotsCache(() => resolve()));
+  }
+}
+
+class NodeRedisCluster extends ClusterClient {
+  async ready() {}
+
+  mapped(slot) {
+    const shard = this.raw.slots[slot];
+    return shard && shard.master ? shard.master.address : null;
+  }
+
+  async _client(address) {
+    const node = this.raw.nodeByAddress.get(address);
+    if (!node) throw nodeGone(address, "is not in the client's map");
+    const client = await this.raw.nodeClient(node);
+    // A node that went away: its client reconnects and queues commands meanwhile; the
+    // package asks the slot's owner again instead.
+    if (!client.isReady) throw nodeGone(address, "is not connected");
+    return client;
+  }
+
+  async node(address) {
+    return adapt(await this._client(address));
+  }
+
+  async dedicated(address) {
+    const client = await this._client(address);
+    const socket = { ...(client.options && client.options.socket), reconnectStrategy: false };
+    const own = client.duplicate({ socket });
+    own.on("error", () => {});
+    await own.connect();
+    return adapt(own);
+  }
+
+  async rediscover() {
+    // node-redis 5 keeps its slot map in _slots; it rediscovers from a live node, else from
+    // its root nodes.
+    const slots = (this.raw._self || this.raw)._slots;
+    if (!slots || typeof slots.rediscover !== "function") return;
+    const live = this.raw.masters.find((node) => node.client && node.client.isReady);
+    const options = (this.raw._self || this.raw)._options || {};
+    const start = live ? live.client : { options: (options.rootNodes || [])[0] };
+    await slots.rediscover(start);
+  }
+}
+
+/** The cluster client of `redis` (made once per client object), or null for a plain client. */
+const clusters = new WeakMap();
+
+function clusterOf(redis) {
+  if (!redis || typeof redis !== "object") return null;
+  let cluster = clusters.get(redis);
+  if (!cluster) {
+    if (redis.isCluster === true && typeof redis.nodes === "function") {
+      cluster = new IORedisCluster(redis);
+    } else if (typeof redis.nodeClient === "function" && redis.nodeByAddress instanceof Map) {
+      cluster = new NodeRedisCluster(redis);
+    } else {
+      return null;
+    }
+    clusters.set(redis, cluster);
+  }
+  return cluster;
+}
+
+/**
+ * The way to the semaphores `names` (one slot) in a cluster: module commands go to the slot's
+ * primary in the long form, or as the script where that node has no module; a waiting call
+ * goes on a connection of its own to that node (after `dedicate`). Each call is resent, the
+ * same, after MOVED (to the node named), ASK (ASKING, then the call, on the named node) and a
+ * failure (TRYAGAIN, CLUSTERDOWN, a lost connection, ...: after a pause from 50 ms doubling to
+ * 1 s, and a refresh of the slot map) until it has an answer, for at most the retry budget.
+ */
+class SlotLink {
+  constructor(cluster, names, slot, retryBudget) {
+    this.cluster = cluster;
+    this.names = names;
+    this.slot = slot;
+    this.budgetMs = (retryBudget == null ? RETRY_BUDGET : retryBudget) * 1000;
+    this.module = undefined;
+    this.own = false; // waiting calls go on a connection of our own
+    this._blockMs = 0;
+    this._dedicated = null; // { address, conn: a promise of our connection to that node }
+  }
+
+  /** Asks the slot's primary whether it has the module (once per node address). */
+  async detect() {
+    const ask = (conn, address) => this.cluster.moduleAt(address);
+    this.module = await this._retry("COMMAND INFO", ask, "shared");
+    if (!this.module && this.keyPrefix) throw moduleRequired("an ioredis keyPrefix");
+    return this;
+  }
+
+  /** From now on, waiting calls go on a connection of our own that may block `blockMs`. */
+  dedicate(blockMs) {
+    this.own = true;
+    this._blockMs = blockMs;
+    return this;
+  }
+
+  /**
+   * A module command `[SEM.X, name, ...]` on the slot's primary (on our own connection when
+   * dedicated, as a permit's commands go on its own connection): the long form, or the script.
+   */
+  sem(args) {
+    const command = String(args[0]).toUpperCase();
+    const send = async (conn, address) => {
+      if (await this.cluster.moduleAt(address)) return conn.call(...longForm(args, this.names));
+      if (!SCRIPTED.has(command)) throw moduleRequired(command);
+      return runScript(conn, args[1], [command.slice("SEM.".length), ...args.slice(2)]);
+    };
+    return this._retry(command, send, this.own ? "ours" : "shared");
+  }
+
+  /**
+   * A module command that waits in the server (`build(wait)` makes it for the seconds of
+   * `wait` left: Infinity, a number, or null when none is left), on our own connection when
+   * dedicated. Resent after an interruption with what is left of the wait. Resolves with the
+   * reply and when the answering try was sent.
+   */
+  async waiting(wait, build) {
+    const end = wait ? performance.now() + wait * 1000 : null; // Infinity: no end
+    let sent;
+    const left = () => {
+      if (end === null || end === Infinity) return end === null ? null : Infinity;
+      const seconds = (end - performance.now()) / 1000;
+      return seconds > 0 ? seconds : null;
+    };
+    const reply = await this._retry(
+      String(build(null)[0]).toUpperCase(),
+      (conn) => {
+        const args = longForm(build(left()), this.names);
+        sent = performance.now();
+        return conn.call(...args);
+      },
+      this.own ? "own" : "shared",
+    );
+    return { reply, sent };
+  }
+
+  /** BLPOP on `key` on our own connection to the slot's primary: a wake-up, never retried. */
+  async wake(key, timeout) {
+    try {
+      const address = await this.cluster.owner(this.slot);
+      if (!address) throw nodeGone(`of slot ${this.slot}`, "is not known");
+      const conn = await this._dedicatedTo(address);
+      await conn.call("BLPOP", key, timeout);
+    } catch (err) {
+      if (!clusterTrouble(err)) throw err;
+      this._dropDedicated();
+      await sleep(50); // the next try finds the slot's owner, through the retries
+    }
+  }
+
+  /** A command on our own connection as it is (WAIT numreplicas after a grant). */
+  async call(...args) {
+    if (!this._dedicated) throw new SemaphoreError("the permit's connection is gone");
+    return (await this._dedicated.conn).call(...args);
+  }
+
+  async close() {
+    const own = this._dedicated;
+    this._dedicated = null;
+    if (own) await own.conn.then((conn) => conn.close()).catch(() => {});
+  }
+
+  destroy() {
+    this._dropDedicated();
+  }
+
+  get keyPrefix() {
+    const options = this.cluster.raw.options || {};
+    return options.keyPrefix || (options.redisOptions && options.redisOptions.keyPrefix);
+  }
+
+  /** Our connection to the node at `address` (one at a time: another one is ended). */
+  _dedicatedTo(address) {
+    if (this._dedicated && this._dedicated.address === address) return this._dedicated.conn;
+    this._dropDedicated();
+    const conn = this.cluster.dedicated(address, this._blockMs);
+    this._dedicated = { address, conn };
+    return conn;
+  }
+
+  _dropDedicated() {
+    if (this._dedicated) this._dedicated.conn.then((conn) => conn.destroy(), () => {});
+    this._dedicated = null;
+  }
+
+  /**
+   * The connection a call to the node at `address` goes on: `shared`, the cluster client's
+   * own; `own`, ours (moved to the node the call must go to: a wait); `ours`, ours when it
+   * is to that node or there is none yet, else the shared one (a permit's connection stays
+   * the one it was granted on, which a bound permit needs).
+   */
+  _connectionTo(address, use) {
+    if (use === "shared") return { conn: this.cluster.node(address), ours: false };
+    if (use === "own" || !this._dedicated || this._dedicated.address === address) {
+      return { conn: this._dedicatedTo(address), ours: true };
+    }
+    return { conn: this.cluster.node(address), ours: false };
+  }
+
+  async _retry(what, send, use) {
+    const deadline = performance.now() + this.budgetMs;
+    let pause = 50;
+    let askAt = null;
+    let redirects = 0;
+    for (;;) {
+      let ours = false;
+      try {
+        const address = askAt || (await this.cluster.owner(this.slot));
+        if (!address) throw nodeGone(`of slot ${this.slot}`, "is not known");
+        const way = this._connectionTo(address, use);
+        ours = way.ours;
+        const conn = await way.conn;
+        return await send(askAt ? asking(conn) : conn, address);
+      } catch (err) {
+        const trouble = clusterTrouble(err);
+        if (!trouble) throw err;
+        if (ours && trouble.kind === "gone") this._dropDedicated();
+        askAt = null;
+        if ((trouble.kind === "ask" || trouble.kind === "moved") && redirects++ < 16) {
+          if (trouble.kind === "ask") {
+            askAt = trouble.address;
+          } else {
+            this.cluster.moved.set(this.slot, trouble.address);
+            this.cluster.refresh(); // meanwhile, to the node the MOVED named
+          }
+          continue;
+        }
+        if (performance.now() + pause > deadline) {
+          throw new SemaphoreError(
+            `${what} for ${this.names.join(", ")} had no answer from the Redis Cluster within ` +
+              `${this.budgetMs / 1000} s (the retry budget): ${err.message}`,
+            { cause: err },
+          );
+        }
+        await sleep(pause);
+        pause = Math.min(pause * 2, 1000);
+        redirects = 0;
+        await this.cluster.refresh();
+      }
+    }
+  }
+}
+
+/**
+ * Where the calls for the semaphores `names` go: the client itself, once asked whether its
+ * server has the module, or, through a cluster client, the way to the primary serving their
+ * slot (the names checked before anything is sent).
+ */
+async function reach(redis, names, retryBudget) {
+  const cluster = clusterOf(redis);
+  if (!cluster) return detect(adapt(redis));
+  return new SlotLink(cluster, names, clusterSlot(names), retryBudget).detect();
+}
+
+/**
+ * A module command that may wait `wait` seconds in the server (`build(wait)` makes it):
+ * resolves with its reply and when it was sent. Through a cluster, resent after an
+ * interruption with what is left of the wait.
+ */
+async function sendWaiting(conn, wait, build) {
+  if (conn.cluster) return conn.waiting(wait, build);
+  const sent = performance.now();
+  return { reply: await conn.call(...build(wait)), sent };
 }
 
 const asyncDispose = Symbol.asyncDispose || Symbol.for("nodejs.asyncDispose");
@@ -544,15 +1050,16 @@ class PermitSet extends Held {
 async function acquire(redis, name, options = {}) {
   const opts = checkOptions(name, options);
   const id = opts.id != null ? opts.id : randomUUID();
-  const client = await detect(adapt(redis));
+  const client = await reach(redis, [name], opts.retryBudget);
   if (!client.module && opts.bound) throw moduleRequired("BOUND");
   const { conn, own } = await connectionFor(client, opts);
   let permit;
   try {
-    let sent = performance.now();
+    let sent;
     let reply;
     if (conn.module) {
-      reply = await conn.call(...acquireArgs(name, opts, id));
+      const build = (wait) => acquireArgs(name, { ...opts, wait }, id);
+      ({ reply, sent } = await sendWaiting(conn, opts.wait, build));
     } else {
       ({ reply, sent } = await scriptAcquire(conn, name, opts, id));
     }
@@ -615,6 +1122,7 @@ function checkSetOptions(semaphores, options) {
     bound: false,
     id: null,
     autoRefresh: true,
+    retryBudget: RETRY_BUDGET,
     ...options,
   };
   if (!Array.isArray(semaphores) || semaphores.length < 1 || semaphores.length > 64) {
@@ -640,6 +1148,7 @@ function checkSetOptions(semaphores, options) {
   if (opts.id != null && opts.id.length === 0) {
     throw new TypeError("the identifier must not be empty");
   }
+  checkRetryBudget(opts.retryBudget);
   return { sems, opts };
 }
 
@@ -665,13 +1174,17 @@ function acquireAllArgs(sems, opts, id) {
 async function acquireAll(redis, semaphores, options = {}) {
   const { sems, opts } = checkSetOptions(semaphores, options);
   const id = opts.id != null ? opts.id : randomUUID();
-  const client = await detect(adapt(redis));
+  const client = await reach(
+    redis,
+    sems.map((sem) => sem.name),
+    opts.retryBudget,
+  );
   if (!client.module) throw moduleRequired("SEM.ACQUIREALL");
   const { conn, own } = await connectionFor(client, opts);
   let permits;
   try {
-    const sent = performance.now();
-    const reply = await conn.call(...acquireAllArgs(sems, opts, id));
+    const build = (wait) => acquireAllArgs(sems, { ...opts, wait }, id);
+    const { reply, sent } = await sendWaiting(conn, opts.wait, build);
     if (reply === null) {
       const wanted = sems.map((sem) => `${sem.name} (${sem.count} of ${sem.limit})`).join(", ");
       const waited = opts.wait ? ` within ${opts.wait} s` : "";
@@ -715,17 +1228,20 @@ async function withPermits(redis, semaphores, options, work) {
  * 0 looks once). It takes nothing. It blocks its connection, so it opens one of its own.
  * Without the module it rejects with ModuleRequired.
  */
-async function waitEmpty(redis, name, timeout) {
+async function waitEmpty(redis, name, timeout, options = {}) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
   if (!(timeout >= 0)) throw new TypeError("timeout must be a number of seconds (Infinity: no limit)");
-  // The server reads 0 as "no limit": a timeout of 0 looks for at most a millisecond instead.
-  const arg = timeout === Infinity ? "0" : timeout > 0 ? seconds(timeout) : "0.001";
-  const client = await detect(adapt(redis));
+  const opts = callOptions(options);
+  // The server reads 0 as "no limit": a timeout of 0 (or none left) looks for at most a
+  // millisecond instead.
+  const build = (wait) => ["SEM.WAITEMPTY", name, wait == null ? "0.001" : wait === Infinity ? "0" : seconds(wait)];
+  const client = await reach(redis, [name], opts.retryBudget);
   if (!client.module) throw moduleRequired("SEM.WAITEMPTY");
-  const conn = await ownConnection(client, timeout === Infinity ? Infinity : Number(arg) * 1000);
+  const blockMs = timeout === Infinity ? Infinity : Math.max(timeout * 1000, 1);
+  const conn = client.cluster ? client.dedicate(blockMs) : await ownConnection(client, blockMs);
   let reply;
   try {
-    reply = await conn.call("SEM.WAITEMPTY", name, arg);
+    ({ reply } = await sendWaiting(conn, timeout > 0 ? timeout : null, build));
   } catch (err) {
     conn.destroy();
     throw err;
@@ -741,9 +1257,10 @@ const MAX_LIMIT = 4294967295;
  * The operator's limit stored for the semaphore `name` (SEM.LIMIT name), or null when there
  * is none. While one is stored, every acquire of `name` uses it instead of its own.
  */
-async function storedLimit(redis, name) {
+async function storedLimit(redis, name, options = {}) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
-  const reply = await semCall(await detect(adapt(redis)), ["SEM.LIMIT", name]);
+  const { retryBudget } = callOptions(options);
+  const reply = await semCall(await reach(redis, [name], retryBudget), ["SEM.LIMIT", name]);
   return reply == null ? null : Number(reply);
 }
 
@@ -752,21 +1269,24 @@ async function storedLimit(redis, name) {
  * every acquire of `name` uses it instead of its own until clearLimit. 0 pauses the
  * semaphore; a lower limit takes no permit from its holders.
  */
-async function setLimit(redis, name, limit) {
+async function setLimit(redis, name, limit, options = {}) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
   if (!Number.isInteger(limit) || limit < 0 || limit > MAX_LIMIT) {
     throw new TypeError(`limit must be an integer from 0 to ${MAX_LIMIT} (0 pauses)`);
   }
-  await semCall(await detect(adapt(redis)), ["SEM.LIMIT", name, limit]);
+  const { retryBudget } = callOptions(options);
+  await semCall(await reach(redis, [name], retryBudget), ["SEM.LIMIT", name, limit]);
 }
 
 /**
  * Removes the operator's limit of the semaphore `name` (SEM.LIMIT name CLEAR): acquires use
  * their own limits again. Resolves with true if one was stored, else false.
  */
-async function clearLimit(redis, name) {
+async function clearLimit(redis, name, options = {}) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
-  return (await semCall(await detect(adapt(redis)), ["SEM.LIMIT", name, "CLEAR"])) === 1;
+  const { retryBudget } = callOptions(options);
+  const link = await reach(redis, [name], retryBudget);
+  return (await semCall(link, ["SEM.LIMIT", name, "CLEAR"])) === 1;
 }
 
 module.exports = {

@@ -1,7 +1,7 @@
 // Compiled by tsc (never run): the declarations accept both libraries' clients and give the
 // types a user relies on. A wrong declaration fails the compile.
-import Redis from "ioredis";
-import { createClient } from "redis";
+import Redis, { Cluster } from "ioredis";
+import { createClient, createCluster } from "redis";
 import {
   acquire,
   acquireAll,
@@ -67,6 +67,25 @@ export async function operatorsLimit(): Promise<number> {
   const always: number = await storedLimit(redis, "jobs");
   return (stored ?? 0) + (cleared ? 1 : 0) + always + (done === undefined ? 0 : 1);
 }
+
+export async function withClusters(): Promise<number> {
+  const cluster = new Cluster([{ host: "127.0.0.1", port: 7000 }]);
+  const permit: Permit = await acquire(cluster, "{jobs}", { limit: 3, wait: 10, retryBudget: 5 });
+  const pair: SetSemaphore[] = [{ name: "{app}gpu", limit: 1 }, { name: "{app}licence", limit: 5 }];
+  const permits: PermitSet = await acquireAll(cluster, pair, { wait: 1, retryBudget: 10 });
+  const nodeRedis = await createCluster({ rootNodes: [{ url: "redis://127.0.0.1:7000" }] }).connect();
+  const ticket = await withPermit(nodeRedis, "app:{jobs}", { limit: 1, fair: true }, (held) => held.ticket);
+  const empty: boolean = await waitEmpty(nodeRedis, "{jobs}", 5, { retryBudget: 10 });
+  await setLimit(cluster, "{jobs}", 2, { retryBudget: 0 });
+  const stored: number | null = await storedLimit(nodeRedis, "{jobs}");
+  const cleared: boolean = await clearLimit(nodeRedis, "{jobs}", {});
+  const id: string = await withPermits(nodeRedis, pair, {}, (held) => held.id);
+  await permits.release();
+  return (ticket ?? 0) + (stored ?? 0) + id.length + (empty && cleared && (await permit.release()) ? 1 : 0);
+}
+
+// @ts-expect-error the retry budget is a number of seconds
+export const budgetAsText = storedLimit(new Redis(6379), "{jobs}", { retryBudget: "30" });
 
 // @ts-expect-error a limit is a number
 export const limitAsText = setLimit(new Redis(6379), "jobs", "5");
