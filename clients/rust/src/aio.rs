@@ -39,7 +39,9 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Client, Cmd, FromRedisValue, RedisResult, Value};
 use tokio::task::JoinHandle;
 
-use crate::cluster::{cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route};
+use crate::cluster::{
+    cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route, CONNECT_WITHIN,
+};
 use crate::core::{
     connection_broken, deadline, durable_wait, identifier, left, lock, slot_of, wait_empty_op,
     AcquireSpec, Backend, Error, Holder, Op, Request, Result, Retries, SetSpec, Step,
@@ -287,7 +289,15 @@ impl Link {
                 cluster.inner.node(addr)?
             }
         };
-        let conn = client.get_multiplexed_async_connection().await?;
+        let config = match &self.target {
+            Target::Cluster(_) => {
+                redis::AsyncConnectionConfig::new().set_connection_timeout(CONNECT_WITHIN)
+            }
+            Target::Standalone(_) => redis::AsyncConnectionConfig::new(),
+        };
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
         if !own {
             match &self.target {
                 Target::Standalone(standalone) => {

@@ -13,6 +13,10 @@ use redis::{
 
 use crate::core::{lock, next_step, Backend, Next, Retries, RETRY_BUDGET};
 
+/// How long a connection to a node may take to open (a node that does not answer is then
+/// treated as down: the call pauses and finds the slot's owner again).
+pub(crate) const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
 /// A Redis Cluster for semaphores: the redis crate's cluster client (or one of its cluster
 /// connections) finds the node serving a slot (`CLUSTER SLOTS`, asked of any node through its
 /// cluster connection), and each call goes to that primary on a connection to that node

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Cmd, Connection, FromRedisValue, Value};
 
-use crate::cluster::{Cluster, Route};
+use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
     connection_broken, deadline, durable_wait, identifier, left, lock, slot_of, wait_empty_op,
     AcquireSpec, Backend, Error, Holder, Op, Request, Result, Retries, SetSpec, Step,
@@ -128,7 +128,10 @@ impl Link {
         if self.conn.is_none() {
             let conn = match &self.target {
                 Target::Standalone(client) => client.get_connection()?,
-                Target::Cluster(cluster) => cluster.inner.node(&addr)?.get_connection()?,
+                Target::Cluster(cluster) => cluster
+                    .inner
+                    .node(&addr)?
+                    .get_connection_with_timeout(CONNECT_WITHIN)?,
             };
             self.conn = Some((addr.clone(), conn));
         }

@@ -355,6 +355,13 @@ fn calls_sync(nodes: &Nodes, cluster: &Cluster, name: &str) {
         assert!(permit.release().unwrap());
     }
 
+    // A refresh that finds no holder on the node reports the permit lost.
+    let permit = jobs.clone().auto_refresh(false).acquire().unwrap();
+    let _: i64 = redis::cmd("DEL").arg(name).query(&mut owner).unwrap();
+    assert!(!permit.refresh().unwrap());
+    assert!(permit.is_lost());
+    assert!(!permit.release().unwrap());
+
     let holder = fair.acquire().unwrap();
     let waiting = fair.clone().wait(Some(Duration::from_secs(10)));
     let waiter = thread::spawn(move || waiting.acquire());
@@ -367,7 +374,7 @@ fn calls_sync(nodes: &Nodes, cluster: &Cluster, name: &str) {
 }
 
 /// The same, async.
-async fn calls_async(cluster: &Cluster, name: &str) {
+async fn calls_async(cluster: &Cluster, name: &str, owner: &mut redis::Connection) {
     let jobs = aio::Semaphore::new(cluster, name).limit(2);
     let first = jobs.acquire().await.unwrap();
     let second = jobs.acquire().await.unwrap();
@@ -386,6 +393,12 @@ async fn calls_async(cluster: &Cluster, name: &str) {
         last = ticket;
         assert!(permit.release().await.unwrap());
     }
+    let permit = jobs.clone().auto_refresh(false).acquire().await.unwrap();
+    let _: i64 = redis::cmd("DEL").arg(name).query(owner).unwrap();
+    assert!(!permit.refresh().await.unwrap());
+    assert!(permit.is_lost());
+    assert!(!permit.release().await.unwrap());
+
     let holder = fair.acquire().await.unwrap();
     let waiting = fair.clone().wait(Some(Duration::from_secs(10)));
     let waiter = tokio::spawn(async move { waiting.acquire().await });
@@ -541,11 +554,13 @@ impl Seen {
     }
 }
 
-/// `workers` sync threads and as many async tasks per name take and give back fair permits of
-/// `names` (limit 1, waiting) until `stop`.
+/// `workers` sync threads and as many async tasks per name take and give back permits of
+/// `names` (waiting; fair when `limit` is 1, so that the tickets follow the grants) until
+/// `stop`.
 fn load(
     cluster: &Cluster,
     names: &[String],
+    limit: u32,
     workers: usize,
     stop: &Arc<AtomicBool>,
     seen: &Arc<Mutex<Seen>>,
@@ -559,7 +574,8 @@ fn load(
     for name in names {
         for _ in 0..workers {
             let sem = Semaphore::new(cluster, name.clone())
-                .fair(true)
+                .limit(limit)
+                .fair(limit == 1)
                 .lease(Duration::from_secs(10))
                 .wait(Some(Duration::from_secs(20)));
             let (stop_, seen_, name_) = (stop.clone(), seen.clone(), name.clone());
@@ -582,7 +598,8 @@ fn load(
                 }
             }));
             let sem = aio::Semaphore::new(cluster, name.clone())
-                .fair(true)
+                .limit(limit)
+                .fair(limit == 1)
                 .lease(Duration::from_secs(10))
                 .wait(Some(Duration::from_secs(20)));
             let (stop, seen, name) = (stop.clone(), seen.clone(), name.clone());
@@ -686,7 +703,8 @@ fn calls_errors_load_and_a_reshard_under_load() {
     bad_names_send_nothing(&nodes, &cluster, &rt);
     the_readme_cluster_example(&nodes);
     calls_sync(&nodes, &cluster, "{calls}");
-    rt.block_on(calls_async(&cluster, "{calls-async}"));
+    let mut owner = nodes.conn(nodes.owner(slot("{calls-async}")));
+    rt.block_on(calls_async(&cluster, "{calls-async}", &mut owner));
     sets_and_limits(&cluster, &rt);
     clusters_made_of_connections(&nodes, &rt);
 
@@ -694,10 +712,18 @@ fn calls_errors_load_and_a_reshard_under_load() {
     let names = names_on_each_primary(&nodes, "load");
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let workers = load(&cluster, &names, 2, &stop, &seen, &rt);
+    let workers = load(&cluster, &names, 2, 3, &stop, &seen, &rt);
     thread::sleep(Duration::from_secs(2));
     finish(&stop, &rt, workers);
-    seen.lock().unwrap().check(1);
+    let seen = seen.lock().unwrap();
+    seen.check(2);
+    // Each name had its two holders at once, never three.
+    assert!(
+        names.iter().all(|name| seen.most[name] == 2),
+        "{:?}",
+        seen.most
+    );
+    drop(seen);
 
     // A reshard under load: the slot of `{moving}` moves to another primary key by key and
     // back while acquirers, waiters and releases go on.
@@ -712,7 +738,15 @@ fn calls_errors_load_and_a_reshard_under_load() {
         .port;
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let workers = load(&cluster, std::slice::from_ref(&name), 3, &stop, &seen, &rt);
+    let workers = load(
+        &cluster,
+        std::slice::from_ref(&name),
+        1,
+        3,
+        &stop,
+        &seen,
+        &rt,
+    );
     let redirections = nodes.redirections();
     thread::sleep(Duration::from_millis(300));
     for port in [to, from] {
