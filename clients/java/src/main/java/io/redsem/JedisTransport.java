@@ -91,7 +91,7 @@ final class JedisTransport implements Transport {
   @Override
   public Failure classify(RuntimeException error) {
     if (error instanceof JedisConnectionException) {
-      return Failure.PAUSE;
+      return Failure.BROKEN;
     }
     if (error instanceof JedisDataException) {
       return Failure.ofServerError(error.getMessage());
@@ -136,10 +136,14 @@ final class JedisTransport implements Transport {
 
     @Override
     public void close(boolean broken) {
-      if (broken) {
-        connection.setBroken();
+      try {
+        if (broken) {
+          connection.setBroken();
+        }
+        connection.close();
+      } catch (RuntimeException e) {
+        // The pool could not replace a broken connection (its node is down): nothing to give back.
       }
-      connection.close();
     }
   }
 

@@ -86,7 +86,8 @@ final class LettuceClusterTransport implements Transport {
 
   @Override
   public void refreshTopology() {
-    cluster.refreshPartitions();
+    // In the background: a MOVED is followed at once, and a pause waits anyway.
+    cluster.refreshPartitionsAsync();
   }
 
   @Override

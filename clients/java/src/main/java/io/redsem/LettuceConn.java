@@ -93,7 +93,9 @@ final class LettuceConn implements Transport.Conn {
 
   @Override
   public void close(boolean broken) {
-    if (owned || broken) {
+    // A shared connection stays open for the other calls on it; one that failed is replaced at
+    // the next open (LettuceTransport, LettuceClusterTransport).
+    if (owned) {
       connection.closeAsync();
     }
   }
@@ -108,7 +110,7 @@ final class LettuceConn implements Transport.Conn {
       return Transport.Failure.ofServerError(error.getMessage());
     }
     if (error instanceof RedisException) {
-      return Transport.Failure.PAUSE; // the connection's: timed out, closed, refused
+      return Transport.Failure.BROKEN; // the connection's: timed out, closed, refused
     }
     return Transport.Failure.OTHER;
   }

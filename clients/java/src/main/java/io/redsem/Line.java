@@ -88,7 +88,7 @@ final class Line implements AutoCloseable {
       broken = false;
       return reply;
     } catch (RuntimeException e) {
-      broken = transport.classify(e).kind == Transport.Failure.Kind.PAUSE;
+      broken = transport.classify(e).broken;
       throw e;
     } finally {
       if (!dedicated || broken) {
@@ -105,6 +105,7 @@ final class Line implements AutoCloseable {
     String asked = null;
     while (true) {
       long sleep = 0;
+      boolean reread = true;
       try {
         if (asked != null) {
           String node = asked;
@@ -118,7 +119,7 @@ final class Line implements AutoCloseable {
             broken = false;
             return reply;
           } catch (RuntimeException e) {
-            broken = transport.classify(e).kind == Transport.Failure.Kind.PAUSE;
+            broken = transport.classify(e).broken;
             throw e;
           } finally {
             askConn.close(broken);
@@ -153,10 +154,11 @@ final class Line implements AutoCloseable {
             asked = failure.node;
             break;
           case PAUSE:
-            closeConn(true);
+            closeConn(failure.broken);
             movedTo = null;
             check(giveUp, e);
             sleep = Math.min(pause, Math.max(1, (giveUp - System.nanoTime()) / 1_000_000));
+            reread = failure != Transport.Failure.TRYAGAIN;
             pause = Math.min(pause * 2, LONGEST_PAUSE_MS);
             break;
           default:
@@ -173,10 +175,12 @@ final class Line implements AutoCloseable {
           Thread.currentThread().interrupt();
           throw new RedsemException("interrupted while waiting out a move or a failover", ie);
         }
-        try {
-          transport.refreshTopology(); // the slot's owner, anew
-        } catch (RuntimeException ignored) {
-          // no node answered: the next send finds out
+        if (reread) {
+          try {
+            transport.refreshTopology(); // the slot's owner, anew
+          } catch (RuntimeException ignored) {
+            // no node answered: the next send finds out
+          }
         }
       }
     }

@@ -4,6 +4,7 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.ThreadFactory;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -25,10 +26,17 @@ final class Refresher {
     };
   }
 
-  private static final ScheduledExecutorService TIMER =
-      Executors.newSingleThreadScheduledExecutor(daemons("redsem-refresh-timer-"));
+  private static final ScheduledExecutorService TIMER = timer();
   private static final ExecutorService WORKERS =
       Executors.newCachedThreadPool(daemons("redsem-refresh-"));
+
+  private static ScheduledExecutorService timer() {
+    ScheduledThreadPoolExecutor timer =
+        new ScheduledThreadPoolExecutor(1, daemons("redsem-refresh-timer-"));
+    // A released permit's tick leaves the queue at once (many short permits would fill it).
+    timer.setRemoveOnCancelPolicy(true);
+    return timer;
+  }
 
   static ScheduledFuture<?> every(long periodNanos, Runnable refresh) {
     return TIMER.scheduleWithFixedDelay(

@@ -58,15 +58,23 @@ interface Transport extends AutoCloseable {
 
     final Kind kind;
     final String node;
+    /** The connection failed (its reply may still come): it must not be used again. */
+    final boolean broken;
 
-    Failure(Kind kind, String node) {
+    Failure(Kind kind, String node, boolean broken) {
       this.kind = kind;
       this.node = node;
+      this.broken = broken;
     }
 
-    static final Failure OTHER = new Failure(Kind.OTHER, null);
-    static final Failure PAUSE = new Failure(Kind.PAUSE, null);
-    static final Failure NOSCRIPT = new Failure(Kind.NOSCRIPT, null);
+    static final Failure OTHER = new Failure(Kind.OTHER, null, false);
+    /** A server's answer to wait and resend (TRYAGAIN, CLUSTERDOWN, LOADING, ...). */
+    static final Failure PAUSE = new Failure(Kind.PAUSE, null, false);
+    /** The connection's failure: refused, reset, closed, timed out. */
+    static final Failure BROKEN = new Failure(Kind.PAUSE, null, true);
+    static final Failure NOSCRIPT = new Failure(Kind.NOSCRIPT, null, false);
+    /** TRYAGAIN: the slot is moving, its owner unchanged (no need to read the topology). */
+    static final Failure TRYAGAIN = new Failure(Kind.PAUSE, null, false);
 
     /** The meaning of a server's error text (the same for every library). */
     static Failure ofServerError(String message) {
@@ -77,14 +85,16 @@ interface Transport extends AutoCloseable {
       if (m.startsWith("MOVED ") || m.startsWith("ASK ")) {
         String[] parts = m.split(" ");
         if (parts.length >= 3) {
-          return new Failure(m.startsWith("MOVED") ? Kind.MOVED : Kind.ASK, parts[2]);
+          return new Failure(m.startsWith("MOVED") ? Kind.MOVED : Kind.ASK, parts[2], false);
         }
       }
       if (m.startsWith("NOSCRIPT")) {
         return NOSCRIPT;
       }
-      for (String paused :
-          new String[] {"TRYAGAIN", "CLUSTERDOWN", "LOADING", "MASTERDOWN", "READONLY"}) {
+      if (m.startsWith("TRYAGAIN")) {
+        return TRYAGAIN;
+      }
+      for (String paused : new String[] {"CLUSTERDOWN", "LOADING", "MASTERDOWN", "READONLY"}) {
         if (m.startsWith(paused)) {
           return PAUSE;
         }

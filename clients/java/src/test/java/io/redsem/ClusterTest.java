@@ -1,0 +1,339 @@
+package io.redsem;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.lettuce.core.RedisURI;
+import io.lettuce.core.cluster.RedisClusterClient;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.OptionalLong;
+import java.util.Set;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.MethodOrderer;
+import org.junit.jupiter.api.Order;
+import org.junit.jupiter.api.TestMethodOrder;
+import org.junit.jupiter.api.condition.EnabledIfEnvironmentVariable;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.EnumSource;
+import redis.clients.jedis.HostAndPort;
+import redis.clients.jedis.JedisCluster;
+
+/**
+ * Redis Cluster through JedisCluster and Lettuce's RedisClusterClient, on a local cluster of 3
+ * primaries with a replica each (scripts/test-cluster): REDSEM_CLUSTER=module (the module on
+ * every node), filter0 (the module without its command filter: only the long form is taken),
+ * scripts (no module: the script). Skipped when REDSEM_CLUSTER is unset.
+ */
+@EnabledIfEnvironmentVariable(named = "REDSEM_CLUSTER", matches = "module|filter0|scripts")
+@TestMethodOrder(MethodOrderer.OrderAnnotation.class)
+class ClusterTest {
+  private static final String MODE = System.getenv("REDSEM_CLUSTER");
+  private static final boolean SCRIPTS = "scripts".equals(MODE);
+  private static final AtomicInteger NAMES = new AtomicInteger();
+  private static Path dir;
+  private static int seedPort;
+
+  enum ClusterKind {
+    JEDIS_CLUSTER,
+    LETTUCE_CLUSTER;
+
+    Kind.Client connect() {
+      if (this == JEDIS_CLUSTER) {
+        JedisCluster jedis = new JedisCluster(Set.of(new HostAndPort("127.0.0.1", seedPort)));
+        return new Kind.Client(Redsem.of(jedis), jedis);
+      }
+      RedisClusterClient lettuce = RedisClusterClient.create(RedisURI.builder()
+          .withHost("127.0.0.1").withPort(seedPort).withTimeout(Duration.ofSeconds(10)).build());
+      Redsem redsem = Redsem.of(lettuce);
+      return new Kind.Client(redsem, () -> {
+        redsem.close();
+        lettuce.shutdown();
+      });
+    }
+  }
+
+  static String cluster(String... args) throws IOException, InterruptedException {
+    List<String> command = new ArrayList<>();
+    command.add(System.getenv().getOrDefault("REDSEM_TEST_CLUSTER", "../../scripts/test-cluster"));
+    command.addAll(List.of(args));
+    Process p = new ProcessBuilder(command).redirectErrorStream(false).start();
+    String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    String err = new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8);
+    if (p.waitFor() != 0) {
+      throw new IOException("test-cluster " + String.join(" ", args) + " failed: " + out + err);
+    }
+    return out;
+  }
+
+  /** The primaries of the cluster as test-cluster describes it: port, and its slot ranges. */
+  static List<int[]> primaries(String json) {
+    List<int[]> out = new ArrayList<>();
+    Matcher node = Pattern.compile("\\{[^{}]*?\"port\": (\\d+)[^{}]*?\"alive\": (true|false)"
+        + "[^{}]*?\"primary\": (true|false), \"slots\": \\[((?:\\[\\d+, \\d+\\](?:, )?)*)\\]")
+        .matcher(json);
+    while (node.find()) {
+      if (!node.group(2).equals("true") || !node.group(3).equals("true")) {
+        continue;
+      }
+      List<Integer> fields = new ArrayList<>();
+      fields.add(Integer.parseInt(node.group(1)));
+      Matcher range = Pattern.compile("\\[(\\d+), (\\d+)\\]").matcher(node.group(4));
+      while (range.find()) {
+        fields.add(Integer.parseInt(range.group(1)));
+        fields.add(Integer.parseInt(range.group(2)));
+      }
+      out.add(fields.stream().mapToInt(Integer::intValue).toArray());
+    }
+    return out;
+  }
+
+  /** The port of the live primary serving {@code slot}. */
+  static int ownerOf(int slot) throws Exception {
+    for (int[] p : primaries(cluster("nodes", dir.toString()))) {
+      for (int i = 1; i + 1 < p.length; i += 2) {
+        if (p[i] <= slot && slot <= p[i + 1]) {
+          return p[0];
+        }
+      }
+    }
+    throw new IllegalStateException("no primary serves slot " + slot);
+  }
+
+  @BeforeAll
+  static void start() throws Exception {
+    dir = Files.createTempDirectory("redsem-java-cluster-");
+    List<String> args = new ArrayList<>(List.of("start", dir.toString(), "--server",
+        RedisServer.binary(), "--primaries", "3", "--replicas", "1"));
+    switch (MODE) {
+      case "module":
+        args.addAll(List.of("--module", RedisServer.module()));
+        break;
+      case "filter0":
+        args.addAll(List.of("--module", RedisServer.module(), "--module-arg", "command-filter",
+            "--module-arg", "0"));
+        break;
+      default:
+        args.add("--modules-later");
+    }
+    String json = cluster(args.toArray(new String[0]));
+    seedPort = primaries(json).get(0)[0];
+  }
+
+  @AfterAll
+  static void stop() throws Exception {
+    if (dir != null) {
+      cluster("stop", dir.toString());
+    }
+  }
+
+  private static String name(String what) {
+    return "{" + what + "-" + NAMES.incrementAndGet() + "}";
+  }
+
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(1)
+  void permitsOnTheSlotsPrimary(ClusterKind kind) throws Exception {
+    String jobs = name("jobs");
+    try (Kind.Client c = kind.connect()) {
+      assertTrue(c.redsem.isCluster());
+      Semaphore semaphore = c.redsem.semaphore(jobs).limit(2).lease(10).build();
+      Permit a = semaphore.acquire();
+      Permit b = semaphore.acquire();
+      assertThrows(NotAcquired.class, semaphore::acquire);
+      int owner = ownerOf(Commands.slot(jobs));
+      assertEquals(2L, SemaphoreTest.raw(owner, "ZCARD", jobs), "the keys on the slot's primary");
+      assertTrue(a.refresh());
+      assertTrue(a.release());
+      // A waiter is served on release.
+      Permit c2 = semaphore.acquire();
+      ExecutorService pool = Executors.newSingleThreadExecutor();
+      try {
+        Future<Permit> waiter = pool.submit(
+            () -> c.redsem.semaphore(jobs).limit(2).lease(10).waitFor(10).acquire());
+        Thread.sleep(100);
+        assertFalse(waiter.isDone());
+        assertTrue(b.release());
+        Permit served = waiter.get(10, TimeUnit.SECONDS);
+        assertTrue(served.release());
+        assertTrue(c2.release());
+      } finally {
+        pool.shutdownNow();
+      }
+      // Fair tickets grow.
+      Semaphore fair = c.redsem.semaphore(name("fair")).limit(3).fair(true).build();
+      long last = 0;
+      for (int i = 0; i < 3; i++) {
+        try (Permit p = fair.acquire()) {
+          assertTrue(p.ticket().getAsLong() > last);
+          last = p.ticket().getAsLong();
+        }
+      }
+      // The stored limit.
+      String reports = name("reports");
+      c.redsem.setLimit(reports, 0);
+      assertEquals(OptionalLong.of(0), c.redsem.storedLimit(reports));
+      assertThrows(NotAcquired.class, () -> c.redsem.semaphore(reports).limit(5).acquire());
+      assertTrue(c.redsem.clearLimit(reports));
+      c.redsem.semaphore(reports).limit(5).acquire().close();
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(2)
+  void namesMustKeepTheirKeysInOneSlot(ClusterKind kind) throws Exception {
+    try (Kind.Client c = kind.connect()) {
+      IllegalArgumentException error =
+          assertThrows(IllegalArgumentException.class, () -> c.redsem.semaphore("jobs").build());
+      assertTrue(error.getMessage().startsWith(
+          "in Redis Cluster a semaphore's name needs a hash tag, e.g. \"{jobs}\""),
+          error.getMessage());
+      error = assertThrows(IllegalArgumentException.class,
+          () -> c.redsem.semaphoreSet().semaphore("{a}", 1).semaphore("{b}", 1).build());
+      assertTrue(error.getMessage().contains("(\"{a}\" is in slot 15495, \"{b}\" in slot 3300)"),
+          error.getMessage());
+      assertThrows(IllegalArgumentException.class, () -> c.redsem.waitEmpty("jobs", 0));
+      assertThrows(IllegalArgumentException.class, () -> c.redsem.storedLimit("jobs"));
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(3)
+  void setsAndWaitEmpty(ClusterKind kind) throws Exception {
+    String tag = name("app");
+    try (Kind.Client c = kind.connect()) {
+      SemaphoreSet.Builder pair = c.redsem.semaphoreSet()
+          .semaphore(tag + "gpu", 1).semaphore(tag + "licence", 5, 2).fair(true);
+      if (SCRIPTS) {
+        assertThrows(ModuleRequired.class, pair::acquire);
+        assertThrows(ModuleRequired.class, () -> c.redsem.waitEmpty(tag + "gpu", 0));
+        return;
+      }
+      PermitSet permits = pair.acquire();
+      assertEquals(2, permits.tickets().orElseThrow().size());
+      assertFalse(c.redsem.waitEmpty(tag + "gpu", 0.1));
+      assertTrue(permits.refresh());
+      assertTrue(permits.release());
+      assertTrue(c.redsem.waitEmpty(tag + "gpu", 1));
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(4)
+  void aReshardUnderLoad(ClusterKind kind) throws Exception {
+    String moving = name("move");
+    int slot = Commands.slot(moving);
+    int limit = 2;
+    try (Kind.Client c = kind.connect()) {
+      // A lease longer than the move: no call gets through while the slot's keys are split.
+      Semaphore semaphore = c.redsem.semaphore(moving).limit(limit).fair(true).lease(20)
+          .waitFor(Duration.ofSeconds(20)).build();
+      // Keys of the slot beside the semaphore's, so the move takes a while key by key.
+      int owner = ownerOf(slot);
+      for (int i = 0; i < 30; i++) {
+        SemaphoreTest.raw(owner, "SET", moving + ":pad" + i, "x");
+      }
+      AtomicBoolean running = new AtomicBoolean(true);
+      AtomicInteger holding = new AtomicInteger();
+      AtomicInteger most = new AtomicInteger();
+      List<Long> tickets = Collections.synchronizedList(new ArrayList<>());
+      ExecutorService pool = Executors.newFixedThreadPool(4);
+      List<Future<Integer>> workers = new ArrayList<>();
+      try {
+        for (int t = 0; t < 4; t++) {
+          workers.add(pool.submit(() -> {
+            int grants = 0;
+            while (running.get()) {
+              try (Permit permit = semaphore.acquire()) {
+                most.accumulateAndGet(holding.incrementAndGet(), Math::max);
+                tickets.add(permit.ticket().getAsLong());
+                Thread.sleep(10);
+                holding.decrementAndGet();
+                grants++;
+              }
+            }
+            return grants;
+          }));
+        }
+        Thread.sleep(300);
+        int target = 0;
+        for (int[] p : primaries(cluster("nodes", dir.toString()))) {
+          if (p[0] != owner) {
+            target = p[0];
+            break;
+          }
+        }
+        cluster("move", dir.toString(), String.valueOf(slot), String.valueOf(target),
+            "--pause-ms", "30");
+        assertEquals(target, ownerOf(slot));
+        Thread.sleep(300);
+        running.set(false);
+        int total = 0;
+        for (Future<Integer> w : workers) {
+          total += w.get(60, TimeUnit.SECONDS); // no worker failed
+        }
+        assertTrue(total > 0);
+      } finally {
+        running.set(false);
+        pool.shutdownNow();
+      }
+      assertTrue(most.get() <= limit, "at most " + limit + " at once, saw " + most.get());
+      assertEquals(tickets.size(), Set.copyOf(tickets).size(), "no ticket twice");
+      assertEquals(0L, SemaphoreTest.raw(ownerOf(slot), "EXISTS", moving), "all given back");
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(100)
+  void aPrimaryKilledUnderAWaiter(ClusterKind kind) throws Exception {
+    String name = name("failover");
+    int slot = Commands.slot(name);
+    try (Kind.Client c = kind.connect()) {
+      Permit holder = c.redsem.semaphore(name).limit(1).lease(10).durableReplicas(1)
+          .durableTimeout(Duration.ofSeconds(2)).acquire();
+      ExecutorService pool = Executors.newSingleThreadExecutor();
+      try {
+        Future<Permit> waiter = pool.submit(
+            () -> c.redsem.semaphore(name).limit(1).lease(10).waitFor(30).acquire());
+        Thread.sleep(200);
+        cluster("kill", dir.toString(), String.valueOf(ownerOf(slot)));
+        cluster("wait", dir.toString());
+        // The grant reached the replica (WAIT 1): the holder still holds on the new primary.
+        assertTrue(holder.refresh(), "the holder survives the failover");
+        if (waiter.isDone()) {
+          waiter.get(); // the waiter's error, if it failed
+        }
+        assertFalse(waiter.isDone(), "the waiter waits on the new primary");
+        assertTrue(holder.release());
+        Permit served = waiter.get(30, TimeUnit.SECONDS);
+        assertFalse(served.isLost());
+        assertEquals(1L, SemaphoreTest.raw(ownerOf(slot), "ZCARD", name), "one permit, not two");
+        assertTrue(served.release());
+      } finally {
+        pool.shutdownNow();
+      }
+    }
+  }
+}
