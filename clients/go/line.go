@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -34,10 +36,13 @@ type companion struct {
 	margin time.Duration // the client's ReadTimeout (0: none)
 }
 
-var companions sync.Map // *redis.Client -> *companion
+// companions, by a weak pointer to their client: a companion is closed once its client is
+// garbage.
+var companions sync.Map // weak.Pointer[redis.Client] -> *companion
 
 func companionOf(c *redis.Client) *companion {
-	if v, ok := companions.Load(c); ok {
+	key := weak.Make(c)
+	if v, ok := companions.Load(key); ok {
 		return v.(*companion)
 	}
 	opt := *c.Options()
@@ -50,9 +55,15 @@ func companionOf(c *redis.Client) *companion {
 	opt.MinIdleConns = 0
 	opt.MaxRetries = -1 // a resent wait would join the end of the line
 	made := &companion{client: redis.NewClient(&opt), margin: margin}
-	v, loaded := companions.LoadOrStore(c, made)
+	v, loaded := companions.LoadOrStore(key, made)
 	if loaded {
 		_ = made.client.Close()
+	} else {
+		runtime.AddCleanup(c, func(key weak.Pointer[redis.Client]) {
+			if v, ok := companions.LoadAndDelete(key); ok {
+				_ = v.(*companion).client.Close()
+			}
+		}, key)
 	}
 	return v.(*companion)
 }
@@ -60,15 +71,17 @@ func companionOf(c *redis.Client) *companion {
 // --- The backend of a server: the module, or the script ----------------------------------
 
 type backendKey struct {
-	client any    // the *redis.Client, or the *redis.ClusterClient
+	client any    // a weak pointer to the *redis.Client, or to the *redis.ClusterClient
 	addr   string // in Redis Cluster, the node's address
 }
 
+// backends are kept as long as their client lives.
 var backends sync.Map // backendKey -> bool (true: the module is loaded)
 
-// hasModule asks the server of c (once per client, or per node of a cluster client) whether
-// it has the module: COMMAND INFO SEM.ACQUIRE answers [nil] without it.
-func hasModule(ctx context.Context, key backendKey, c *redis.Client) (bool, error) {
+// hasModule asks the server of c (once per client, or per node of a cluster client, owner)
+// whether it has the module: COMMAND INFO SEM.ACQUIRE answers [nil] without it.
+func hasModule[T any](ctx context.Context, owner *T, addr string, c *redis.Client) (bool, error) {
+	key := backendKey{client: weak.Make(owner), addr: addr}
 	if v, ok := backends.Load(key); ok {
 		return v.(bool), nil
 	}
@@ -78,7 +91,9 @@ func hasModule(ctx context.Context, key backendKey, c *redis.Client) (bool, erro
 	}
 	list, _ := reply.([]any)
 	module := len(list) > 0 && list[0] != nil
-	backends.Store(key, module)
+	if _, loaded := backends.Swap(key, module); !loaded {
+		runtime.AddCleanup(owner, func(key backendKey) { backends.Delete(key) }, key)
+	}
 	return module, nil
 }
 
@@ -317,11 +332,13 @@ func newLine(client redis.UniversalClient, names []string, retryFor time.Duratio
 
 // connectTo makes an endpoint on c, finding out its backend.
 func (l *line) connectTo(ctx context.Context, c *redis.Client, own bool) (*endpoint, error) {
-	key := backendKey{client: c}
+	var module bool
+	var err error
 	if l.cluster != nil {
-		key = backendKey{client: l.cluster, addr: c.Options().Addr}
+		module, err = hasModule(ctx, l.cluster, c.Options().Addr, c)
+	} else {
+		module, err = hasModule(ctx, c, "", c)
 	}
-	module, err := hasModule(ctx, key, c)
 	if err != nil {
 		return nil, err
 	}
