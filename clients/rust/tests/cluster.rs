@@ -355,6 +355,31 @@ fn calls_sync(nodes: &Nodes, cluster: &Cluster, name: &str) {
         assert!(permit.release().unwrap());
     }
 
+    // Several permits at once, some given back.
+    let mut two = jobs.clone().count(2).acquire().unwrap();
+    assert!(two.release_some(1).unwrap());
+    assert_eq!(redsem_client::in_use(cluster, name).unwrap(), 1);
+    assert!(two.release().unwrap());
+
+    // A bound permit: given back by the node when its connection to the node closes.
+    let bound = jobs.clone().bound(true).auto_refresh(false);
+    if scripts() {
+        assert!(matches!(
+            bound.acquire(),
+            Err(Error::ModuleRequired("BOUND"))
+        ));
+    } else {
+        let permit = bound.acquire().unwrap();
+        assert_eq!(redsem_client::in_use(cluster, name).unwrap(), 1);
+        let _: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
+            .query(&mut owner)
+            .unwrap();
+        assert_eq!(redsem_client::in_use(cluster, name).unwrap(), 0);
+        assert!(!permit.refresh().unwrap());
+        assert!(!permit.release().unwrap());
+    }
+
     // A refresh that finds no holder on the node reports the permit lost.
     let permit = jobs.clone().auto_refresh(false).acquire().unwrap();
     let _: i64 = redis::cmd("DEL").arg(name).query(&mut owner).unwrap();
@@ -393,6 +418,29 @@ async fn calls_async(cluster: &Cluster, name: &str, owner: &mut redis::Connectio
         last = ticket;
         assert!(permit.release().await.unwrap());
     }
+    let mut two = jobs.clone().count(2).acquire().await.unwrap();
+    assert!(two.release_some(1).await.unwrap());
+    assert_eq!(aio::in_use(cluster, name).await.unwrap(), 1);
+    assert!(two.release().await.unwrap());
+
+    let bound = jobs.clone().bound(true).auto_refresh(false);
+    if scripts() {
+        assert!(matches!(
+            bound.acquire().await,
+            Err(Error::ModuleRequired("BOUND"))
+        ));
+    } else {
+        let permit = bound.acquire().await.unwrap();
+        assert_eq!(aio::in_use(cluster, name).await.unwrap(), 1);
+        let _: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
+            .query(owner)
+            .unwrap();
+        assert_eq!(aio::in_use(cluster, name).await.unwrap(), 0);
+        assert!(!permit.refresh().await.unwrap());
+        assert!(!permit.release().await.unwrap());
+    }
+
     let permit = jobs.clone().auto_refresh(false).acquire().await.unwrap();
     let _: i64 = redis::cmd("DEL").arg(name).query(owner).unwrap();
     assert!(!permit.refresh().await.unwrap());
