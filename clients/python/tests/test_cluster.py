@@ -208,6 +208,10 @@ class SyncApi:
     def clear_limit(self, name):
         return clear_limit(self.client, name)
 
+    def reload_map(self):
+        """What the client does after a MOVED or a lost node: it reads the cluster's map anew."""
+        self.client.nodes_manager.initialize()
+
     def close(self) -> None:
         self.client.close()
 
@@ -253,6 +257,9 @@ class AsyncApi:
 
     def clear_limit(self, name):
         return self.run(clear_limit_async(self.client, name))
+
+    def reload_map(self):
+        self.run(self.client.nodes_manager.initialize())
 
     def close(self) -> None:
         self.run(self.client.aclose())
@@ -316,6 +323,35 @@ def test_acquire_and_release(api, cluster, flush):
     assert api.release(permit) is True
     assert api.release(second) is True
     assert cluster.live(name) == 0
+
+
+def test_a_bound_permit_keeps_its_own_connection_to_the_node(api, cluster, flush):
+    """A BOUND permit lives on its own connection to the slot's primary: the client reading the
+    cluster's map anew does not close it; the connection closing gives the permit back."""
+    if SCRIPTS:
+        return  # ModuleRequired: test_sets_and_wait_empty
+    # On the node the client started from: the one whose connections a new map touches.
+    name = next(
+        n for n in (f"{{bound{i}}}jobs" for i in range(100)) if cluster.owner(n) == cluster.port
+    )
+    permit = api.acquire(name, 1, lease=30, bound=True)
+    api.reload_map()
+    assert api.refresh(permit) is True
+    assert cluster.live(name) == 1
+    owner = cluster.node(cluster.owner(name))
+    try:
+        # The holder's connection is the owner's only one sending SEM.*: kill every client but
+        # ours there, as a process dying would.
+        owner.client_kill_filter(_type="normal", skip_me=True)
+        deadline = time.monotonic() + 2
+        while cluster.live(name) != 0:
+            assert time.monotonic() < deadline, "the permit was not given back"
+            time.sleep(0.01)
+    finally:
+        owner.close()
+    assert api.refresh(permit) is False
+    assert permit.lost
+    assert api.release(permit) is False
 
 
 def test_fair_tickets_grow(api, cluster, flush):

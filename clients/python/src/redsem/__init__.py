@@ -110,7 +110,7 @@ RETRY_FOR = 30.0
 _T = TypeVar("_T")
 
 
-def _execute(conn: redis.Redis, *args: Union[str, bytes, int, float]) -> Any:
+def _execute(conn: _SyncConn, *args: Union[str, bytes, int, float]) -> Any:
     """conn.execute_command, whose signature some redis-py releases leave untyped."""
     return cast(Any, conn).execute_command(*args)
 
@@ -174,7 +174,7 @@ def _add_note(exc: BaseException, note: str) -> None:
 _NO_LIMIT = 31536000.0
 
 
-def _run_blocking(conn: redis.Redis, args: Args, block: Optional[float]) -> Any:
+def _run_blocking(conn: _SyncConn, args: Args, block: Optional[float]) -> Any:
     """Runs a command that may block ``block`` seconds in the server (None: without limit) on a
     single-connection client. The reply is read for that long plus the connection's
     socket_timeout (redis-py 8 sets 5 s by default, shorter than many waits), and not retried
@@ -304,7 +304,7 @@ def _script_args(args: Args, load: bool) -> Args:
     return [*head, 6, *_keys(cast(Identifier, args[1])), op[4:], *args[2:]]
 
 
-def _send(conn: redis.Redis, scripts: bool, args: Args) -> Any:
+def _send(conn: _SyncConn, scripts: bool, args: Args) -> Any:
     """Sends a single-semaphore SEM.* command, as itself or (``scripts``) through the script."""
     if not scripts:
         return _execute(conn, *args)
@@ -429,7 +429,7 @@ class _Hop:
     """One connection a line's operation runs on, and how commands are sent there."""
 
     def __init__(
-        self, conn: redis.Redis, scripts: bool, names: Optional[Sequence[Identifier]]
+        self, conn: _SyncConn, scripts: bool, names: Optional[Sequence[Identifier]]
     ) -> None:
         self.conn = conn
         #: The server runs the script (it has no module).
@@ -506,6 +506,12 @@ _PAUSED = (
     redis.exceptions.TimeoutError,
     redis.exceptions.SlotNotCoveredError,
 )
+# Failures that no wait mends: raised at once.
+_NOT_RETRIED = tuple(
+    getattr(redis.exceptions, name)
+    for name in ("AuthenticationError", "AuthorizationError", "MaxConnectionsError")
+    if hasattr(redis.exceptions, name)
+)
 _FIRST_PAUSE = 0.05
 _LONGEST_PAUSE = 1.0
 
@@ -553,6 +559,32 @@ class _Retries:
         return pause
 
 
+class _NodeConnection:
+    """One connection of a cluster node's pool, held by one line (what _execute and
+    _run_blocking need of a single-connection client). Commands go on it directly: a
+    single-connection client would reconnect it after a command once a refresh of the cluster's
+    map marked it, and a reconnect gives a BOUND permit back."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        # Some redis-py releases ask for a command name (later ones warn when given one).
+        name = inspect.signature(pool.get_connection).parameters.get("command_name")
+        needs_name = name is not None and name.default is inspect.Parameter.empty
+        self.connection: Any = pool.get_connection("SEM") if needs_name else pool.get_connection()
+
+    def execute_command(self, *args: Union[str, bytes, int, float]) -> Any:
+        self.connection.send_command(*args)
+        return self.connection.read_response()
+
+    def close(self, broken: bool = False) -> None:
+        """Back to the pool; closed first when a call on it failed (its reply may still come)."""
+        try:
+            if broken:
+                self.connection.disconnect()
+        finally:
+            self._pool.release(self.connection)
+
+
 class _ClusterLine(_Line):
     """In Redis Cluster: a connection to the primary serving the names' slot, held from the first
     call to close(). Every call on it is resent through MOVED (the slot's owner learnt anew), ASK
@@ -566,22 +598,35 @@ class _ClusterLine(_Line):
         self._cluster: Any = cluster  # its methods are untyped in some redis-py releases
         self._names = names
         self._retry_for = retry_for
-        self._conn: Optional[redis.Redis] = None
+        self._conn: Optional[_NodeConnection] = None
         # A permit's refresh thread and its owner's calls take turns on the connection.
         self._lock = threading.RLock()
 
-    def _connect(self, node: Any) -> Tuple[redis.Redis, bool]:
+    def _connect(self, node: Any) -> Tuple[_NodeConnection, bool]:
         """A connection of ``node``'s pool, and whether the node runs the script."""
-        conn: redis.Redis = cast(Any, self._cluster.get_redis_connection(node)).client()
+        conn = _NodeConnection(self._cluster.get_redis_connection(node).connection_pool)
         try:
             module = _known_node_backend(self._cluster, node.name)
             if module is None:
-                reply = _execute(conn, "COMMAND INFO", "SEM.ACQUIRE")
+                reply = conn.execute_command("COMMAND INFO", "SEM.ACQUIRE")
                 module = _note_node_backend(self._cluster, node.name, reply)
         except BaseException:
-            _drop(conn, broken=True)
+            conn.close(broken=True)
             raise
         return conn, not module
+
+    def _on_own(self, op: Callable[[_Hop], _T]) -> _T:
+        """``op`` on the line's connection, closed when it failed other than by an answer."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            return op(_Hop(conn, self.scripts, self._names))
+        except redis.exceptions.ResponseError:
+            raise
+        except BaseException:
+            self._conn = None
+            conn.close(broken=True)
+            raise
 
     def run(self, op: Callable[[_Hop], _T], until: Optional[float] = None) -> _T:
         retries = _Retries(self._retry_for, until, self.slot)
@@ -594,7 +639,7 @@ class _ClusterLine(_Line):
                         conn, scripts = self._connect(node)
                         broken = True
                         try:
-                            _execute(conn, "ASKING")
+                            conn.execute_command("ASKING")
                             reply = op(_Hop(conn, scripts, self._names))
                             broken = False
                             return reply
@@ -602,13 +647,13 @@ class _ClusterLine(_Line):
                             broken = False
                             raise
                         finally:
-                            _drop(conn, broken)
+                            conn.close(broken)
                     if self._conn is None:
                         node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
                         self._conn, self.scripts = self._connect(node)
-                    return op(_Hop(self._conn, self.scripts, self._names))
+                    return self._on_own(op)
                 except redis.exceptions.MovedError as err:
-                    self._close(broken=False)
+                    self._close()
                     pause = retries.next_pause(err, pauses=False)
                     self._cluster.nodes_manager.move_slot(err)
                 except redis.exceptions.AskError as err:
@@ -616,8 +661,10 @@ class _ClusterLine(_Line):
                     asked = self._cluster.get_node(host=err.host, port=err.port)
                     if asked is None:  # a node the client does not know yet
                         pause = retries.next_pause(err, pauses=True)
+                except _NOT_RETRIED:
+                    raise
                 except _PAUSED as err:
-                    self._close(broken=True)
+                    self._close()
                     pause = retries.next_pause(err, pauses=True)
                 if pause > 0:
                     time.sleep(pause)
@@ -626,24 +673,14 @@ class _ClusterLine(_Line):
                     except Exception:
                         pass  # no node answered: the next send finds out
 
-    def _close(self, broken: bool) -> None:
+    def _close(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            _drop(conn, broken)
+            conn.close()
 
     def close(self) -> None:
         with self._lock:
-            self._close(broken=False)
-
-
-def _drop(conn: redis.Redis, broken: bool) -> None:
-    """Gives a single-connection client's connection back to its pool, closed first when a call
-    on it failed (its reply may still come)."""
-    try:
-        if broken and conn.connection is not None:
-            cast(Any, conn.connection).disconnect()
-    finally:
-        conn.close()
+            self._close()
 
 
 def _line(client: Client, names: Sequence[Identifier], retry_for: float, own: bool) -> _Line:
@@ -656,7 +693,7 @@ def _line(client: Client, names: Sequence[Identifier], retry_for: float, own: bo
 # The asyncio forms.
 
 
-class _NodeConnection:
+class _AsyncNodeConnection:
     """One connection of a node's pool in ``redis.asyncio.cluster``, used as a
     single-connection client (what _execute_async and _run_blocking_async need of one)."""
 
@@ -679,8 +716,9 @@ class _NodeConnection:
             self._node.release(self.connection)
 
 
-# A connection an asyncio operation runs on.
-_AsyncConn = Union[redis.asyncio.Redis, _NodeConnection]
+# The connection an operation runs on: a single-connection client, or one of a cluster node.
+_SyncConn = Union[redis.Redis, _NodeConnection]
+_AsyncConn = Union[redis.asyncio.Redis, _AsyncNodeConnection]
 
 
 class _AsyncHop:
@@ -765,11 +803,11 @@ class _AsyncClusterLine(_AsyncLine):
         self._cluster: Any = cluster
         self._names = names
         self._retry_for = retry_for
-        self._conn: Optional[_NodeConnection] = None
+        self._conn: Optional[_AsyncNodeConnection] = None
         self._lock = asyncio.Lock()
 
-    async def _connect(self, node: Any) -> Tuple[_NodeConnection, bool]:
-        conn = _NodeConnection(node)
+    async def _connect(self, node: Any) -> Tuple[_AsyncNodeConnection, bool]:
+        conn = _AsyncNodeConnection(node)
         try:
             module = _known_node_backend(self._cluster, node.name)
             if module is None:
@@ -806,9 +844,9 @@ class _AsyncClusterLine(_AsyncLine):
                     if self._conn is None:
                         node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
                         self._conn, self.scripts = await self._connect(node)
-                    return await op(_AsyncHop(self._conn, self.scripts, self._names))
+                    return await self._on_own(op)
                 except redis.exceptions.MovedError as err:
-                    await self._close(broken=False)
+                    await self._close()
                     pause = retries.next_pause(err, pauses=False)
                     await self._cluster.nodes_manager.move_slot(err)
                 except redis.exceptions.AskError as err:
@@ -816,8 +854,10 @@ class _AsyncClusterLine(_AsyncLine):
                     asked = self._cluster.get_node(host=err.host, port=err.port)
                     if asked is None:
                         pause = retries.next_pause(err, pauses=True)
+                except _NOT_RETRIED:
+                    raise
                 except _PAUSED as err:
-                    await self._close(broken=True)
+                    await self._close()
                     pause = retries.next_pause(err, pauses=True)
                 if pause > 0:
                     await asyncio.sleep(pause)
@@ -826,14 +866,27 @@ class _AsyncClusterLine(_AsyncLine):
                     except Exception:
                         pass
 
-    async def _close(self, broken: bool) -> None:
+    async def _on_own(self, op: Callable[[_AsyncHop], Awaitable[_T]]) -> _T:
+        """As _ClusterLine._on_own."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            return await op(_AsyncHop(conn, self.scripts, self._names))
+        except redis.exceptions.ResponseError:
+            raise
+        except BaseException:
+            self._conn = None
+            await conn.aclose(broken=True)
+            raise
+
+    async def _close(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            await conn.aclose(broken)
+            await conn.aclose()
 
     async def close(self) -> None:
         async with self._lock:
-            await self._close(broken=False)
+            await self._close()
 
 
 def _async_line(
