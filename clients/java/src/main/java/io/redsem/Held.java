@@ -2,6 +2,7 @@ package io.redsem;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
@@ -201,6 +202,16 @@ abstract class Held implements AutoCloseable {
     } finally {
       calls.unlock();
     }
+  }
+
+  /** {@link #release()} on redsem's own daemon threads. */
+  public CompletableFuture<Boolean> releaseAsync() {
+    return CompletableFuture.supplyAsync(this::release, Refresher.async());
+  }
+
+  /** {@link #refresh()} on redsem's own daemon threads. */
+  public CompletableFuture<Boolean> refreshAsync() {
+    return CompletableFuture.supplyAsync(this::refresh, Refresher.async());
   }
 
   /** Used by releaseSome: a call on the line under the permit's lock. */

@@ -4,6 +4,7 @@ import java.time.Duration;
 import java.util.List;
 import java.util.Map;
 import java.util.OptionalLong;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 
 /**
@@ -128,6 +129,13 @@ public final class Redsem implements AutoCloseable {
       });
       return reply != null && Commands.integer(reply) == 1;
     }
+  }
+
+  /** {@link #waitEmpty(String, Duration)} on redsem's own daemon threads. */
+  public CompletableFuture<Boolean> waitEmptyAsync(String name, Duration timeout) {
+    long nanos = Commands.waitNanos(timeout, "timeout");
+    Commands.checkName(name, "the semaphore name");
+    return CompletableFuture.supplyAsync(() -> waitEmptyNanos(name, nanos), Refresher.async());
   }
 
   /**

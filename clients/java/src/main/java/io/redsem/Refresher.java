@@ -38,6 +38,13 @@ final class Refresher {
     return timer;
   }
 
+  private static final ExecutorService ASYNC = Executors.newCachedThreadPool(daemons("redsem-async-"));
+
+  /** The threads the async forms run on by default (daemon, made as needed). */
+  static ExecutorService async() {
+    return ASYNC;
+  }
+
   static ScheduledFuture<?> every(long periodNanos, Runnable refresh) {
     return TIMER.scheduleWithFixedDelay(
         () -> WORKERS.execute(refresh), periodNanos, periodNanos, TimeUnit.NANOSECONDS);

@@ -5,6 +5,8 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.OptionalLong;
 import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
 
 /**
  * A redsem semaphore: {@code try (Permit permit = semaphore.acquire()) { ... }}. Built with
@@ -119,6 +121,20 @@ public final class Semaphore {
       permit.startRefreshing();
     }
     return permit;
+  }
+
+  /**
+   * {@link #acquire()} on redsem's own daemon threads: the future completes with the permit, or
+   * with its error ({@link NotAcquired}, ...). Nothing blocks the caller's thread (nor Lettuce's
+   * event loop); a waiting acquire holds one of those threads while it waits.
+   */
+  public CompletableFuture<Permit> acquireAsync() {
+    return acquireAsync(Refresher.async());
+  }
+
+  /** {@link #acquire()} on {@code executor}. */
+  public CompletableFuture<Permit> acquireAsync(Executor executor) {
+    return CompletableFuture.supplyAsync(this::acquire, executor);
   }
 
   /**

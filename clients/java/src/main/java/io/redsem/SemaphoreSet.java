@@ -7,6 +7,8 @@ import java.util.List;
 import java.util.Optional;
 import java.util.Set;
 import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
 
 /**
  * Permits of several semaphores for one identifier, all or none ({@code SEM.ACQUIREALL}):
@@ -112,6 +114,16 @@ public final class SemaphoreSet {
       permits.startRefreshing();
     }
     return permits;
+  }
+
+  /** {@link #acquire()} on redsem's own daemon threads (as {@link Semaphore#acquireAsync()}). */
+  public CompletableFuture<PermitSet> acquireAsync() {
+    return acquireAsync(Refresher.async());
+  }
+
+  /** {@link #acquire()} on {@code executor}. */
+  public CompletableFuture<PermitSet> acquireAsync(Executor executor) {
+    return CompletableFuture.supplyAsync(this::acquire, executor);
   }
 
   private List<Object> command(String identifier, long wait) {

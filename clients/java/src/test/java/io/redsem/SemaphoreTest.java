@@ -261,6 +261,34 @@ class SemaphoreTest {
 
   @ParameterizedTest
   @EnumSource(Kind.class)
+  void theAsyncFormsComplete(Kind kind) throws Exception {
+    String jobs = name("async");
+    try (Kind.Client c = kind.connect(server.port)) {
+      Semaphore one = c.redsem.semaphore(jobs).limit(1).waitFor(10).build();
+      Permit holder = one.acquireAsync().get(10, TimeUnit.SECONDS);
+      java.util.concurrent.CompletableFuture<Permit> waiter = one.acquireAsync();
+      Thread.sleep(200);
+      assertFalse(waiter.isDone());
+      assertTrue(holder.releaseAsync().get(10, TimeUnit.SECONDS));
+      Permit next = waiter.get(10, TimeUnit.SECONDS);
+      assertTrue(next.refreshAsync().get(10, TimeUnit.SECONDS));
+      java.util.concurrent.ExecutionException full = assertThrows(
+          java.util.concurrent.ExecutionException.class,
+          () -> c.redsem.semaphore(jobs).limit(1).build().acquireAsync().get(10, TimeUnit.SECONDS));
+      assertTrue(full.getCause() instanceof NotAcquired, full.toString());
+      if (!SCRIPTS) {
+        java.util.concurrent.CompletableFuture<Boolean> drained =
+            c.redsem.waitEmptyAsync(jobs, Duration.ofSeconds(10));
+        assertTrue(next.release());
+        assertTrue(drained.get(10, TimeUnit.SECONDS));
+      } else {
+        assertTrue(next.release());
+      }
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(Kind.class)
   void aPermitRemovedByHandIsReportedLost(Kind kind) throws Exception {
     String jobs = name("lost");
     try (Kind.Client c = kind.connect(server.port)) {
