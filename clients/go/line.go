@@ -36,6 +36,13 @@ type companion struct {
 	margin time.Duration // the client's ReadTimeout (0: none)
 }
 
+// retire closes the companion of c; the next call makes a new one.
+func (comp *companion) retire(c *redis.Client) {
+	if companions.CompareAndDelete(weak.Make(c), comp) {
+		_ = comp.client.Close()
+	}
+}
+
 // companions, by a weak pointer to their client: a companion is closed once its client is
 // garbage.
 var companions sync.Map // weak.Pointer[redis.Client] -> *companion
@@ -102,6 +109,7 @@ func hasModule[T any](ctx context.Context, owner *T, addr string, c *redis.Clien
 type endpoint struct {
 	pool     *redis.Client // the server's client (in Redis Cluster, the node's)
 	conn     *redis.Conn   // a connection of the companion's, or nil: the pool
+	comp     *companion    // that companion
 	margin   time.Duration // the companion's margin for calls that do not block
 	clientID int64         // CLIENT ID of conn, once asked
 	asking   bool          // send ASKING first (an ASK redirection)
@@ -143,6 +151,12 @@ func (e *endpoint) raw(ctx context.Context, args ...any) (any, error) {
 func (e *endpoint) noteErr(err error) {
 	if err != nil && transient(err) {
 		e.broken = true
+		if redis.IsReadOnlyError(err) && e.comp != nil {
+			// The server at this address is a replica now (a failover): the companion's
+			// pooled connections to it are of no use; new ones find the primary (a
+			// FailoverClient's dialer asks the sentinels).
+			e.comp.retire(e.pool)
+		}
 	}
 }
 
@@ -350,6 +364,7 @@ func (l *line) connectTo(ctx context.Context, c *redis.Client, own bool) (*endpo
 		comp := companionOf(c)
 		e.conn = comp.client.Conn()
 		e.margin = comp.margin
+		e.comp = comp
 	}
 	return e, nil
 }

@@ -51,7 +51,7 @@ type server struct {
 
 // startServer starts a server; withModule false starts it without the module (MODULE LOAD
 // allowed).
-func startServer(t testing.TB, withModule bool) *server {
+func startServer(t testing.TB, withModule bool, extra ...string) *server {
 	t.Helper()
 	port := freePort(t)
 	dir := t.TempDir()
@@ -60,6 +60,7 @@ func startServer(t testing.TB, withModule bool) *server {
 	if withModule {
 		args = append(args, "--loadmodule", modulePath(t))
 	}
+	args = append(args, extra...)
 	cmd := exec.Command(serverBin(), args...)
 	cmd.Stdout = nil
 	cmd.Stderr = nil
