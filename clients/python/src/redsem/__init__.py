@@ -68,6 +68,8 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
 
 __all__ = [
@@ -655,7 +657,11 @@ class _ClusterLine(_Line):
                 except redis.exceptions.MovedError as err:
                     self._close()
                     pause = retries.next_pause(err, pauses=False)
-                    self._cluster.nodes_manager.move_slot(err)
+                    moved = getattr(self._cluster.nodes_manager, "move_slot", None)
+                    if moved is not None:
+                        moved(err)  # the slot's new owner, as MOVED names it
+                    else:  # redis-py before 5.1
+                        self._cluster.nodes_manager.initialize()
                 except redis.exceptions.AskError as err:
                     pause = retries.next_pause(err, pauses=False)
                     asked = self._cluster.get_node(host=err.host, port=err.port)
@@ -694,12 +700,21 @@ def _line(client: Client, names: Sequence[Identifier], retry_for: float, own: bo
 
 
 class _AsyncNodeConnection:
-    """One connection of a node's pool in ``redis.asyncio.cluster``, used as a
-    single-connection client (what _execute_async and _run_blocking_async need of one)."""
+    """A connection to a node of ``redis.asyncio.cluster``, used as a single-connection client
+    (what _execute_async and _run_blocking_async need of one): one of the node's pool, or
+    (``own``, for a permit) one made for the line alone and closed with it, since some redis-py
+    releases close every connection of the node's pool when they reload the cluster's map, and
+    closing its connection gives a BOUND permit back."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Any, own: bool) -> None:
         self._node = node
-        self.connection: Any = node.acquire_connection()
+        self._own = own
+        if own:
+            # No retry of its own, as the node's connections: the line resends.
+            kwargs = {**node.connection_kwargs, "retry": AsyncRetry(NoBackoff(), 0)}
+            self.connection: Any = node.connection_class(**kwargs)
+        else:
+            self.connection = node.acquire_connection()
 
     async def initialize(self) -> None:
         pass
@@ -709,11 +724,18 @@ class _AsyncNodeConnection:
         return await self.connection.read_response()
 
     async def aclose(self, broken: bool = False) -> None:
+        if self._own:
+            await self.connection.disconnect()
+            return
         try:
             if broken:
                 await self.connection.disconnect()
         finally:
-            self._node.release(self.connection)
+            release = getattr(self._node, "release", None)
+            if release is not None:
+                release(self.connection)
+            else:  # redis-py before 6: the node keeps its free connections in a deque
+                self._node._free.append(self.connection)
 
 
 # The connection an operation runs on: a single-connection client, or one of a cluster node.
@@ -798,16 +820,18 @@ class _AsyncClusterLine(_AsyncLine):
         cluster: redis.asyncio.cluster.RedisCluster,
         names: Sequence[Identifier],
         retry_for: float,
+        own: bool,
     ) -> None:
         self.slot = _cluster_slot(names)
+        self._own = own  # a connection of the line's own, not one of the node's pool
         self._cluster: Any = cluster
         self._names = names
         self._retry_for = retry_for
         self._conn: Optional[_AsyncNodeConnection] = None
         self._lock = asyncio.Lock()
 
-    async def _connect(self, node: Any) -> Tuple[_AsyncNodeConnection, bool]:
-        conn = _AsyncNodeConnection(node)
+    async def _connect(self, node: Any, own: bool) -> Tuple[_AsyncNodeConnection, bool]:
+        conn = _AsyncNodeConnection(node, own)
         try:
             module = _known_node_backend(self._cluster, node.name)
             if module is None:
@@ -829,7 +853,7 @@ class _AsyncClusterLine(_AsyncLine):
                     await self._cluster.initialize()  # once per client
                     if asked is not None:
                         node, asked = asked, None
-                        conn, scripts = await self._connect(node)
+                        conn, scripts = await self._connect(node, own=False)
                         broken = True
                         try:
                             await conn.execute_command("ASKING")
@@ -843,12 +867,16 @@ class _AsyncClusterLine(_AsyncLine):
                             await conn.aclose(broken)
                     if self._conn is None:
                         node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
-                        self._conn, self.scripts = await self._connect(node)
+                        self._conn, self.scripts = await self._connect(node, self._own)
                     return await self._on_own(op)
                 except redis.exceptions.MovedError as err:
                     await self._close()
                     pause = retries.next_pause(err, pauses=False)
-                    await self._cluster.nodes_manager.move_slot(err)
+                    moved = getattr(self._cluster.nodes_manager, "move_slot", None)
+                    if moved is not None:
+                        await moved(err)
+                    else:
+                        await self._cluster.nodes_manager.initialize()
                 except redis.exceptions.AskError as err:
                     pause = retries.next_pause(err, pauses=False)
                     asked = self._cluster.get_node(host=err.host, port=err.port)
@@ -894,7 +922,7 @@ def _async_line(
 ) -> _AsyncLine:
     """As _line, for redis.asyncio."""
     if isinstance(client, redis.asyncio.cluster.RedisCluster):
-        return _AsyncClusterLine(client, names, retry_for)
+        return _AsyncClusterLine(client, names, retry_for, own)
     return _AsyncPlainLine(client, own)
 
 
