@@ -23,6 +23,7 @@ final class LettuceClusterTransport implements Transport {
   private final RedisClient nodes;
   private final Map<String, StatefulRedisConnection<byte[], byte[]>> shared =
       new ConcurrentHashMap<>();
+  private final Map<String, LettucePool> own = new ConcurrentHashMap<>();
 
   LettuceClusterTransport(RedisClusterClient cluster) {
     if (cluster == null) {
@@ -64,7 +65,8 @@ final class LettuceClusterTransport implements Transport {
   @Override
   public Conn open(String node, boolean dedicated) {
     if (dedicated) {
-      return new LettuceConn(nodes.connect(ByteArrayCodec.INSTANCE, uri(node)), true);
+      return own.computeIfAbsent(node,
+          key -> new LettucePool(() -> nodes.connect(ByteArrayCodec.INSTANCE, uri(key)))).take();
     }
     StatefulRedisConnection<byte[], byte[]> c = shared.compute(node, (key, old) -> {
       if (old != null && old.isOpen()) {
@@ -97,6 +99,9 @@ final class LettuceClusterTransport implements Transport {
 
   @Override
   public void close() {
+    for (LettucePool pool : own.values()) {
+      pool.close();
+    }
     for (StatefulRedisConnection<byte[], byte[]> c : shared.values()) {
       c.close();
     }

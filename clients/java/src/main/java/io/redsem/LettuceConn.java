@@ -22,7 +22,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 
 /** A Lettuce connection as redsem sends on it: raw commands, read into plain Java values. */
-final class LettuceConn implements Transport.Conn {
+class LettuceConn implements Transport.Conn {
   /** How long the reply of a command blocked without limit is read for: a year. */
   private static final Duration NO_LIMIT = Duration.ofDays(366);
 

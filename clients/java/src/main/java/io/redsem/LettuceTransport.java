@@ -10,6 +10,7 @@ import io.lettuce.core.codec.ByteArrayCodec;
  */
 final class LettuceTransport implements Transport {
   private final RedisClient client;
+  private final LettucePool own;
   private StatefulRedisConnection<byte[], byte[]> shared;
 
   LettuceTransport(RedisClient client) {
@@ -17,6 +18,7 @@ final class LettuceTransport implements Transport {
       throw new IllegalArgumentException("the Lettuce client must not be null");
     }
     this.client = client;
+    this.own = new LettucePool(() -> client.connect(ByteArrayCodec.INSTANCE));
   }
 
   @Override
@@ -25,10 +27,14 @@ final class LettuceTransport implements Transport {
   }
 
   @Override
-  public synchronized Conn open(String node, boolean dedicated) {
+  public Conn open(String node, boolean dedicated) {
     if (dedicated) {
-      return new LettuceConn(client.connect(ByteArrayCodec.INSTANCE), true);
+      return own.take();
     }
+    return shared();
+  }
+
+  private synchronized Conn shared() {
     if (shared == null || !shared.isOpen()) {
       shared = client.connect(ByteArrayCodec.INSTANCE);
     }
@@ -52,6 +58,7 @@ final class LettuceTransport implements Transport {
 
   @Override
   public synchronized void close() {
+    own.close();
     if (shared != null) {
       shared.close();
       shared = null;

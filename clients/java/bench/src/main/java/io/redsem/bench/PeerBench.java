@@ -1,0 +1,340 @@
+package io.redsem.bench;
+
+import io.redsem.NotAcquired;
+import io.redsem.Permit;
+import io.redsem.Redsem;
+import io.redsem.Semaphore;
+import java.io.IOException;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import org.redisson.Redisson;
+import org.redisson.api.RPermitExpirableSemaphore;
+import org.redisson.api.RedissonClient;
+import org.redisson.config.Config;
+
+/**
+ * Hand-offs and pairs per second, redsem-client beside Redisson's RPermitExpirableSemaphore, in
+ * one run with the contenders interleaved (A B C ... A B C ...), medians of the rounds.
+ *
+ * <p>Pairs: T threads, each looping acquire (no wait) then release on a semaphore whose limit
+ * is never reached (1,000,000); a pair is one granted acquire and its release.
+ *
+ * <p>Hand-off: limit 1, W threads each looping acquire (waiting) then release then acquire; a
+ * hand-off is a grant to another thread than the previous holder's.
+ */
+public final class PeerBench {
+  /** One contender: makes its client, and a semaphore of a name and limit. */
+  interface Contender extends AutoCloseable {
+    String name();
+
+    Sem semaphore(String name, int limit, boolean waits);
+
+    @Override
+    void close();
+  }
+
+  /** Acquire (waiting up to 10 s when made so) and release. */
+  interface Sem {
+    Object acquire() throws Exception; // null: not granted
+
+    void release(Object permit) throws Exception;
+  }
+
+  static final class RedsemContender implements Contender {
+    private final String name;
+    private final Redsem redsem;
+    private final AutoCloseable client;
+
+    RedsemContender(String name, Redsem redsem, AutoCloseable client) {
+      this.name = name;
+      this.redsem = redsem;
+      this.client = client;
+    }
+
+    @Override
+    public String name() {
+      return name;
+    }
+
+    @Override
+    public Sem semaphore(String sem, int limit, boolean waits) {
+      Semaphore.Builder b = redsem.semaphore(sem).limit(limit).lease(30);
+      if (waits) {
+        b.waitFor(10);
+      }
+      Semaphore s = b.build();
+      return new Sem() {
+        @Override
+        public Object acquire() {
+          try {
+            return s.acquire();
+          } catch (NotAcquired e) {
+            return null;
+          }
+        }
+
+        @Override
+        public void release(Object permit) {
+          ((Permit) permit).release();
+        }
+      };
+    }
+
+    @Override
+    public void close() {
+      try {
+        redsem.close();
+        client.close();
+      } catch (Exception e) {
+        throw new RuntimeException(e);
+      }
+    }
+  }
+
+  static final class RedissonContender implements Contender {
+    private final RedissonClient redisson;
+
+    RedissonContender(int port) {
+      Config config = new Config();
+      config.useSingleServer().setAddress("redis://127.0.0.1:" + port)
+          .setConnectionPoolSize(64).setConnectionMinimumIdleSize(16);
+      redisson = Redisson.create(config);
+    }
+
+    @Override
+    public String name() {
+      return "Redisson RPermitExpirableSemaphore";
+    }
+
+    @Override
+    public Sem semaphore(String sem, int limit, boolean waits) {
+      RPermitExpirableSemaphore s = redisson.getPermitExpirableSemaphore(sem);
+      s.trySetPermits(limit);
+      return new Sem() {
+        @Override
+        public Object acquire() throws InterruptedException {
+          return waits ? s.tryAcquire(10, 30, TimeUnit.SECONDS) : s.tryAcquire(0, 30, TimeUnit.SECONDS);
+        }
+
+        @Override
+        public void release(Object permit) {
+          s.release((String) permit);
+        }
+      };
+    }
+
+    @Override
+    public void close() {
+      redisson.shutdown();
+    }
+  }
+
+  private static final AtomicInteger NAMES = new AtomicInteger();
+
+  /** Pairs per second of {@code threads} threads over {@code seconds}. */
+  static double pairs(Contender c, int threads, double seconds) throws Exception {
+    Sem sem = c.semaphore("pairs-" + NAMES.incrementAndGet(), 1_000_000, false);
+    return loop(sem, threads, seconds, null);
+  }
+
+  /** Hand-offs per second of {@code waiters} threads on a semaphore of limit 1. */
+  static double handoffs(Contender c, int waiters, double seconds) throws Exception {
+    Sem sem = c.semaphore("handoff-" + NAMES.incrementAndGet(), 1, true);
+    AtomicLong last = new AtomicLong(-1);
+    return loop(sem, waiters, seconds, last);
+  }
+
+  private static double loop(Sem sem, int threads, double seconds, AtomicLong lastHolder)
+      throws Exception {
+    AtomicBoolean measuring = new AtomicBoolean(false);
+    AtomicBoolean running = new AtomicBoolean(true);
+    AtomicLong count = new AtomicLong();
+    AtomicInteger failures = new AtomicInteger();
+    CountDownLatch done = new CountDownLatch(threads);
+    for (int t = 0; t < threads; t++) {
+      long me = t;
+      Thread thread = new Thread(() -> {
+        try {
+          while (running.get()) {
+            Object permit = sem.acquire();
+            if (permit == null) {
+              continue;
+            }
+            if (measuring.get()) {
+              if (lastHolder == null || lastHolder.getAndSet(me) != me) {
+                count.incrementAndGet();
+              }
+            } else if (lastHolder != null) {
+              lastHolder.set(me);
+            }
+            sem.release(permit);
+          }
+        } catch (Exception e) {
+          if (failures.getAndIncrement() == 0) {
+            e.printStackTrace();
+          }
+        } finally {
+          done.countDown();
+        }
+      });
+      thread.setDaemon(true);
+      thread.start();
+    }
+    Thread.sleep(300); // warm-up
+    count.set(0);
+    measuring.set(true);
+    long start = System.nanoTime();
+    Thread.sleep((long) (seconds * 1000));
+    long n = count.get();
+    double elapsed = (System.nanoTime() - start) / 1e9;
+    running.set(false);
+    done.await(30, TimeUnit.SECONDS);
+    if (failures.get() > 0) {
+      throw new IllegalStateException(failures.get() + " threads failed");
+    }
+    return n / elapsed;
+  }
+
+  static Process server(String binary, int port, String module, String pin, Path dir)
+      throws Exception {
+    List<String> cmd = new ArrayList<>();
+    if (!pin.isEmpty()) {
+      cmd.addAll(Arrays.asList(pin.split(" ")));
+    }
+    cmd.addAll(List.of(binary, "--port", String.valueOf(port), "--bind", "127.0.0.1", "--save",
+        "", "--appendonly", "no", "--dir", dir.toString()));
+    if (module != null) {
+      cmd.addAll(List.of("--loadmodule", module));
+    }
+    Process p = new ProcessBuilder(cmd).redirectErrorStream(true)
+        .redirectOutput(dir.resolve("server.log").toFile()).start();
+    long until = System.nanoTime() + 10_000_000_000L;
+    while (System.nanoTime() < until) {
+      try (Socket s = new Socket("127.0.0.1", port)) {
+        return p;
+      } catch (IOException e) {
+        Thread.sleep(50);
+      }
+    }
+    throw new IllegalStateException("the server did not start");
+  }
+
+  static int freePort() throws IOException {
+    try (ServerSocket s = new ServerSocket(0)) {
+      return s.getLocalPort();
+    }
+  }
+
+  static double median(List<Double> xs) {
+    List<Double> sorted = new ArrayList<>(xs);
+    sorted.sort(Double::compare);
+    int n = sorted.size();
+    return n % 2 == 1 ? sorted.get(n / 2) : (sorted.get(n / 2 - 1) + sorted.get(n / 2)) / 2;
+  }
+
+  public static void main(String[] args) throws Exception {
+    String module = null;
+    String pin = "";
+    String binary = "redis-server";
+    double seconds = 2;
+    int rounds = 3;
+    int threads = 8;
+    int waiters = 4;
+    for (int i = 0; i < args.length; i++) {
+      switch (args[i]) {
+        case "--module": module = args[++i]; break;
+        case "--server-pin": pin = args[++i]; break;
+        case "--server": binary = args[++i]; break;
+        case "--seconds": seconds = Double.parseDouble(args[++i]); break;
+        case "--rounds": rounds = Integer.parseInt(args[++i]); break;
+        case "--threads": threads = Integer.parseInt(args[++i]); break;
+        case "--waiters": waiters = Integer.parseInt(args[++i]); break;
+        default: throw new IllegalArgumentException("unknown option " + args[i]);
+      }
+    }
+    Path dir = Files.createTempDirectory("redsem-bench-");
+    int withModule = freePort();
+    Files.createDirectories(dir.resolve("m"));
+    Process a = server(binary, withModule, module, pin, dir.resolve("m"));
+    int without = freePort();
+    Files.createDirectories(dir.resolve("s"));
+    Process b = server(binary, without, null, pin, dir.resolve("s"));
+    List<Contender> contenders = new ArrayList<>();
+    try {
+      redis.clients.jedis.RedisClient jedis = jedis(withModule, threads + waiters + 8);
+      contenders.add(new RedsemContender("redsem-client, Jedis, module", Redsem.of(jedis), jedis));
+      io.lettuce.core.RedisClient lettuce =
+          io.lettuce.core.RedisClient.create("redis://127.0.0.1:" + withModule);
+      contenders.add(new RedsemContender("redsem-client, Lettuce, module", Redsem.of(lettuce),
+          lettuce::shutdown));
+      redis.clients.jedis.RedisClient jedisScripts = jedis(without, threads + waiters + 8);
+      contenders.add(new RedsemContender("redsem-client, Jedis, script (no module)",
+          Redsem.of(jedisScripts), jedisScripts));
+      contenders.add(new RedissonContender(withModule));
+      Map<String, List<Double>> pairs = new LinkedHashMap<>();
+      Map<String, List<Double>> handoffs = new LinkedHashMap<>();
+      for (Contender c : contenders) {
+        pairs.put(c.name(), new ArrayList<>());
+        handoffs.put(c.name(), new ArrayList<>());
+      }
+      for (Contender c : contenders) { // warm-up (JIT, connections), not counted
+        pairs(c, threads, 1);
+        handoffs(c, waiters, 1);
+      }
+      for (int r = 0; r < rounds; r++) {
+        for (Contender c : contenders) {
+          pairs.get(c.name()).add(pairs(c, threads, seconds));
+        }
+        for (Contender c : contenders) {
+          handoffs.get(c.name()).add(handoffs(c, waiters, seconds));
+        }
+      }
+      System.out.printf("%d rounds x %.1f s per contender, interleaved, after a warm-up; pairs: "
+          + "%d threads, limit 1,000,000; hand-offs: %d threads, limit 1, lease 30 s, wait 10 s;"
+          + " median (min-max)%n%n", rounds, seconds, threads, waiters);
+      System.out.println("| contender | pairs/s | hand-offs/s |");
+      System.out.println("| --- | ---: | ---: |");
+      for (Contender c : contenders) {
+        List<Double> p = pairs.get(c.name());
+        List<Double> h = handoffs.get(c.name());
+        System.out.printf("| %s | %,.0f (%,.0f-%,.0f) | %,.0f (%,.0f-%,.0f) |%n", c.name(),
+            median(p), p.stream().mapToDouble(x -> x).min().orElse(0),
+            p.stream().mapToDouble(x -> x).max().orElse(0), median(h),
+            h.stream().mapToDouble(x -> x).min().orElse(0),
+            h.stream().mapToDouble(x -> x).max().orElse(0));
+      }
+    } finally {
+      for (Contender c : contenders) {
+        try {
+          c.close();
+        } catch (RuntimeException e) {
+          // closing
+        }
+      }
+      a.destroyForcibly();
+      b.destroyForcibly();
+    }
+    System.exit(0);
+  }
+
+  static redis.clients.jedis.RedisClient jedis(int port, int connections) {
+    org.apache.commons.pool2.impl.GenericObjectPoolConfig<redis.clients.jedis.Connection> pool =
+        new org.apache.commons.pool2.impl.GenericObjectPoolConfig<>();
+    pool.setMaxTotal(connections);
+    pool.setMaxIdle(connections);
+    return redis.clients.jedis.RedisClient.builder().hostAndPort("127.0.0.1", port)
+        .poolConfig(pool).build();
+  }
+}
