@@ -219,16 +219,51 @@ type Permit struct {
 	count  int64
 }
 
+// ReleaseSome gives back k of a weighted permit's permits (SEM.RELEASE ... COUNT k) and keeps
+// holding the rest, with its deadline and ticket; k is from 1 to Count()-1 (Release gives back
+// all). It returns an error matching ErrPermitLost, and marks the permit lost, if it had run
+// out.
+func (p *Permit) ReleaseSome(ctx context.Context, k int64) error {
+	p.mu.Lock()
+	released, count := p.released, p.count
+	p.mu.Unlock()
+	if released {
+		return errors.New("redsem: the permit was already released")
+	}
+	if k < 1 || k >= count {
+		return badInput("k must be from 1 to %d (Count()-1); Release gives back all, not %d",
+			count-1, k)
+	}
+	v, err := p.line.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
+		return e.send(ctx, "SEM.RELEASE", p.name, p.id, "COUNT", k)
+	})
+	if err != nil {
+		return err
+	}
+	if v != int64(1) {
+		p.markLost(fmt.Sprintf("SEM.RELEASE answered %v: the lease ran out before the release", v))
+		return p.Check()
+	}
+	p.mu.Lock()
+	p.count -= k
+	p.mu.Unlock()
+	return nil
+}
+
 // Name is the semaphore's name.
 func (p *Permit) Name() string { return p.name }
 
 // Ticket is the fencing ticket of a fair permit (it only grows per name), 0 otherwise.
 func (p *Permit) Ticket() int64 { return p.ticket }
 
-// Count is the number of permits held (Options.Count).
-func (p *Permit) Count() int64 { return p.count }
+// Count is the number of permits held (Options.Count, less what ReleaseSome gave back).
+func (p *Permit) Count() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.count
+}
 
 func (p *Permit) String() string {
 	return fmt.Sprintf("redsem.Permit{%q id=%q ticket=%d count=%d}", p.name, p.id, p.ticket,
-		p.count)
+		p.Count())
 }

@@ -67,6 +67,12 @@ func TestWeightedCount(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotAcquired)
 	q, err := Acquire(bg, c, "gpus", Options{Limit: 4})
 	require.NoError(t, err)
+	require.ErrorIs(t, p.ReleaseSome(bg, 3), ErrBadInput, "Release gives back all")
+	require.NoError(t, p.ReleaseSome(bg, 2))
+	assert.Equal(t, int64(1), p.Count())
+	r, err := Acquire(bg, c, "gpus", Options{Limit: 4, Count: 2})
+	require.NoError(t, err, "two permits were given back")
+	require.NoError(t, r.Release(bg))
 	require.NoError(t, p.Release(bg))
 	require.NoError(t, q.Release(bg))
 }
