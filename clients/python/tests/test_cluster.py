@@ -17,6 +17,7 @@ import asyncio
 import importlib.resources
 import json
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -199,8 +200,8 @@ class SyncApi:
     def wait_empty(self, name, timeout):
         return wait_empty(self.client, name, timeout)
 
-    def stored_limit(self, name):
-        return stored_limit(self.client, name)
+    def stored_limit(self, name, **options):
+        return stored_limit(self.client, name, **options)
 
     def set_limit(self, name, limit):
         return set_limit(self.client, name, limit)
@@ -249,8 +250,8 @@ class AsyncApi:
     def wait_empty(self, name, timeout):
         return self.run(wait_empty_async(self.client, name, timeout))
 
-    def stored_limit(self, name):
-        return self.run(stored_limit_async(self.client, name))
+    def stored_limit(self, name, **options):
+        return self.run(stored_limit_async(self.client, name, **options))
 
     def set_limit(self, name, limit):
         return self.run(set_limit_async(self.client, name, limit))
@@ -485,6 +486,37 @@ def test_the_stored_limit(api, cluster, flush):
     assert api.clear_limit(name) is False
     other = api.acquire(name, 5, lease=10)
     assert api.release(permit) is True and api.release(other) is True
+
+
+def test_a_call_gives_up_after_retry_for(api, cluster, flush):
+    """A slot left half moved answers TRYAGAIN to a call on some of its keys: the call is resent
+    until ``retry_for`` has passed, then raises SemaphoreError; once the slot is stable, the same
+    call answers."""
+    name = "{stuck}jobs"
+    api.set_limit(name, 5)  # one key of the semaphore exists, the others do not
+    slot = key_slot(name.encode())
+    source = cluster.owner(name)
+    target = next(port for port in cluster.primaries() if port != source)
+    ids = {port: cluster.node(port).execute_command("CLUSTER MYID") for port in (source, target)}
+    nodes = {port: cluster.node(port) for port in (source, target)}
+    try:
+        nodes[target].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source])
+        nodes[source].execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[target])
+        started = time.monotonic()
+        with pytest.raises(SemaphoreError) as raised:
+            api.stored_limit(name, retry_for=0.5)
+        assert 0.5 <= time.monotonic() - started < 3
+        message = str(raised.value)
+        assert re.match(
+            rf"no answer from the primary of slot {slot} after \d+\.\d s of retries through "
+            "moves and failovers: TryAgainError: ",
+            message,
+        ), message
+    finally:
+        for port in (source, target):
+            nodes[port].execute_command("CLUSTER SETSLOT", slot, "STABLE")
+            nodes[port].close()
+    assert api.stored_limit(name) == 5
 
 
 def test_names_without_a_hash_tag_or_across_slots_are_refused_before_anything_is_sent(

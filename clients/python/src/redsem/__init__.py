@@ -540,19 +540,21 @@ class _Retries:
     ``retry_for`` seconds (or at ``until``) the last error is raised as a SemaphoreError."""
 
     def __init__(self, retry_for: float, until: Optional[float], slot: int) -> None:
-        now = time.monotonic()
-        self.give_up = now + retry_for if until is None else min(now + retry_for, until)
-        self.retry_for = retry_for
+        self.started = time.monotonic()
+        self.give_up = self.started + retry_for
+        if until is not None:
+            self.give_up = min(self.give_up, until)
         self.slot = slot
         self.pause = _FIRST_PAUSE
 
     def next_pause(self, err: BaseException, pauses: bool) -> float:
         """How long to wait before the next send, or the error that ends the call."""
-        left = self.give_up - time.monotonic()
+        now = time.monotonic()
+        left = self.give_up - now
         if left <= 0:
             raise SemaphoreError(
-                f"no answer from the primary of slot {self.slot} within {self.retry_for} s of "
-                f"retries through moves and failovers: {err!r}"
+                f"no answer from the primary of slot {self.slot} after {now - self.started:.1f} "
+                f"s of retries through moves and failovers: {type(err).__name__}: {err}"
             ) from err
         if not pauses:
             return 0.0
