@@ -1,9 +1,7 @@
 package io.redsem;
 
 import java.lang.reflect.Field;
-import java.nio.charset.StandardCharsets;
 import java.util.List;
-import java.util.Map;
 import redis.clients.jedis.CommandArguments;
 import redis.clients.jedis.Connection;
 import redis.clients.jedis.ConnectionPool;
@@ -145,13 +143,5 @@ final class JedisTransport implements Transport {
         // The pool could not replace a broken connection (its node is down): nothing to give back.
       }
     }
-  }
-
-  static String text(byte[] b) {
-    return new String(b, StandardCharsets.UTF_8);
-  }
-
-  Map<String, ConnectionPool> nodes() {
-    return cluster.getNodes();
   }
 }
