@@ -101,25 +101,28 @@ class Cluster:
                 r.close()
         raise AssertionError("no node answers")
 
+    def live_nodes(self):
+        """(port, CLUSTER NODES entry) of each node not marked failing."""
+        return [
+            (int(address.split(":")[1].split("@")[0]), node)
+            for address, node in self.view().items()
+            if "fail" not in node["flags"]
+        ]
+
     def live_ports(self):
-        view = self.view()
-        return [int(a.split(":")[1].split("@")[0]) for a, n in view.items() if "fail" not in n["flags"]]
+        return [port for port, _ in self.live_nodes()]
 
     def primaries(self):
         """The ports of the live primaries."""
-        return [
-            int(address.split(":")[1].split("@")[0])
-            for address, node in self.view().items()
-            if "master" in node["flags"] and "fail" not in node["flags"]
-        ]
+        return [port for port, node in self.live_nodes() if "master" in node["flags"]]
 
     def owner(self, name) -> int:
         """The port of the primary serving ``name``'s slot, as the nodes see it now."""
         slot = key_slot(name.encode())
-        for address, node in self.view().items():
-            if "master" in node["flags"] and "fail" not in node["flags"]:
+        for port, node in self.live_nodes():
+            if "master" in node["flags"]:
                 if any(int(r[0]) <= slot <= int(r[-1]) for r in node["slots"]):
-                    return int(address.split(":")[1].split("@")[0])
+                    return port
         raise AssertionError(f"no primary serves slot {slot}")
 
     def node(self, port) -> redis.Redis:

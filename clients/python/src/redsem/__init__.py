@@ -1963,7 +1963,9 @@ def _wait_empty_args(name: Identifier, timeout: float) -> Tuple[Args, Optional[f
     return ["SEM.WAITEMPTY", name, seconds], float(seconds)
 
 
-def _wait_empty_left(name: Identifier, timeout: float, deadline: float) -> Tuple[Args, Optional[float]]:
+def _wait_empty_left(
+    name: Identifier, timeout: float, deadline: float
+) -> Tuple[Args, Optional[float]]:
     """_wait_empty_args for what is left of ``timeout`` at this send."""
     left = timeout if math.isinf(timeout) else max(deadline - time.monotonic(), 0.0)
     return _wait_empty_args(name, left)
