@@ -704,9 +704,10 @@ def _line(client: Client, names: Sequence[Identifier], retry_for: float, own: bo
 class _AsyncNodeConnection:
     """A connection to a node of ``redis.asyncio.cluster``, used as a single-connection client
     (what _execute_async and _run_blocking_async need of one): one of the node's pool, or
-    (``own``, for a permit) one made for the line alone and closed with it, since some redis-py
-    releases close every connection of the node's pool when they reload the cluster's map, and
-    closing its connection gives a BOUND permit back."""
+    (``own``, for a BOUND permit) one made for the line alone and closed with it. Some redis-py
+    releases close every connection of the node's pool when they reload the cluster's map: a
+    permit's next call is then resent on a new connection, but a BOUND permit would be given
+    back."""
 
     def __init__(self, node: Any, own: bool) -> None:
         self._node = node
@@ -822,10 +823,10 @@ class _AsyncClusterLine(_AsyncLine):
         cluster: redis.asyncio.cluster.RedisCluster,
         names: Sequence[Identifier],
         retry_for: float,
-        own: bool,
+        bound: bool,
     ) -> None:
         self.slot = _cluster_slot(names)
-        self._own = own  # a connection of the line's own, not one of the node's pool
+        self._bound = bound  # a connection of the line's own, not one of the node's pool
         self._cluster: Any = cluster
         self._names = names
         self._retry_for = retry_for
@@ -869,7 +870,7 @@ class _AsyncClusterLine(_AsyncLine):
                             await conn.aclose(broken)
                     if self._conn is None:
                         node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
-                        self._conn, self.scripts = await self._connect(node, self._own)
+                        self._conn, self.scripts = await self._connect(node, self._bound)
                     return await self._on_own(op)
                 except redis.exceptions.MovedError as err:
                     await self._close()
@@ -920,11 +921,15 @@ class _AsyncClusterLine(_AsyncLine):
 
 
 def _async_line(
-    client: AsyncClient, names: Sequence[Identifier], retry_for: float, own: bool
+    client: AsyncClient,
+    names: Sequence[Identifier],
+    retry_for: float,
+    own: bool,
+    bound: bool = False,
 ) -> _AsyncLine:
-    """As _line, for redis.asyncio."""
+    """As _line, for redis.asyncio; ``bound``: for a BOUND permit."""
     if isinstance(client, redis.asyncio.cluster.RedisCluster):
-        return _AsyncClusterLine(client, names, retry_for, own)
+        return _AsyncClusterLine(client, names, retry_for, bound)
     return _AsyncPlainLine(client, own)
 
 
@@ -1691,7 +1696,9 @@ class AsyncSemaphore:
     async def acquire(self) -> AsyncPermit:
         """As Semaphore.acquire."""
         options = self.options
-        line = _async_line(self.client, [options.name], options.retry_for, own=True)
+        line = _async_line(
+            self.client, [options.name], options.retry_for, own=True, bound=options.bound
+        )
         try:
             await line.open("BOUND" if options.bound else None)
             identifier = options.identifier or str(uuid.uuid4())
@@ -1863,7 +1870,9 @@ class AsyncSemaphoreSet:
     async def acquire(self) -> AsyncPermitSet:
         """As SemaphoreSet.acquire."""
         options = self.options
-        line = _async_line(self.client, options.names, options.retry_for, own=True)
+        line = _async_line(
+            self.client, options.names, options.retry_for, own=True, bound=options.bound
+        )
         try:
             await line.open("SEM.ACQUIREALL")
             identifier = options.identifier or str(uuid.uuid4())
