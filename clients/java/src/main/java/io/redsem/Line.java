@@ -100,9 +100,10 @@ final class Line implements AutoCloseable {
   private <T> T runCluster(Op<T> op, long until) {
     long start = System.nanoTime();
     long giveUp = until == Long.MAX_VALUE ? start + retryForNanos
-        : Math.min(start + retryForNanos, until) ;
+        : Math.min(start + retryForNanos, until);
     long pause = FIRST_PAUSE_MS;
     String asked = null;
+    int redirections = 0; // in a row: nodes that disagree for a moment send a call back and forth
     while (true) {
       long sleep = 0;
       boolean reread = true;
@@ -143,6 +144,11 @@ final class Line implements AutoCloseable {
             closeConn(false);
             check(giveUp, e);
             movedTo = failure.node;
+            if (++redirections > 4) {
+              sleep = Math.min(pause, Math.max(1, (giveUp - System.nanoTime()) / 1_000_000));
+              pause = Math.min(pause * 2, LONGEST_PAUSE_MS);
+              reread = false;
+            }
             try {
               transport.refreshTopology();
             } catch (RuntimeException ignored) {
@@ -152,8 +158,14 @@ final class Line implements AutoCloseable {
           case ASK:
             check(giveUp, e);
             asked = failure.node;
+            if (++redirections > 4) {
+              sleep = Math.min(pause, Math.max(1, (giveUp - System.nanoTime()) / 1_000_000));
+              pause = Math.min(pause * 2, LONGEST_PAUSE_MS);
+              reread = false;
+            }
             break;
           case PAUSE:
+            redirections = 0;
             closeConn(failure.broken);
             movedTo = null;
             check(giveUp, e);
