@@ -1,6 +1,7 @@
 "use strict";
 // Permits of a redsem semaphore (the Redis module `sem`) for ioredis 5 or node-redis 4 and 5
-// (the `redis` package), CommonJS, Node 18+. The package redsem-client; types in redsem.d.ts.
+// (the `redis` package), plain or Redis Cluster clients (ioredis's Cluster, node-redis 5's
+// createCluster), CommonJS, Node 18+. The package redsem-client; types in redsem.d.ts.
 //
 //   const { withPermit } = require("redsem-client");
 //   await withPermit(redis, "jobs", { limit: 3, lease: 30, wait: 10 }, async (permit) => {
@@ -14,6 +15,9 @@
 // script redsem.lua over the very keys the module keeps: each client object asks the server
 // once (COMMAND INFO SEM.ACQUIRE) and remembers. BOUND, sets and waitEmpty need the module and
 // reject with ModuleRequired before anything is sent.
+//
+// Through a cluster client every call goes to the primary serving the name's slot, in the long
+// form, and is resent through moves and failovers (see "Redis Cluster" below).
 
 const { createHash, randomUUID } = require("node:crypto");
 const fs = require("node:fs");
@@ -448,6 +452,18 @@ function asking(conn) {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** How long finding a node and connecting to it may take before the try counts as failed. */
+const REACH_MS = 2000;
+
+/** `promise`, or a failed try after `ms` (a node that does not answer a connection). */
+function inTime(promise, ms, what) {
+  let timer;
+  const late = new Promise((resolve, reject) => {
+    timer = setTimeout(() => reject(nodeGone(what, `did not answer within ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
 /**
  * What the package uses of a cluster client, per library: the client's slot map (owner), the
  * connection it keeps to a node (node), a new one of our own (dedicated), and a refresh of its
@@ -484,7 +500,7 @@ class ClusterClient {
   moduleAt(address) {
     let known = this.modules.get(address);
     if (!known) {
-      known = this.node(address)
+      known = inTime(this.node(address), REACH_MS, address)
         .then((conn) => conn.call("COMMAND", "INFO", "SEM.ACQUIRE"))
         .then((reply) => Array.isArray(reply) && reply.length > 0 && reply[0] != null);
       this.modules.set(address, known);
@@ -586,7 +602,10 @@ function clusterOf(redis) {
   if (!cluster) {
     if (redis.isCluster === true && typeof redis.nodes === "function") {
       cluster = new IORedisCluster(redis);
-    } else if (typeof redis.nodeClient === "function" && redis.nodeByAddress instanceof Map) {
+    } else if (typeof redis.nodeClient === "function") {
+      if (!(redis.nodeByAddress instanceof Map)) {
+        throw new TypeError("a node-redis cluster client needs node-redis 5 or later");
+      }
       cluster = new NodeRedisCluster(redis);
     } else {
       return null;
@@ -674,9 +693,9 @@ class SlotLink {
   /** BLPOP on `key` on our own connection to the slot's primary: a wake-up, never retried. */
   async wake(key, timeout) {
     try {
-      const address = await this.cluster.owner(this.slot);
+      const address = await inTime(this.cluster.owner(this.slot), REACH_MS, "the cluster");
       if (!address) throw nodeGone(`of slot ${this.slot}`, "is not known");
-      const conn = await this._dedicatedTo(address);
+      const conn = await inTime(this._dedicatedTo(address), REACH_MS, address);
       await conn.call("BLPOP", key, timeout);
     } catch (err) {
       if (!clusterTrouble(err)) throw err;
@@ -742,11 +761,14 @@ class SlotLink {
     for (;;) {
       let ours = false;
       try {
-        const address = askAt || (await this.cluster.owner(this.slot));
+        // Finding the node and connecting to it are bounded; the call itself may wait.
+        const reachMs = Math.max(Math.min(REACH_MS, deadline - performance.now()), 100);
+        const owner = askAt || inTime(this.cluster.owner(this.slot), reachMs, "the cluster");
+        const address = await owner;
         if (!address) throw nodeGone(`of slot ${this.slot}`, "is not known");
         const way = this._connectionTo(address, use);
         ours = way.ours;
-        const conn = await way.conn;
+        const conn = await inTime(way.conn, reachMs, address);
         return await send(askAt ? asking(conn) : conn, address);
       } catch (err) {
         const trouble = clusterTrouble(err);
@@ -762,14 +784,15 @@ class SlotLink {
           }
           continue;
         }
-        if (performance.now() + pause > deadline) {
+        const left = deadline - performance.now();
+        if (left <= 0) {
           throw new SemaphoreError(
             `${what} for ${this.names.join(", ")} had no answer from the Redis Cluster within ` +
               `${this.budgetMs / 1000} s (the retry budget): ${err.message}`,
             { cause: err },
           );
         }
-        await sleep(pause);
+        await sleep(Math.min(pause, left)); // a last try when the budget ends
         pause = Math.min(pause * 2, 1000);
         redirects = 0;
         await this.cluster.refresh();
@@ -1046,6 +1069,11 @@ class PermitSet extends Held {
  * the others use `redis`. Without the module the script does the same over the same keys, and
  * waits with BLPOP on `<name>:wake` on the permit's own connection; `bound` rejects with
  * ModuleRequired.
+ *
+ * `redis` may be a cluster client (ioredis Cluster, node-redis createCluster): then `name`
+ * needs a hash tag, the calls go to the slot's primary (a connection of its own is one to that
+ * node), and each is resent through moves and failovers for at most `retryBudget` seconds
+ * (default 30), with the same identifier.
  */
 async function acquire(redis, name, options = {}) {
   const opts = checkOptions(name, options);

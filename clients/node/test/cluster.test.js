@@ -17,7 +17,7 @@ const path = require("node:path");
 const { performance } = require("node:perf_hooks");
 const { after, before, describe, test } = require("node:test");
 const { setTimeout: sleep } = require("node:timers/promises");
-const { promisify } = require("node:util");
+const util = require("node:util");
 const Redis = require("ioredis");
 const { createCluster } = require("redis");
 
@@ -30,11 +30,12 @@ const {
   waitEmpty,
   withPermits,
   NotAcquired,
+  SemaphoreError,
 } = require("redsem-client");
 
 const CLUSTER = process.env.REDSEM_CLUSTER;
 const TEST_CLUSTER = process.env.REDSEM_TEST_CLUSTER;
-const run = promisify(execFile);
+const run = util.promisify(execFile);
 
 if (!CLUSTER) {
   test("Redis Cluster (set REDSEM_CLUSTER to module, filter0 or scripts)", { skip: true }, () => {});
@@ -78,6 +79,8 @@ function clusterTests() {
   after(async () => {
     if (observer) observer.disconnect();
     await testCluster("stop", dir);
+    // A client a failed test left open would keep this process, and the run, alive.
+    setTimeout(() => process.exit(), 5000).unref();
   });
 
   /** SEM.GET of `name` as the tests send it by hand: the long form, or the script's GET. */
@@ -346,8 +349,93 @@ function clusterTests() {
         assert.equal(await second.release(), true);
         assert.equal(await live(name), 0);
       });
+
+      test("a call with no answer within its retry budget rejects with a SemaphoreError", async () => {
+        const [source, target] = await primaries();
+        const name = await nameOn(source.port, `${tag}-stuck`);
+        const slot = await slotOf(name);
+        const permit = await acquire(redis, name, { limit: 2, lease: 30, fair: true, retryBudget: 0.5 });
+        // Half a move, left so: one of the semaphore's keys is on the target, the others are
+        // not, and every call naming them all is answered TRYAGAIN.
+        const at = (node) => new Redis({ port: node.port });
+        const [from, to] = [at(source), at(target)];
+        try {
+          await to.cluster("SETSLOT", slot, "IMPORTING", source.id);
+          await from.cluster("SETSLOT", slot, "MIGRATING", target.id);
+          const moved = await from.call("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", `${name}:counter`);
+          assert.equal(moved, "OK");
+        } finally {
+          from.disconnect();
+          to.disconnect();
+        }
+        const stuck = (err) =>
+          err instanceof SemaphoreError &&
+          err.message.includes("within 0.5 s (the retry budget)") &&
+          /TRYAGAIN/.test(err.message);
+        const started = performance.now();
+        await assert.rejects(storedLimit(redis, name, { retryBudget: 0.5 }), stuck);
+        const waited = performance.now() - started;
+        assert.ok(waited > 400 && waited < 3000, `gave up after ${Math.round(waited)} ms`);
+        await assert.rejects(permit.refresh(), stuck);
+        assert.equal(permit.lost, false); // its lease runs on: it is not lost yet
+        // The move finishes: the permit is there, on the target.
+        await testCluster("move", dir, String(slot), String(target.port), "--pause-ms", "0");
+        assert.equal(await permit.refresh(), true);
+        assert.equal(await live(name), 1);
+        assert.equal(await permit.release(), true);
+      });
     });
   }
+
+  test("the README's cluster example, as written there, on the test cluster", async () => {
+    // The README the package ships.
+    const readme = fs.readFileSync(
+      path.join(path.dirname(require.resolve("redsem-client")), "README.md"),
+      "utf8",
+    );
+    const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((match) => match[1]);
+    const example = blocks.find((block) => block.includes("createCluster"));
+    assert.ok(example.includes("port: 7000") && example.includes("127.0.0.1:7000"));
+    const port = (await primaries())[0].port;
+    const code = example.replaceAll(":7000", `:${port}`).replaceAll("port: 7000", `port: ${port}`);
+    const printed = [];
+    const console = { log: (...args) => printed.push(util.format(...args)), error: () => {} };
+    // The clients the example makes, closed here should it fail halfway (an open cluster
+    // client would keep this process alive).
+    const made = [];
+    class TestCluster extends Redis.Cluster {
+      constructor(...args) {
+        super(...args);
+        made.push(() => this.disconnect());
+      }
+    }
+    const libraryFor = {
+      ioredis: { Cluster: TestCluster },
+      redis: {
+        createCluster: (...args) => {
+          const cluster = createCluster(...args);
+          made.push(() => cluster.destroy());
+          return cluster;
+        },
+      },
+    };
+    const required = (id) => libraryFor[id] || require(id);
+    const AsyncFunction = (async () => {}).constructor;
+    try {
+      await new AsyncFunction("require", "console", code)(required, console);
+    } finally {
+      for (const close of made) {
+        try {
+          close();
+        } catch {
+          // closed by the example already
+        }
+      }
+    }
+    assert.match(printed.join("\n"), /^working as [0-9a-f-]{36}$/);
+    assert.equal(await live("{jobs}"), 0);
+    assert.equal(await live("app:{jobs}"), 0);
+  });
 
   // Both libraries' clients at once, on the same semaphores: one reshard and one failover
   // serve both (each takes seconds of the cluster's time).
