@@ -304,6 +304,28 @@ class ClusterTest {
     }
   }
 
+  /** The README's cluster examples (ReadmeTest checks that the README shows these lines). */
+  @org.junit.jupiter.api.Test
+  @Order(5)
+  void readmeExamples() throws Exception {
+    JedisCluster cluster = new JedisCluster(Set.of(new HostAndPort("127.0.0.1", seedPort)));
+    Redsem redsem = Redsem.of(cluster);
+    try (Permit permit = redsem.semaphore("{jobs}").limit(3).acquire()) {
+      // every call went to the primary serving the slot of "{jobs}"
+      assertEquals(1L, SemaphoreTest.raw(ownerOf(Commands.slot("{jobs}")), "ZCARD", "{jobs}"));
+    }
+    cluster.close();
+
+    RedisClusterClient lettuce = RedisClusterClient.create("redis://127.0.0.1:" + seedPort);
+    try (Redsem lettuceRedsem = Redsem.of(lettuce)) {
+      redsem = lettuceRedsem;
+      try (Permit permit = redsem.semaphore("app:{jobs}").limit(3).waitFor(5).acquire()) {
+        System.out.println("holding " + permit.name());
+      }
+    }
+    lettuce.shutdown();
+  }
+
   @ParameterizedTest
   @EnumSource(ClusterKind.class)
   @Order(100)
