@@ -7,7 +7,9 @@
 //! nothing to load. The wall clock can: whenever this node's data may be behind what clients
 //! were told (the module loaded, the node finished loading data, or it became a primary), it
 //! takes a floor, the Unix time in milliseconds × [`TICKETS_PER_MS`], and every fair grant hands
-//! out `max(counter + 1, floor)`. Tickets handed out since an earlier floor stay below this one
+//! out `max(counter + 1, floor)`; a name whose counter is gone (a flush, a swap, a move, a
+//! deletion: its old holders may still use their tickets) starts from the clock of its grant,
+//! `max(1, floor, now_ms × TICKETS_PER_MS)`, as the clients' script does. Tickets handed out since an earlier floor stay below this one
 //! as long as no name took more than [`TICKETS_PER_MS`] grants per millisecond on average since
 //! then (and the clocks agree within the headroom that leaves). One number per node, whatever the
 //! number of names; the grant writes the counter as always, so replicas and the AOF follow it.
@@ -48,10 +50,17 @@ pub fn reset() {
     FLOOR.store(0, Ordering::Relaxed);
 }
 
-/// The ticket of a fair grant after `counter` (0 when there is none) with this node's `floor`:
-/// the next one up, and at least the floor; none is left above 2^53.
-pub fn next_ticket(counter: u64, floor: u64) -> Result<u64, SemError> {
+/// The ticket of a fair grant at `now_ms` after `counter` with this node's `floor`: the next
+/// one up, and at least the floor; none is left above 2^53. A name with no counter (never
+/// granted, or its counter went with a flush, a swap, a move or a deletion) starts from the
+/// clock of this grant: its old holders may still use tickets from after the node's floor.
+pub fn next_ticket(counter: Option<u64>, floor: u64, now_ms: i64) -> Result<u64, SemError> {
+    let floor = match counter {
+        Some(_) => floor,
+        None => floor.max(floor_at(now_ms)),
+    };
     counter
+        .unwrap_or(0)
         .checked_add(1)
         .map(|next| next.max(floor))
         .filter(|&ticket| ticket <= MAX_TICKET)
@@ -65,25 +74,47 @@ mod tests {
     #[test]
     fn the_next_ticket_is_the_counter_plus_one_and_at_least_the_floor() {
         let floor = floor_at(1_764_000_000_000);
-        let table: &[(u64, u64, Result<u64, SemError>)] = &[
-            (0, 0, Ok(1)),
-            (7, 0, Ok(8)),
-            (7, floor, Ok(floor)),
-            (floor - 1, floor, Ok(floor)),
-            (floor, floor, Ok(floor + 1)),
-            (floor + 41, floor, Ok(floor + 42)),
-            (MAX_TICKET - 1, floor, Ok(MAX_TICKET)),
-            (MAX_TICKET, floor, Err(SemError::CounterExhausted)),
-            (MAX_TICKET, 0, Err(SemError::CounterExhausted)),
-            (u64::MAX, 0, Err(SemError::CounterExhausted)),
-            (0, MAX_TICKET, Ok(MAX_TICKET)),
-            (0, MAX_TICKET + 1, Err(SemError::CounterExhausted)),
+        let now = 1_764_000_000_500;
+        let at_now = floor_at(now);
+        // (counter, floor, now_ms) -> the ticket
+        type Row = (Option<u64>, u64, i64, Result<u64, SemError>);
+        let table: &[Row] = &[
+            (None, 0, 0, Ok(1)),
+            (Some(0), 0, now, Ok(1)),
+            (Some(7), 0, now, Ok(8)),
+            (Some(7), floor, now, Ok(floor)),
+            (Some(floor - 1), floor, now, Ok(floor)),
+            (Some(floor), floor, now, Ok(floor + 1)),
+            (Some(floor + 41), floor, now, Ok(floor + 42)),
+            (Some(MAX_TICKET - 1), floor, now, Ok(MAX_TICKET)),
+            (
+                Some(MAX_TICKET),
+                floor,
+                now,
+                Err(SemError::CounterExhausted),
+            ),
+            (Some(MAX_TICKET), 0, 0, Err(SemError::CounterExhausted)),
+            (Some(u64::MAX), 0, 0, Err(SemError::CounterExhausted)),
+            (Some(0), MAX_TICKET, now, Ok(MAX_TICKET)),
+            (
+                Some(0),
+                MAX_TICKET + 1,
+                now,
+                Err(SemError::CounterExhausted),
+            ),
+            // No counter: the clock of the grant, when it is above the floor.
+            (None, floor, now, Ok(at_now)),
+            (None, floor, 1_000, Ok(floor)),
+            (None, 0, -5, Ok(1)),
+            // A counter, even one below the clock, goes on from itself.
+            (Some(7), floor, now, Ok(floor)),
+            (Some(floor + 3), floor, now, Ok(floor + 4)),
         ];
-        for (counter, floor, want) in table {
+        for (counter, floor, now_ms, want) in table {
             assert_eq!(
-                &next_ticket(*counter, *floor),
+                &next_ticket(*counter, *floor, *now_ms),
                 want,
-                "counter {counter}, floor {floor}"
+                "counter {counter:?}, floor {floor}, now {now_ms}"
             );
         }
     }

@@ -314,7 +314,7 @@ pub fn acquire<S: Store>(
             Kind::Fair if room => {
                 // The counter is checked first; one ZADD NX then tells a new grant from a
                 // renewal and makes the grant.
-                let ticket = next_ticket(store.counter()?.unwrap_or(0), request.ticket_floor)?;
+                let ticket = next_ticket(store.counter()?, request.ticket_floor, now_ms)?;
                 let expired = survey.expired.iter().any(|e| e.id_bytes() == id.id_bytes());
                 if expired || store.put_holder(id, deadline, Put::IfNew) == PutOutcome::Added {
                     prune(store, &survey);
@@ -341,10 +341,7 @@ pub fn acquire<S: Store>(
         return Ok(Acquired::Full);
     }
     let ticket = match request.kind {
-        Kind::Fair => Some(next_ticket(
-            store.counter()?.unwrap_or(0),
-            request.ticket_floor,
-        )?),
+        Kind::Fair => Some(next_ticket(store.counter()?, request.ticket_floor, now_ms)?),
         Kind::Plain => None,
     };
     prune(store, &survey);
@@ -400,7 +397,7 @@ pub fn would_grant<S: Store>(
         return Ok(false);
     }
     if request.kind == Kind::Fair {
-        next_ticket(store.counter()?.unwrap_or(0), request.ticket_floor)?;
+        next_ticket(store.counter()?, request.ticket_floor, now_ms)?;
     }
     Ok(true)
 }

@@ -335,7 +335,10 @@ fn timer_run(ctx: &Context) {
         steps += 1;
         if let Some(due) = with(|s| s.registry.take_one_due(clock_ms())) {
             let sems = match due {
-                Due::Timeout(id) => time_up(id),
+                Due::Timeout(id) => {
+                    serve_before_time_up(ctx, id, slice);
+                    time_up(id)
+                }
                 Due::LeaseEnd(sem) => vec![sem],
             };
             // Whoever stood behind a waiter that left may fit now.
@@ -360,8 +363,29 @@ fn timer_run(ctx: &Context) {
     }
 }
 
+/// Waiter `id`'s time is up, but a permit may have come free unseen (another client's `ZREM`
+/// of a holder writes nothing the module follows): its lines are served first, so a waiter
+/// whose turn it is takes what is free rather than timing out, and the head of a line is never
+/// skipped for whoever stands behind it.
+fn serve_before_time_up(ctx: &Context, id: WaiterId, slice: Slice) {
+    let Some((sems, set)) = with(|s| {
+        let waiter = s.registry.waiter(id)?;
+        let set = matches!(waiter.wants, Wants::Set(_));
+        Some((waiter.sems().cloned().collect::<Vec<SemKey>>(), set))
+    }) else {
+        return;
+    };
+    if set {
+        serve_set(ctx, id, slice);
+    } else {
+        for sem in &sems {
+            serve_outside(ctx, sem, slice);
+        }
+    }
+}
+
 /// Waiter `id`'s time is up: nil for permits, 0 for a wait for empty. Returns the lines it
-/// stood in.
+/// stood in (none when it was answered meanwhile).
 fn time_up(id: WaiterId) -> Vec<SemKey> {
     let Some((sems, for_empty)) = with(|s| {
         let waiter = s.registry.waiter(id)?;

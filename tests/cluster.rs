@@ -190,15 +190,17 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
     // Every command on every name, through the cluster client: fair names on even positions,
     // plain ones on odd positions.
     for (&node, names) in &by_primary {
-        let first = first_ticket(&mut cluster.connection(node)) as u64;
+        let mut on_node = cluster.connection(node);
         for (i, name) in names.iter().enumerate() {
             let name = name.as_str();
             if i % 2 == 0 {
+                let fresh = FirstGrant::before(&mut on_node);
                 let a: (String, u64) = cluster_run(
                     &mut conn,
                     &["SEM.ACQUIREFAIR", name, "3", "60", "ID", "a", "WITHTICKET"],
                 );
-                assert_eq!(a, ("a".to_string(), first), "{name}");
+                assert_eq!(a.0, "a", "{name}");
+                let first = fresh.ticket(&mut on_node, a.1 as i64) as u64;
                 let second: (String, u64) = cluster_run(
                     &mut conn,
                     &["SEM.ACQUIREFAIR", name, "3", "60", "WITHTICKET"],
@@ -312,6 +314,8 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
         ],
     );
     assert_eq!(keys, ["{jobs}a", "{jobs}b"]);
+    let mut set_node = cluster.connection(cluster.owner_of_key("{set}gpu"));
+    let fresh = FirstGrant::before(&mut set_node);
     let set: (String, Vec<u64>) = cluster_run(
         &mut conn,
         &[
@@ -330,8 +334,12 @@ fn commands_route_by_name_and_keys_stay_in_their_slot() {
             "WITHTICKET",
         ],
     );
-    let set_floor = first_ticket(&mut cluster.connection(cluster.owner_of_key("{set}gpu"))) as u64;
-    assert_eq!(set, ("j".to_string(), vec![set_floor, set_floor]));
+    // Neither name had a counter: each ticket is the clock of the grant.
+    assert_eq!(set.0, "j");
+    assert_eq!(set.1.len(), 2);
+    for ticket in set.1 {
+        fresh.ticket(&mut set_node, ticket as i64);
+    }
     let refreshed: i64 = cluster_run(
         &mut conn,
         &["SEM.REFRESHALL", "2", "{set}gpu", "{set}licence", "j", "10"],
@@ -483,10 +491,11 @@ fn a_migrating_slot_never_grants_twice(module_args: &[&str]) {
     let acquire = |id| ["SEM.ACQUIREFAIR", "{v}", "5", "10", "ID", id, "WITHTICKET"];
 
     // Two grants, both released: only the counter is left, at the second ticket.
-    let src_floor = first_ticket(&mut on_src) as u64;
+    let fresh = FirstGrant::before(&mut on_src);
     let h1: (String, u64) = run(&mut on_src, &acquire("h1"));
+    let first = fresh.ticket(&mut on_src, h1.1 as i64) as u64;
     let h2: (String, u64) = run(&mut on_src, &acquire("h2"));
-    assert_eq!((h1.1, h2.1), (src_floor, src_floor + 1));
+    assert_eq!(h2.1, first + 1);
     for id in ["h1", "h2"] {
         let released: i64 = run(&mut on_src, &["SEM.RELEASE", "{v}", id]);
         assert_eq!(released, 1);
@@ -560,7 +569,7 @@ fn a_migrating_slot_never_grants_twice(module_args: &[&str]) {
         assert_eq!(ok, "OK");
     }
     let h3: (String, u64) = run(&mut on_dst, &acquire("h3"));
-    let dst_floor = first_ticket(&mut on_dst) as u64;
+    let dst_floor = ticket_floor(&mut on_dst) as u64;
     assert_eq!(h3, ("h3".to_string(), (h2.1 + 1).max(dst_floor)));
     let err = error_of(&mut on_src, &acquire("h4"));
     assert_eq!(err, format!("MOVED {slot} {dst_address}"));
@@ -875,6 +884,8 @@ fn reshard_of_busy_fair_semaphores(module_args: &[&str]) {
         sends_long_form(),
         cluster_refuses_short_form(valkey, major, minor, module_args)
     );
+    // No name has a counter yet: each one's first ticket is the clock of its first grant.
+    let fresh = FirstGrant::before(&mut on_source);
     let load = Load {
         inside: (0..names.len()).map(|_| AtomicUsize::new(0)).collect(),
         names,
@@ -960,23 +971,23 @@ fn reshard_of_busy_fair_semaphores(module_args: &[&str]) {
         }
     }
     // No ticket was handed out twice, none was lost, and each counter is the last ticket,
-    // on the node serving the slot, the only one holding the name's keys. Each ticket is the
-    // one before plus one, or the floor of a node the name's keys arrived on (the first one
-    // too): the reshard takes no floor, so the nodes' floors are those read now.
-    let floors = [source, target].map(|node| first_ticket(&mut cluster.connection(node)) as u64);
+    // on the node serving the slot, the only one holding the name's keys. The first ticket is
+    // the clock of a grant during the load, each later one the one before plus one: the
+    // reshard takes no floor (the nodes' floors are those read now), and both nodes took
+    // theirs before the load, below every ticket.
+    let floors = [source, target].map(|node| ticket_floor(&mut cluster.connection(node)) as u64);
     for (index, name) in load.names.iter().enumerate() {
         let mut granted = tickets[index].clone();
         granted.sort_unstable();
-        if let Some(first) = granted.first() {
-            assert!(floors.contains(first), "{name}: {first}, floors {floors:?}");
+        if let Some(&first) = granted.first() {
+            fresh.ticket(&mut on_source, first as i64);
+            assert!(
+                floors.iter().all(|&floor| floor < first),
+                "{name}: {first}, floors {floors:?}"
+            );
         }
         for pair in granted.windows(2) {
-            assert!(
-                pair[1] == pair[0] + 1 || (pair[1] > pair[0] && floors.contains(&pair[1])),
-                "tickets of {name}: {} after {}, floors {floors:?}",
-                pair[1],
-                pair[0]
-            );
+            assert_eq!(pair[1], pair[0] + 1, "tickets of {name}");
         }
         let counter: Option<u64> = run(&mut on_source, &["GET", &format!("{name}:counter")]);
         assert_eq!(counter, granted.last().copied(), "counter of {name}");
@@ -1046,7 +1057,6 @@ fn acl_covers_every_key_in_cluster() {
     let cluster = Cluster::start(3, 0, &[]);
     let owner = cluster.owner_of_key("{jobs}");
     let mut admin = cluster.connection(owner);
-    let first = first_ticket(&mut admin) as u64;
     for rule in [
         &["exact", "on", ">pw", "~{jobs}", "+@all"][..],
         &["prefix", "on", ">pw", "~{jobs}*", "+@all"],
@@ -1097,6 +1107,7 @@ fn acl_covers_every_key_in_cluster() {
 
     // `~{jobs}*` covers them all.
     let mut prefix = connection_as(&cluster, owner, "prefix");
+    let fresh = FirstGrant::before(&mut admin);
     let granted: (String, u64) = run(
         &mut prefix,
         &[
@@ -1109,7 +1120,8 @@ fn acl_covers_every_key_in_cluster() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(granted, ("f".to_string(), first));
+    assert_eq!(granted.0, "f");
+    let first = fresh.ticket(&mut admin, granted.1 as i64) as u64;
     let refreshed: i64 = run(&mut prefix, &["SEM.REFRESH", "{jobs}", "f", "60"]);
     assert_eq!(refreshed, 1);
     let live: i64 = run(&mut prefix, &["SEM.GET", "{jobs}"]);

@@ -7,8 +7,8 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use common::{
-    cluster_refuses_short_form, error_of, first_ticket, long_form, run, server_ms, server_version,
-    try_run, wait_until, zset, Server,
+    cluster_refuses_short_form, error_of, long_form, run, server_ms, server_version, ticket_floor,
+    try_run, wait_until, zset, FirstGrant, Server,
 };
 use redis::{Connection, Value};
 
@@ -103,13 +103,14 @@ fn acquire_with_an_id_is_idempotent() {
 fn fair_grants_take_tickets_in_order_and_refusals_take_none() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let (a, t1): (String, i64) = run(&mut c, &["SEM.ACQUIREFAIR", "f", "2", "10", "WITHTICKET"]);
+    let first = fresh.ticket(&mut c, t1);
     let (b, t2): (String, i64) = run(
         &mut c,
         &["SEM.ACQUIREFAIR", "f", "2", "10", "withticket", "ID", "bee"],
     );
-    assert_eq!((t1, t2), (first, first + 1));
+    assert_eq!(t2, first + 1);
     assert_eq!(b, "bee");
     let refused: Option<Vec<Value>> =
         run(&mut c, &["SEM.ACQUIREFAIR", "f", "2", "10", "WITHTICKET"]);
@@ -201,8 +202,9 @@ fn leases_expire_on_the_server_clock() {
 fn expired_holders_are_pruned_by_the_next_writer() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "3", "0.5", "ID", "old"]);
+    let first = fresh.holder(&mut c, "p", "old");
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "3", "30", "ID", "keeper"]);
     sleep(Duration::from_millis(550));
     assert_eq!(
@@ -229,8 +231,9 @@ fn expired_holders_are_pruned_by_the_next_writer() {
 fn refresh_moves_a_live_deadline_only() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let id: String = run(&mut c, &["SEM.ACQUIREFAIR", "r", "1", "1"]);
+    let first = fresh.holder(&mut c, "r", &id);
     let before = server_ms(&mut c);
     let refreshed: i64 = run(&mut c, &["SEM.REFRESH", "r", &id, "120.5"]);
     assert_eq!(refreshed, 1);
@@ -255,8 +258,9 @@ fn refresh_moves_a_live_deadline_only() {
 fn release_gives_back_a_live_permit_once() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let a: String = run(&mut c, &["SEM.ACQUIREFAIR", "l", "1", "10"]);
+    let first = fresh.holder(&mut c, "l", &a);
     let full: Option<String> = run(&mut c, &["SEM.ACQUIREFAIR", "l", "1", "10"]);
     assert_eq!(full, None);
     let released: i64 = run(&mut c, &["SEM.RELEASE", "l", &a]);
@@ -277,8 +281,9 @@ fn release_gives_back_a_live_permit_once() {
 fn get_json_describes_holders_in_grant_order() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "j", "5", "30", "ID", "first"]);
+    let first = fresh.holder(&mut c, "j", "first");
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "j", "5", "10", "ID", "second"]);
     let doc: String = run(&mut c, &["SEM.GET", "j", "json"]);
     let doc: serde_json::Value = serde_json::from_str(&doc).expect("valid JSON");
@@ -497,7 +502,7 @@ fn commands_work_inside_multi_exec() {
 fn commands_work_from_lua_scripts() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let script = r"
         local a = redis.call('SEM.ACQUIREFAIR', KEYS[1], 1, 10, 'WITHTICKET')
         local b = redis.call('SEM.ACQUIREFAIR', KEYS[1], 1, 10)
@@ -506,7 +511,9 @@ fn commands_work_from_lua_scripts() {
         return {a[2], b, n, r, redis.call('SEM.GET', KEYS[1])}
     ";
     let reply: (i64, Option<String>, i64, i64, i64) = run(&mut c, &["EVAL", script, "1", "lua"]);
-    assert_eq!(reply, (first, None, 1, 1, 0));
+    let (ticket, second, held, released, left) = reply;
+    fresh.ticket(&mut c, ticket);
+    assert_eq!((second, held, released, left), (None, 1, 1, 0));
     let err = error_of(
         &mut c,
         &[
@@ -684,8 +691,9 @@ fn changes_fire_the_keyspace_events_of_the_equivalent_commands() {
 fn the_counter_stays_an_ordinary_integer_key() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
-    let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10"]);
+    let fresh = FirstGrant::before(&mut c);
+    let id: String = run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10"]);
+    let first = fresh.holder(&mut c, "k", &id);
     let incremented: i64 = run(&mut c, &["INCRBY", "k:counter", "10"]);
     assert_eq!(
         incremented,
@@ -710,13 +718,15 @@ fn the_counter_stays_an_ordinary_integer_key() {
     let (_, ticket): (String, i64) =
         run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
     assert_eq!(ticket, first + 12);
-    // A counter lowered below the floor goes on from the floor, a longer number written whole.
+    // A counter lowered below the floor goes on from the floor (not from the clock: the
+    // counter is there), a longer number written whole.
+    let floor = ticket_floor(&mut c);
     let _: String = run(&mut c, &["SET", "k:counter", "999"]);
     let (_, ticket): (String, i64) =
         run(&mut c, &["SEM.ACQUIREFAIR", "k", "5", "10", "WITHTICKET"]);
-    assert_eq!(ticket, first);
+    assert_eq!(ticket, floor);
     let value: String = run(&mut c, &["GET", "k:counter"]);
-    assert_eq!(value, first.to_string());
+    assert_eq!(value, floor.to_string());
 }
 
 #[test]
@@ -724,9 +734,10 @@ fn names_longer_than_the_stack_buffer_work() {
     let server = Server::start();
     let mut c = server.connection();
     let name = "n".repeat(300);
+    let fresh = FirstGrant::before(&mut c);
     let (_, ticket): (String, i64) =
         run(&mut c, &["SEM.ACQUIREFAIR", &name, "1", "10", "WITHTICKET"]);
-    assert_eq!(ticket, first_ticket(&mut c));
+    fresh.ticket(&mut c, ticket);
     let owner = format!("{name}:owner");
     let counter = format!("{name}:counter");
     let exists: i64 = run(&mut c, &["EXISTS", &name, &owner, &counter]);

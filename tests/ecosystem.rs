@@ -309,12 +309,13 @@ fn module_arguments_set_the_configs_and_bad_ones_refuse_to_load() {
     assert_eq!(all["sem.fencing-margin"], "7");
     assert_eq!(all["sem.max-waiters"], "25000");
     // Accepted so that older configuration files load, but tickets no longer jump by it: a
-    // fresh name's tickets go one by one from the floor the module took when it loaded.
-    let floor = first_ticket(&mut c) as u64;
+    // fresh name's tickets go one by one from the clock of its first grant.
+    let fresh = FirstGrant::before(&mut c);
     let tickets: Vec<u64> = (0..2)
         .map(|_| run::<(String, u64)>(&mut c, &["SEM.ACQUIREFAIR", "f", "2", "10", "WITHTICKET"]).1)
         .collect();
-    assert_eq!(tickets, [floor, floor + 1]);
+    let first = fresh.ticket(&mut c, tickets[0] as i64) as u64;
+    assert_eq!(tickets, [first, first + 1]);
 
     let redis_server = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
     let dir = std::env::temp_dir().join(format!("redsem-badargs-{}", std::process::id()));

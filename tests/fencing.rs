@@ -1,8 +1,9 @@
 //! Fencing tickets never repeat across the lives of a single server, whatever it starts from:
 //! nothing at all (no persistence, or a crash before the first save), an RDB file, an AOF, or
 //! a `DEBUG RELOAD`; and a replica's full sync leaves the primary's tickets alone. Every start
-//! takes a floor from the clock (`INFO sem`, `sem_ticket_floor`), so the next ticket is above
-//! every ticket of the server's earlier lives.
+//! takes a floor from the clock (`INFO sem`, `sem_ticket_floor`), so the next ticket of a name
+//! whose counter came back is above every ticket of the server's earlier lives; a name whose
+//! counter was lost starts from the clock of its grant, at least the floor.
 
 mod common;
 
@@ -10,7 +11,8 @@ use common::*;
 
 const NO_PERSISTENCE: [&str; 4] = ["--save", "", "--appendonly", "no"];
 
-/// Three fair grants on `name`, each released before the next: their tickets.
+/// Three fair grants on `name`, each released before the next: their tickets. A name without a
+/// counter starts from the clock of its first grant (see [`FirstGrant`]).
 fn three_tickets(conn: &mut redis::Connection, name: &str) -> Vec<u64> {
     (0..3)
         .map(|_| {
@@ -44,16 +46,27 @@ fn floor_taken_since(conn: &mut redis::Connection, since_ms: i64) -> u64 {
     floor
 }
 
-/// The tickets of a life, then the next one after a restart: above them all, and the floor
-/// the restart took.
+/// The tickets of a life, then the next one after a restart: above them all. Where the counter
+/// came back, it is the floor the restart took; where it was lost, the clock of the grant.
 fn assert_next_life_goes_on_above(before: &[u64], conn: &mut redis::Connection, since_ms: i64) {
     let floor = floor_taken_since(conn, since_ms);
+    let counter: Option<u64> = run(conn, &["GET", "lock:counter"]);
+    let fresh = FirstGrant::before(conn);
     let next = next_ticket(conn, "lock");
     assert!(
         before.iter().all(|&earlier| next > earlier),
         "ticket {next} after the restart, {before:?} before it"
     );
-    assert_eq!(next, floor, "the restart's first ticket is its floor");
+    match counter {
+        Some(counter) => assert_eq!(
+            next,
+            (counter + 1).max(floor),
+            "after a reloaded counter, the floor the restart took (the next one up if higher)"
+        ),
+        None => {
+            fresh.ticket(conn, next as i64);
+        }
+    }
 }
 
 #[test]
@@ -61,9 +74,11 @@ fn a_restart_without_persistence_never_repeats_a_ticket() {
     let started_ms = unix_ms_now();
     let server = Server::start_with(&NO_PERSISTENCE);
     let mut conn = server.connection();
-    let floor = floor_taken_since(&mut conn, started_ms);
+    floor_taken_since(&mut conn, started_ms);
+    let fresh = FirstGrant::before(&mut conn);
     let before = three_tickets(&mut conn, "lock");
-    assert_eq!(before, [floor, floor + 1, floor + 2]);
+    let first = fresh.ticket(&mut conn, before[0] as i64) as u64;
+    assert_eq!(before, [first, first + 1, first + 2]);
 
     // SHUTDOWN NOSAVE: the server exits without a reply and leaves no file.
     assert!(try_run::<()>(&mut conn, &["SHUTDOWN", "NOSAVE"]).is_err());
@@ -165,8 +180,10 @@ fn a_replicas_full_sync_leaves_the_primarys_tickets_alone() {
     let primary = Server::start_with(&PRIMARY_ARGS);
     let mut on_primary = primary.connection();
     let floor = info_sem(&mut on_primary)["sem_ticket_floor"];
+    let fresh = FirstGrant::before(&mut on_primary);
     let before = three_tickets(&mut on_primary, "lock");
-    assert_eq!(before, [floor, floor + 1, floor + 2]);
+    let first = fresh.ticket(&mut on_primary, before[0] as i64) as u64;
+    assert_eq!(before, [first, first + 1, first + 2]);
 
     let syncing_ms = unix_ms_now();
     let replica = start_replica_of(&primary);
@@ -175,12 +192,12 @@ fn a_replicas_full_sync_leaves_the_primarys_tickets_alone() {
     // primary, which only saved, kept its floor and counts on one by one.
     floor_taken_since(&mut on_replica, syncing_ms);
     assert_eq!(info_sem(&mut on_primary)["sem_ticket_floor"], floor);
-    assert_eq!(next_ticket(&mut on_primary, "lock"), floor + 3);
+    assert_eq!(next_ticket(&mut on_primary, "lock"), first + 3);
     wait_for_replica(&mut on_primary);
     let counter: u64 = run(&mut on_replica, &["GET", "lock:counter"]);
     assert_eq!(
         counter,
-        floor + 3,
+        first + 3,
         "the replica holds the primary's counter"
     );
 }

@@ -125,7 +125,7 @@ fn every_key_is_checked_against_the_callers_acl() {
     let server = Server::start();
     let mut admin = server.connection();
     // Another application's keys that happen to follow the layout, the counter above the floor.
-    let counter = first_ticket(&mut admin) + 41;
+    let counter = ticket_floor(&mut admin) + 41;
     let _: i64 = run(&mut admin, &["ZADD", "x:owner", "1", "theirs"]);
     let _: String = run(&mut admin, &["SET", "x:counter", &counter.to_string()]);
     let _: () = run(&mut admin, &["ACL", "LOG", "RESET"]);
@@ -429,14 +429,13 @@ fn fairness_follows_the_live_holders_and_leftovers_go() {
 
     // A foreign owner entry beside live fair holders: removed by the next write.
     let _: () = run(&mut c, &["FLUSHALL"]);
+    let fresh = FirstGrant::before(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "f", "5", "30", "ID", "a"]);
+    let first = fresh.holder(&mut c, "f", "a");
     let _: i64 = run(&mut c, &["ZADD", "f:owner", "99", "ghost"]);
     let released: i64 = run(&mut c, &["SEM.RELEASE", "f", "nobody"]);
     assert_eq!(released, 0);
-    assert_eq!(
-        zset(&mut c, "f:owner"),
-        vec![("a".to_string(), first_ticket(&mut c))]
-    );
+    assert_eq!(zset(&mut c, "f:owner"), vec![("a".to_string(), first)]);
 }
 
 #[test]

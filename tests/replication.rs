@@ -64,8 +64,6 @@ fn acquire_fair_with_ticket(
 /// (its keys expire) while its counter lives on. Asserts the primary's replies on the way.
 /// Afterwards every holder left has a lease of [`LONG_LEASE`] or more.
 fn mixed_workload(conn: &mut redis::Connection) {
-    // A fresh name's n-th fair ticket is first + n - 1.
-    let first = first_ticket(conn) as u64;
     // Plain, limit 2: grants, a refusal, a renewal by identifier, refresh, release.
     let a: String = run(conn, &["SEM.ACQUIRE", "jobs", "2", LONG_LEASE, "ID", "a"]);
     assert_eq!(a, "a");
@@ -95,19 +93,27 @@ fn mixed_workload(conn: &mut redis::Connection) {
 
     // Fair: tickets, a refusal (takes no ticket), a renewal (keeps its ticket). The refusal
     // comes before the short holder, so it cannot depend on how fast the commands run.
-    let f1 = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f1"));
-    assert_eq!(f1, Some(("f1".into(), first)));
+    // A fresh name's first fair ticket is the clock of its grant, its n-th that + n - 1.
+    let fresh = FirstGrant::before(conn);
+    let (f1, queue) = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f1"))
+        .expect("a free permit");
+    assert_eq!(f1, "f1");
+    let queue = fresh.ticket(conn, queue as i64) as u64;
     assert_eq!(
         acquire_fair_with_ticket(conn, "queue", "1", LONG_LEASE, None),
         None
     );
     let f2 = acquire_fair_with_ticket(conn, "queue", "2", SHORT_LEASE, Some("f2"));
-    assert_eq!(f2, Some(("f2".into(), first + 1)));
+    assert_eq!(f2, Some(("f2".into(), queue + 1)));
     let f1_again = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f1"));
-    assert_eq!(f1_again, Some(("f1".into(), first)));
+    assert_eq!(f1_again, Some(("f1".into(), queue)));
 
     // Fair with short holders only: the whole semaphore goes idle and its keys expire.
-    for (id, ticket) in [("b1", first), ("b2", first + 1), ("b3", first + 2)] {
+    let fresh = FirstGrant::before(conn);
+    let (_, burst) = acquire_fair_with_ticket(conn, "burst", "3", SHORT_LEASE, Some("b1"))
+        .expect("a free permit");
+    let burst = fresh.ticket(conn, burst as i64) as u64;
+    for (id, ticket) in [("b2", burst + 1), ("b3", burst + 2)] {
         let got = acquire_fair_with_ticket(conn, "burst", "3", SHORT_LEASE, Some(id));
         assert_eq!(got, Some((id.into(), ticket)));
     }
@@ -134,7 +140,7 @@ fn mixed_workload(conn: &mut redis::Connection) {
     let released_expired: i64 = run(conn, &["SEM.RELEASE", "queue", "f2"]);
     assert_eq!(released_expired, 0, "an expired holder's release says so");
     let f3 = acquire_fair_with_ticket(conn, "queue", "2", LONG_LEASE, Some("f3"));
-    assert_eq!(f3, Some(("f3".into(), first + 2)));
+    assert_eq!(f3, Some(("f3".into(), queue + 2)));
 
     // burst's keys expire at its latest deadline (PEXPIREAT); its counter has no expiry, so
     // tickets keep growing after the idle period.
@@ -142,7 +148,7 @@ fn mixed_workload(conn: &mut redis::Connection) {
         run::<i64>(conn, &["EXISTS", "burst", "burst:owner"]) == 0
     });
     let after_idle = acquire_fair_with_ticket(conn, "burst", "3", LONG_LEASE, None);
-    assert_eq!(after_idle.map(|(_, ticket)| ticket), Some(first + 3));
+    assert_eq!(after_idle.map(|(_, ticket)| ticket), Some(burst + 3));
 }
 
 /// The keys [`mixed_workload`] leaves behind.
@@ -361,10 +367,12 @@ fn a_write_that_finds_its_keys_expired_replicates_in_order() {
     let mut on_primary = primary.connection();
     let mut on_replica = replica.connection();
     let _: () = run(&mut on_primary, &["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
-    let floor = first_ticket(&mut on_primary) as u64;
 
-    let first = acquire_fair_with_ticket(&mut on_primary, "fair", "2", "0.1", Some("x"));
-    assert_eq!(first, Some(("x".into(), floor)));
+    let fresh = FirstGrant::before(&mut on_primary);
+    let (x, first) = acquire_fair_with_ticket(&mut on_primary, "fair", "2", "0.1", Some("x"))
+        .expect("a free permit");
+    assert_eq!(x, "x");
+    let first = fresh.ticket(&mut on_primary, first as i64) as u64;
     let _: String = run(
         &mut on_primary,
         &["SEM.ACQUIRE", "plain", "2", "0.1", "ID", "p"],
@@ -389,7 +397,11 @@ fn a_write_that_finds_its_keys_expired_replicates_in_order() {
     );
 
     let second = acquire_fair_with_ticket(&mut on_primary, "fair", "2", LONG_LEASE, Some("y"));
-    assert_eq!(second, Some(("y".into(), floor + 1)));
+    assert_eq!(
+        second,
+        Some(("y".into(), first + 1)),
+        "the counter outlived the sets"
+    );
     let _: String = run(
         &mut on_primary,
         &["SEM.ACQUIRE", "plain", "1", LONG_LEASE, "ID", "q"],
@@ -411,20 +423,22 @@ fn a_write_that_finds_its_keys_expired_replicates_in_order() {
 
 #[test]
 fn a_replica_promoted_two_terms_behind_never_repeats_a_ticket() {
-    // P hands out five tickets from its floor on, which both replicas receive. R2 then stops following (it
-    // keeps its data, as a paused or cut-off replica would); R1 is promoted and hands out five
-    // tickets that R2 never sees; P and R1 die; R2 is promoted last. Its own counter is two
-    // terms behind, so only the clock floor keeps it past R1's tickets.
+    // P hands out five tickets from the clock of its first grant on, which both replicas
+    // receive. R2 then stops following (it keeps its data, as a paused or cut-off replica
+    // would); R1 is promoted and hands out five tickets that R2 never sees; P and R1 die; R2 is
+    // promoted last. Its own counter is two terms behind, so only the clock floor keeps it past
+    // R1's tickets.
     let primary = Server::start_with(&PRIMARY_ARGS);
     let r1 = start_replica_of(&primary);
     let r2 = start_replica_of(&primary);
     let mut on_primary = primary.connection();
-    let p_floor = first_ticket(&mut on_primary) as u64;
+    let fresh = FirstGrant::before(&mut on_primary);
     let first: Vec<u64> = (0..5)
         .map(|_| acquire_fair_with_ticket(&mut on_primary, "job", "100", LONG_LEASE, None))
         .map(|granted| granted.expect("a free permit").1)
         .collect();
-    assert_eq!(first, (p_floor..p_floor + 5).collect::<Vec<u64>>());
+    let p_first = fresh.ticket(&mut on_primary, first[0] as i64) as u64;
+    assert_eq!(first, (p_first..p_first + 5).collect::<Vec<u64>>());
     let acked: i64 = run(&mut on_primary, &["WAIT", "2", "5000"]);
     assert_eq!(acked, 2, "both replicas have P's five tickets");
 
@@ -434,6 +448,9 @@ fn a_replica_promoted_two_terms_behind_never_repeats_a_ticket() {
     drop(nobody);
     let _: () = run(&mut on_r2, &["REPLICAOF", "127.0.0.1", &nobody_port]);
 
+    // P's tickets start from the clock of its first grant: a promotion in that same
+    // millisecond would take a floor below them. Real failovers take seconds.
+    std::thread::sleep(Duration::from_millis(10));
     let mut on_r1 = r1.connection();
     let _: () = run(&mut on_r1, &["REPLICAOF", "NO", "ONE"]);
     let second: Vec<u64> = (0..5)

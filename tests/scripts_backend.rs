@@ -394,10 +394,19 @@ struct Tickets {
 
 impl Tickets {
     /// Checks the tickets `after` shows that `before` did not (at most one new grant a step):
-    /// each above every earlier one of its name and at least `floor`; the counter is the last.
-    fn check(&mut self, server: &str, before: &Snapshot, after: &Snapshot, floor: i64) {
+    /// each above every earlier one of its name and what `rule` allows after the counter
+    /// `before` shows; the counter is the last.
+    fn check(
+        &mut self,
+        server: &str,
+        before: &Snapshot,
+        after: &Snapshot,
+        rule: impl Fn(Option<i64>, i64) -> bool,
+    ) {
         for (name, sem) in &after.sems {
             let old = &before.sems[name].owners;
+            let counter = before.sems[name].counter.as_ref();
+            let counter = counter.map(|text| text.parse().expect("an integer counter"));
             let new: Vec<i64> = sem
                 .owners
                 .iter()
@@ -412,8 +421,8 @@ impl Tickets {
                     "{server} {name}: ticket {ticket} after {last}"
                 );
                 assert!(
-                    ticket >= floor,
-                    "{server} {name}: ticket {ticket} below {floor}"
+                    rule(counter, ticket),
+                    "{server} {name}: ticket {ticket} after counter {counter:?}"
                 );
                 self.last.insert(name.clone(), ticket);
             }
@@ -594,7 +603,7 @@ fn run_differential(steps: &[Step], own_keys: bool) {
     let script_server = Server::start_without_module();
     let mut m = module_server.connection();
     let mut s = script_server.connection();
-    let module_floor = first_ticket(&mut m);
+    let module_floor = ticket_floor(&mut m);
     let mut before_m = snapshot(&mut m);
     let mut before_s = snapshot(&mut s);
     let mut tickets_m = Tickets::default();
@@ -693,8 +702,21 @@ fn run_differential(steps: &[Step], own_keys: bool) {
         if own_keys {
             assert_expiries("module", &after_m);
             assert_expiries("script", &after_s);
-            tickets_m.check("module", &before_m, &after_m, module_floor);
-            tickets_s.check("script", &before_s, &after_s, script_start * 1000);
+            // The module: after a counter, the next one up and at least its floor; without
+            // one, the clock of the grant.
+            let fresh = FirstGrant::since(module_floor, started_at);
+            tickets_m.check(
+                "module",
+                &before_m,
+                &after_m,
+                |counter, ticket| match counter {
+                    Some(counter) => ticket == (counter + 1).max(module_floor),
+                    None => fresh.allows(ticket, after_m.at),
+                },
+            );
+            tickets_s.check("script", &before_s, &after_s, |_, ticket| {
+                ticket >= script_start * 1000
+            });
         }
         before_m = after_m;
         before_s = after_s;

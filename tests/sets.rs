@@ -85,6 +85,7 @@ fn each_semaphore_records_the_holder_as_a_single_acquire_would() {
     let mut c = server.connection();
     let mut single = server.connection();
     let _: () = run(&mut single, &["SELECT", "1"]);
+    let fresh = FirstGrant::before(&mut c);
     let got = acquire_all(
         &mut c,
         &[
@@ -92,6 +93,9 @@ fn each_semaphore_records_the_holder_as_a_single_acquire_would() {
         ],
     );
     assert_eq!(got, Value::BulkString(b"h".to_vec()));
+    // No name had a counter: each first ticket is the clock of its grant.
+    let tickets = ["p", "q", "r"].map(|name| fresh.holder(&mut c, name, "h"));
+    let fresh = FirstGrant::before(&mut single);
     for (name, count) in [("p", "1"), ("q", "3"), ("r", "2")] {
         let args = [
             "SEM.ACQUIREFAIR",
@@ -104,12 +108,21 @@ fn each_semaphore_records_the_holder_as_a_single_acquire_would() {
             count,
         ];
         let _: String = run(&mut single, &args);
+        let ticket = fresh.holder(&mut single, name, "h");
+        let counter: i64 = run(&mut single, &["GET", &format!("{name}:counter")]);
+        assert_eq!(counter, ticket, "{name}");
     }
     let deadline: i64 = run(&mut c, &["ZSCORE", "p", "h"]);
     let shift = |conn: &mut redis::Connection| {
-        // The single acquires ran a moment later: compare with deadlines set equal.
-        for name in ["p", "q", "r"] {
+        // The single acquires ran a moment later: compare with deadlines and tickets set equal.
+        for (name, ticket) in ["p", "q", "r"].into_iter().zip(tickets) {
+            let ticket = ticket.to_string();
             let _: i64 = run(conn, &["ZADD", name, &deadline.to_string(), "h"]);
+            let _: i64 = run(conn, &["ZADD", &format!("{name}:owner"), &ticket, "h"]);
+            let _: () = run(
+                conn,
+                &["SET", &format!("{name}:counter"), &ticket, "KEEPTTL"],
+            );
             for key in [
                 name.to_string(),
                 format!("{name}:owner"),
@@ -129,8 +142,10 @@ fn each_semaphore_records_the_holder_as_a_single_acquire_would() {
 fn fair_sets_reply_a_ticket_per_semaphore_and_renew_what_they_hold() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "t1", "3", "30", "ID", "early"]);
+    let t1 = fresh.holder(&mut c, "t1", "early");
+    let fresh = FirstGrant::before(&mut c);
     let got = acquire_all(
         &mut c,
         &[
@@ -148,16 +163,19 @@ fn fair_sets_reply_a_ticket_per_semaphore_and_renew_what_they_hold() {
             "WITHTICKET",
         ],
     );
+    // t2 had no counter: its first ticket is the clock of this grant.
+    let t2 = fresh.holder(&mut c, "t2", "w");
     assert_eq!(
         got,
         Value::Array(vec![
             Value::BulkString(b"w".to_vec()),
-            Value::Array(vec![Value::Int(first + 1), Value::Int(first)]),
+            Value::Array(vec![Value::Int(t1 + 1), Value::Int(t2)]),
         ])
     );
     // w holds t1 and t2; asking again with t3 renews those (same tickets) and takes t3.
     let deadline_before: i64 = run(&mut c, &["ZSCORE", "t1", "w"]);
     thread::sleep(Duration::from_millis(20));
+    let fresh = FirstGrant::before(&mut c);
     let got = acquire_all(
         &mut c,
         &[
@@ -178,15 +196,12 @@ fn fair_sets_reply_a_ticket_per_semaphore_and_renew_what_they_hold() {
             "WITHTICKET",
         ],
     );
+    let t3 = fresh.holder(&mut c, "t3", "w");
     assert_eq!(
         got,
         Value::Array(vec![
             Value::BulkString(b"w".to_vec()),
-            Value::Array(vec![
-                Value::Int(first),
-                Value::Int(first + 1),
-                Value::Int(first)
-            ]),
+            Value::Array(vec![Value::Int(t3), Value::Int(t1 + 1), Value::Int(t2)]),
         ])
     );
     let deadline_after: i64 = run(&mut c, &["ZSCORE", "t1", "w"]);
@@ -701,9 +716,11 @@ fn a_waiting_set_holds_the_head_of_each_of_its_lines() {
 fn sets_named_in_opposite_orders_are_served_in_arrival_order() {
     let server = Server::start();
     let mut c = server.connection();
-    let floor = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "p", "1", "30", "ID", "h1"]);
     let _: String = run(&mut c, &["SEM.ACQUIREFAIR", "q", "1", "30", "ID", "h2"]);
+    let p = fresh.holder(&mut c, "p", "h1");
+    let q = fresh.holder(&mut c, "q", "h2");
     let first = Pending::send(
         &server,
         &[
@@ -757,13 +774,13 @@ fn sets_named_in_opposite_orders_are_served_in_arrival_order() {
     };
     assert_eq!(
         first.reply().expect("granted"),
-        ticketed(b"a", [floor + 1, floor + 1])
+        ticketed(b"a", [p + 1, q + 1])
     );
     assert_waits(&second, "the second set while the first holds both");
     let _: i64 = run(&mut c, &["SEM.RELEASEALL", "2", "p", "q", "a"]);
     assert_eq!(
         second.reply().expect("granted"),
-        ticketed(b"b", [floor + 2, floor + 2])
+        ticketed(b"b", [q + 2, p + 2])
     );
     let info = info_sem(&mut c);
     assert_eq!(info["sem_waits_granted"], 2, "{info:?}");

@@ -104,6 +104,15 @@ fn reply_of(line: &str, result: redis::RedisResult<redis::Value>) -> Reply {
     }
 }
 
+/// The ticket of `reply`, the first fair grant of a name without a counter since `fresh` was
+/// read: the clock of that grant (see [`FirstGrant`]).
+fn first_of(fresh: &FirstGrant, conn: &mut redis::Connection, reply: &Reply) -> u64 {
+    match reply {
+        Reply::Ticket(_, ticket) => fresh.ticket(conn, *ticket as i64) as u64,
+        other => panic!("a grant without a ticket: {other:?}"),
+    }
+}
+
 /// Runs an acquire (or anything that replies like one) and returns its reply.
 fn acquire(conn: &mut redis::Connection, line: &str) -> Reply {
     reply_of(line, try_run(conn, &words(line)))
@@ -277,12 +286,20 @@ fn ten_waiters_in_arrival_order(command: &str) {
     let with_ticket = if fair { "WITHTICKET" } else { "" };
     let server = Server::start();
     let mut conn = server.connection();
-    let first = first_ticket(&mut conn) as u64;
+    let fresh = FirstGrant::before(&mut conn);
     let granted = acquire(
         &mut conn,
         &format!("{command} line 1 30 ID h {with_ticket}"),
     );
-    assert_eq!(granted, if fair { ticket("h", first) } else { id("h") });
+    // A fair name's tickets start from the clock of its first grant; a plain one takes none.
+    let first = fair.then(|| first_of(&fresh, &mut conn, &granted));
+    assert_eq!(
+        granted,
+        match first {
+            Some(first) => ticket("h", first),
+            None => id("h"),
+        }
+    );
 
     let names: Vec<String> = (0..10).map(|k| format!("w{k}")).collect();
     let mut blocked = Vec::new();
@@ -299,10 +316,9 @@ fn ten_waiters_in_arrival_order(command: &str) {
     let mut blocked = blocked.into_iter();
     for (k, name) in names.iter().enumerate() {
         let reply = blocked.next().expect("one per name").reply();
-        let expected = if fair {
-            ticket(name, first + k as u64 + 1)
-        } else {
-            id(name)
+        let expected = match first {
+            Some(first) => ticket(name, first + k as u64 + 1),
+            None => id(name),
         };
         assert_eq!(reply, expected, "waiter {k}");
         assert_eq!(holders(&mut conn, "line"), [name.as_str()]);
@@ -317,7 +333,7 @@ fn ten_waiters_in_arrival_order(command: &str) {
     assert_eq!(json["waiters"], 0);
     assert_eq!(json["longest_wait_ms"], serde_json::Value::Null);
     assert_eq!(cmd::<i64>(&mut conn, "EXISTS line line:owner"), 0);
-    if fair {
+    if let Some(first) = first {
         assert_eq!(cmd::<u64>(&mut conn, "GET line:counter"), first + 10);
     }
 }
@@ -394,15 +410,16 @@ fn staggered_lease_ends_serve_one_waiter_each() {
     let server = Server::start();
     let mut conn = server.connection();
     let offset = server_clock_offset(&mut conn);
-    let first = first_ticket(&mut conn) as u64;
     let clients: Vec<Client> = (0..3).map(|_| Client::new(&server)).collect();
 
+    let fresh = FirstGrant::before(&mut conn);
     let mut deadlines = Vec::new();
     for (holder, lease) in [("h1", "0.6"), ("h2", "0.8"), ("h3", "1")] {
         let line = format!("SEM.ACQUIREFAIR chain 3 {lease} ID {holder}");
         let _: String = cmd(&mut conn, &line);
         deadlines.push(deadline_of(&mut conn, "chain", holder));
     }
+    let first = fresh.holder(&mut conn, "chain", "h1") as u64;
     let names = ["w1", "w2", "w3"];
     let blocked: Vec<Blocked> = clients
         .into_iter()
@@ -486,7 +503,9 @@ fn wait_0_waits_without_limit_until_client_unblock() {
 fn bad_wait_and_bound_options_are_refused_and_change_nothing() {
     let server = Server::start();
     let mut conn = server.connection();
+    let fresh = FirstGrant::before(&mut conn);
     let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR opt 1 30 ID h");
+    let first = fresh.holder(&mut conn, "opt", "h") as u64;
     let _: String = cmd(&mut conn, "SEM.ACQUIRE optp 1 30 ID h");
     let before = snapshot_of_all_keys(&mut conn);
     let wait_error = "ERR WAIT must be";
@@ -528,7 +547,6 @@ fn bad_wait_and_bound_options_are_refused_and_change_nothing() {
 
     // Any order, any case; the largest wait is allowed (a renewal replies at once).
     let line = "sem.acquirefair opt 1 30 bound wait 31536000 withticket id h";
-    let first = first_ticket(&mut conn) as u64;
     assert_eq!(acquire(&mut conn, line), ticket("h", first));
     let line = "SEM.ACQUIRE optp 1 30 Bound Id h Wait 0.001";
     assert_eq!(acquire(&mut conn, line), id("h"));
@@ -538,13 +556,22 @@ fn bad_wait_and_bound_options_are_refused_and_change_nothing() {
 // 4. Head-of-line
 // ---------------------------------------------------------------------------------------------
 
-/// The reply a grant of `holder` gets: with a ticket when fair.
-fn granted(command: &str, holder: &str, fair_ticket: u64) -> Reply {
-    if command == "SEM.ACQUIREFAIR" {
-        ticket(holder, fair_ticket)
-    } else {
-        id(holder)
+/// The reply a grant of `holder` gets: with its ticket when fair.
+fn granted(holder: &str, fair_ticket: Option<u64>) -> Reply {
+    match fair_ticket {
+        Some(fair_ticket) => ticket(holder, fair_ticket),
+        None => id(holder),
     }
+}
+
+/// Holder `holder`'s ticket when `command` is fair, its name's first since `fresh` was read.
+fn first_held(
+    command: &str,
+    fresh: &FirstGrant,
+    conn: &mut redis::Connection,
+    holder: &str,
+) -> Option<u64> {
+    (command == "SEM.ACQUIREFAIR").then(|| fresh.holder(conn, "hol", holder) as u64)
 }
 
 /// A holds (limit 2), W1 (limit 1) is first in line, W2 (limit 2) behind it: W2 is not served
@@ -558,8 +585,9 @@ fn head_of_line(command: &str) {
     };
     let server = Server::start();
     let mut conn = server.connection();
-    let first = first_ticket(&mut conn) as u64;
+    let fresh = FirstGrant::before(&mut conn);
     let _: redis::Value = cmd(&mut conn, &format!("{command} hol 2 30 ID A"));
+    let first = first_held(command, &fresh, &mut conn, "A");
     let w1 = queue(
         &server,
         &mut conn,
@@ -580,10 +608,10 @@ fn head_of_line(command: &str) {
     assert_eq!(waiters_in_line(&mut conn, "hol"), 2);
 
     assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE hol A"), 1);
-    assert_eq!(w1.reply(), granted(command, "W1", first + 1));
+    assert_eq!(w1.reply(), granted("W1", first.map(|t| t + 1)));
     assert_eq!(
         w2.reply(),
-        granted(command, "W2", first + 2),
+        granted("W2", first.map(|t| t + 2)),
         "W2 is served after W1"
     );
     let mut now_holding = holders(&mut conn, "hol");
@@ -603,8 +631,9 @@ fn head_of_line_across_a_release(command: &str) {
     };
     let server = Server::start();
     let mut conn = server.connection();
-    let first = first_ticket(&mut conn) as u64;
+    let fresh = FirstGrant::before(&mut conn);
     let _: redis::Value = cmd(&mut conn, &format!("{command} hol 3 30 ID A"));
+    let first = first_held(command, &fresh, &mut conn, "A");
     let _: redis::Value = cmd(&mut conn, &format!("{command} hol 3 30 ID B"));
     let w1 = queue(
         &server,
@@ -622,8 +651,8 @@ fn head_of_line_across_a_release(command: &str) {
     assert_waiting(&w2, "W2 (limit 3, one holder) behind W1");
     assert_eq!(holders(&mut conn, "hol"), ["B"]);
     assert_eq!(cmd::<i64>(&mut conn, "SEM.RELEASE hol B"), 1);
-    assert_eq!(w1.reply(), granted(command, "W1", first + 2));
-    assert_eq!(w2.reply(), granted(command, "W2", first + 3));
+    assert_eq!(w1.reply(), granted("W1", first.map(|t| t + 2)));
+    assert_eq!(w2.reply(), granted("W2", first.map(|t| t + 3)));
     assert_eq!(cmd::<i64>(&mut conn, "SEM.GET hol"), 2);
 }
 
@@ -686,8 +715,9 @@ fn a_plain_caller_without_wait_may_barge_ahead_of_the_line() {
 fn a_fair_caller_without_wait_is_refused_while_others_wait() {
     let server = Server::start();
     let mut conn = server.connection();
-    let first = first_ticket(&mut conn);
+    let fresh = FirstGrant::before(&mut conn);
     let granted = acquire(&mut conn, "SEM.ACQUIREFAIR f 2 30 ID A WITHTICKET");
+    let first = first_of(&fresh, &mut conn, &granted) as i64;
     assert_eq!(granted, ticket("A", first as u64));
     let w1 = queue(&server, &mut conn, "SEM.ACQUIREFAIR f 1 30 ID W1 WAIT 10");
     let before = snapshot_of_all_keys(&mut conn);
@@ -752,12 +782,13 @@ fn a_bound_permit_comes_back_when_its_connection_is_killed() {
 fn a_bound_permit_comes_back_when_its_socket_closes() {
     let server = Server::start();
     let mut conn = server.connection();
-    let first = first_ticket(&mut conn);
+    let fresh = FirstGrant::before(&mut conn);
     let mut bound = Client::new(&server);
     let got = acquire(
         &mut bound.conn,
         "SEM.ACQUIREFAIR bs 1 30 ID y BOUND WITHTICKET",
     );
+    let first = first_of(&fresh, &mut conn, &got) as i64;
     assert_eq!(got, ticket("y", first as u64));
     let waiter = queue(
         &server,
@@ -968,14 +999,16 @@ fn deleting_the_keys_serves_the_head_on_an_empty_semaphore() {
     assert_eq!(w2.reply(), id("w2"));
 
     // Fair: DEL of the holder and owner sets; the counter goes on.
+    let fresh = FirstGrant::before(&mut conn);
     let _: String = cmd(&mut conn, &format!("SEM.ACQUIREFAIR df 1 {lease} ID h"));
+    let first = fresh.holder(&mut conn, "df", "h") as u64;
     let w = queue(
         &server,
         &mut conn,
         "SEM.ACQUIREFAIR df 1 30 ID w WAIT 10 WITHTICKET",
     );
     assert_eq!(cmd::<i64>(&mut conn, "DEL df df:owner"), 2);
-    assert_eq!(w.reply(), ticket("w", first_ticket(&mut conn) as u64 + 1));
+    assert_eq!(w.reply(), ticket("w", first + 1));
     assert_eq!(holders(&mut conn, "df"), ["w"]);
 }
 
@@ -990,10 +1023,13 @@ fn flushdb_serves_the_head_on_an_empty_semaphore() {
         "SEM.ACQUIREFAIR fl 1 30 ID w1 WAIT 10 WITHTICKET",
     );
     let w2 = queue(&server, &mut conn, "SEM.ACQUIREFAIR fl 1 30 ID w2 WAIT 10");
+    let fresh = FirstGrant::before(&mut conn);
     let _: () = cmd(&mut conn, "FLUSHDB");
-    // The counter went with the rest: tickets start again from the floor (a client that
-    // deletes a counter is outside what fencing promises).
-    assert_eq!(w1.reply(), ticket("w1", first_ticket(&mut conn) as u64));
+    // The counter went with the rest: the next ticket is the clock of the grant, as for a new
+    // name, past the tickets of earlier clocks that old holders may still use.
+    let got = w1.reply();
+    let first = first_of(&fresh, &mut conn, &got);
+    assert_eq!(got, ticket("w1", first));
     assert_eq!(holders(&mut conn, "fl"), ["w1"]);
     assert_waiting(&w2, "w2 behind the new holder");
     let _: () = cmd(&mut conn, "FLUSHALL");
@@ -1293,13 +1329,14 @@ fn nothing_is_written_while_writes_are_paused() {
     let primary = Server::start_with(&PRIMARY_ARGS);
     let replica = start_replica_of(&primary);
     let mut conn = primary.connection();
-    let first = first_ticket(&mut conn) as u64;
 
     // The holder set's expiry passes during the pause.
     let _: String = cmd(&mut conn, "SEM.ACQUIRE pa 1 0.3 ID h");
     let expired_set = queue(&primary, &mut conn, "SEM.ACQUIRE pa 1 30 ID wa WAIT 10");
     // A lease ends during the pause while another holder lives on.
+    let fresh = FirstGrant::before(&mut conn);
     let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR pb 2 0.3 ID h1");
+    let first = fresh.holder(&mut conn, "pb", "h1") as u64;
     let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR pb 2 30 ID h2");
     let lease_end = queue(
         &primary,
@@ -1371,9 +1408,10 @@ fn a_holder_set_that_expires_early_serves_its_waiters() {
 /// disconnects; plus a wait that times out and keys that expire. Afterwards every holder left
 /// has a lease of 60 s or more, and nothing waits.
 fn waiting_workload(server: &Server, conn: &mut redis::Connection) {
-    let first = first_ticket(conn) as u64;
     // Served by a release: fair and plain.
+    let fresh = FirstGrant::before(conn);
     let _: String = cmd(conn, "SEM.ACQUIREFAIR rel 1 60 ID h");
+    let first = fresh.holder(conn, "rel", "h") as u64;
     let w = queue(
         server,
         conn,
@@ -1391,14 +1429,16 @@ fn waiting_workload(server: &Server, conn: &mut redis::Connection) {
     let _: String = cmd(conn, "SEM.ACQUIRE lease 2 60 ID anchor");
     let _: String = cmd(conn, "SEM.ACQUIRE lease 2 0.2 ID short");
     let plain = queue(server, conn, "SEM.ACQUIRE lease 2 90 ID w WAIT 10");
+    let fresh = FirstGrant::before(conn);
     let _: String = cmd(conn, "SEM.ACQUIREFAIR leasef 1 0.2 ID h");
+    let leasef_first = fresh.holder(conn, "leasef", "h") as u64;
     let fair = queue(
         server,
         conn,
         "SEM.ACQUIREFAIR leasef 1 60 ID w WAIT 10 WITHTICKET",
     );
     assert_eq!(plain.reply(), id("w"));
-    assert_eq!(fair.reply(), ticket("w", first + 1));
+    assert_eq!(fair.reply(), ticket("w", leasef_first + 1));
 
     // Served by BOUND disconnects: one killed, one closed.
     let mut killed = Client::new(server);
@@ -1478,12 +1518,13 @@ fn a_replica_holds_exactly_the_primarys_keys_after_waits() {
 fn a_timer_grant_replicates_as_one_multi_exec_of_effects() {
     let primary = Server::start_with(&PRIMARY_ARGS);
     let mut conn = primary.connection();
-    let first = first_ticket(&mut conn);
     let mut stream = ReplicationStream::attach(primary.port);
 
     // An anchor keeps the keys alive past the short holder's deadline, so that the grant itself
     // removes the expired holder (no key expiry races the timer).
+    let fresh = FirstGrant::before(&mut conn);
     let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR ts 2 60 ID anchor");
+    let first = fresh.holder(&mut conn, "ts", "anchor");
     let _: String = cmd(&mut conn, "SEM.ACQUIREFAIR ts 2 0.3 ID short");
     let _: () = cmd(&mut conn, "SET before-grant 1");
     assert_no_sem_command(&stream.commands_until_set("before-grant"));
@@ -1626,6 +1667,7 @@ fn load(command: &str) {
     let name = if fair { "loadf" } else { "load" };
     let server = Server::start();
     let start = Barrier::new(LOAD_CLIENTS);
+    let fresh = FirstGrant::before(&mut server.connection());
     let tallies: Vec<Tally> = thread::scope(|scope| {
         let clients: Vec<_> = (0..LOAD_CLIENTS)
             .map(|_| scope.spawn(|| load_client(&server, command, &start)))
@@ -1636,7 +1678,6 @@ fn load(command: &str) {
             .collect()
     });
     let mut conn = server.connection();
-    let first = first_ticket(&mut conn) as u64;
 
     let grants: Vec<u64> = tallies.iter().map(|t| t.grants).collect();
     let total: u64 = grants.iter().sum();
@@ -1661,8 +1702,8 @@ fn load(command: &str) {
 
     if fair {
         // Each client's tickets grow; all together they are exactly the `total` tickets from the
-        // floor on, and taken by ticket, their grant times never go back: tickets follow the
-        // grant order.
+        // clock of the first grant on, and taken by ticket, their grant times never go back:
+        // tickets follow the grant order.
         for tally in &tallies {
             assert!(
                 tally.tickets.windows(2).all(|w| w[0].0 < w[1].0),
@@ -1680,6 +1721,7 @@ fn load(command: &str) {
             "a ticket was handed out twice"
         );
         let tickets: Vec<u64> = by_ticket.keys().copied().collect();
+        let first = fresh.ticket(&mut conn, tickets[0] as i64) as u64;
         assert_eq!(tickets, (first..first + total).collect::<Vec<u64>>());
         let times: Vec<i64> = by_ticket.values().copied().collect();
         let back = times.windows(2).position(|w| w[0] > w[1]);

@@ -275,8 +275,6 @@ fn sorted_set(members: &[(&str, i64)]) -> Contents {
 fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
-    let ticket = |n: i64| (first + n - 1) as u64;
 
     // Holders of one permit, with and without COUNT 1, through grants, a refusal, renewals,
     // a refresh and releases: the recipe's layout, exactly.
@@ -316,6 +314,7 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
     assert_eq!(not_held, 0, "a released holder holds nothing");
 
     let fair = |c: &mut Connection, args: &[&str]| -> Option<(String, u64)> { run(c, args) };
+    let fresh = FirstGrant::before(&mut c);
     let x = fair(
         &mut c,
         &[
@@ -328,6 +327,8 @@ fn count_errors_change_nothing_and_single_permits_keep_the_old_layout() {
             "WITHTICKET",
         ],
     );
+    let first = fresh.ticket(&mut c, x.as_ref().expect("a free permit").1 as i64);
+    let ticket = |n: i64| (first + n - 1) as u64;
     assert_eq!(x, Some(("x".into(), ticket(1))));
     let _ = deadline_bounds(&mut c, 60_000, |c| {
         let y = fair(
@@ -881,6 +882,7 @@ fn hammer_weighted(kind: Kind, name: &str) {
     let start = Barrier::new(CLIENTS);
     let progress = Progress::default();
     let mut tally = Tally::default();
+    let fresh = FirstGrant::before(&mut server.connection());
     thread::scope(|scope| {
         let clients: Vec<_> = (0..CLIENTS)
             .map(|i| {
@@ -916,8 +918,10 @@ fn hammer_weighted(kind: Kind, name: &str) {
     assert_eq!(inside, 0);
     let mut left = vec!["inside".to_string()];
     if kind == Kind::Fair {
-        // Refusals take no ticket, and every grant takes the next one, whatever its count.
-        let first = first_ticket(&mut conn) as u64;
+        // Refusals take no ticket, and every grant takes the next one, whatever its count,
+        // from the clock of the first grant on.
+        let lowest = *tally.tickets.iter().min().expect("fair grants");
+        let first = fresh.ticket(&mut conn, lowest as i64) as u64;
         let counter: u64 = run(&mut conn, &["GET", &format!("{name}:counter")]);
         assert_eq!(counter, first + grants - 1);
         let unique: HashSet<u64> = tally.tickets.iter().copied().collect();
@@ -955,7 +959,12 @@ fn head_of_line(kind: Kind) {
         let got: String = run(c, &[acquire, "sem", "4", "60", "ID", id, "COUNT", count]);
         assert_eq!(got, id);
     };
+    let fresh = FirstGrant::before(&mut c);
     grant(&mut c, "h1", "2");
+    let first = match kind {
+        Kind::Fair => Some(fresh.holder(&mut c, "sem", "h1")),
+        Kind::Plain => None,
+    };
     grant(&mut c, "h2", "1");
     let a = send(
         &server,
@@ -1031,10 +1040,10 @@ fn head_of_line(kind: Kind) {
     assert_eq!(b.granted(), "B");
     let exists: i64 = run(&mut c, &["EXISTS", "sem:permits"]);
     assert_eq!(exists, 0);
-    if kind == Kind::Fair {
+    if let Some(first) = first {
         assert_eq!(
             score(&mut c, "sem:owner", "B"),
-            first_ticket(&mut c) + 3,
+            first + 3,
             "h1, h2, A, then B"
         );
     }
@@ -1058,7 +1067,7 @@ fn a_large_request_first_in_a_fair_line_is_not_overtaken_at_all() {
 fn a_partial_release_serves_a_waiter_at_once_and_the_holder_keeps_the_rest() {
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c);
+    let fresh = FirstGrant::before(&mut c);
     let held: (String, u64) = run(
         &mut c,
         &[
@@ -1073,7 +1082,8 @@ fn a_partial_release_serves_a_waiter_at_once_and_the_holder_keeps_the_rest() {
             "WITHTICKET",
         ],
     );
-    assert_eq!(held, ("H".into(), first as u64));
+    assert_eq!(held.0, "H");
+    let first = fresh.ticket(&mut c, held.1 as i64);
     let deadline = score(&mut c, "pool", "H");
     let w = send(
         &server,
@@ -1137,10 +1147,21 @@ const TIMER_SLACK_MS: i64 = 50;
 /// The waiters' lease: their grant time is their deadline minus this.
 const WAITER_LEASE_MS: i64 = 10_000;
 
-fn expiry_serves_waiters(server: &Server, c: &mut Connection, kind: Kind, name: &str) {
+/// Returns the expired holder's ticket, on a fair semaphore.
+fn expiry_serves_waiters(
+    server: &Server,
+    c: &mut Connection,
+    kind: Kind,
+    name: &str,
+) -> Option<i64> {
     let acquire = kind.acquire();
+    let fresh = FirstGrant::before(c);
     let held: String = run(c, &[acquire, name, "3", "0.3", "ID", "big", "COUNT", "3"]);
     assert_eq!(held, "big");
+    let first = match kind {
+        Kind::Fair => Some(fresh.holder(c, name, "big")),
+        Kind::Plain => None,
+    };
     let deadline = score(c, name, "big");
     let two = send(
         server,
@@ -1185,16 +1206,17 @@ fn expiry_serves_waiters(server: &Server, c: &mut Connection, kind: Kind, name: 
     assert_eq!(in_use(c, name), 3);
     assert_eq!(permits_key(c, name), fields(&[("", "1"), ("two", "2")]));
     assert_eq!(waiters(c, name), 0);
+    first
 }
 
 #[test]
 fn an_expired_weighted_holder_frees_all_its_permits_for_waiters_via_the_timer() {
     let server = Server::start();
     let mut c = server.connection();
-    expiry_serves_waiters(&server, &mut c, Kind::Plain, "plain");
-    expiry_serves_waiters(&server, &mut c, Kind::Fair, "fair");
+    let plain = expiry_serves_waiters(&server, &mut c, Kind::Plain, "plain");
+    assert_eq!(plain, None);
+    let first = expiry_serves_waiters(&server, &mut c, Kind::Fair, "fair").expect("a ticket");
     let tickets = zset(&mut c, "fair:owner");
-    let first = first_ticket(&mut c);
     assert_eq!(
         tickets,
         [
@@ -1213,7 +1235,6 @@ fn readers_and_a_writer_on_a_fair_semaphore() {
     const DOC: &str = "doc";
     let server = Server::start();
     let mut c = server.connection();
-    let first = first_ticket(&mut c) as u64;
     let reader = |c: &mut Connection, id: &str| -> (String, u64) {
         run(
             c,
@@ -1232,7 +1253,11 @@ fn readers_and_a_writer_on_a_fair_semaphore() {
             ],
         )
     };
-    for (ticket, id) in [(first, "r1"), (first + 1, "r2"), (first + 2, "r3")] {
+    let fresh = FirstGrant::before(&mut c);
+    let r1 = reader(&mut c, "r1");
+    assert_eq!(r1.0, "r1");
+    let first = fresh.ticket(&mut c, r1.1 as i64) as u64;
+    for (ticket, id) in [(first + 1, "r2"), (first + 2, "r3")] {
         assert_eq!(
             reader(&mut c, id),
             (id.to_string(), ticket),
@@ -1370,7 +1395,6 @@ const WORKLOAD_SEMAPHORES: [&str; 4] = ["gpus", "doc", "tq", "idle"];
 /// by later writes, and a weighted semaphore whose keys expire whole. Every holder left has a
 /// lease of 60 s or more.
 fn weighted_workload(server: &Server, c: &mut Connection) {
-    let first = first_ticket(c) as u64;
     let id = |c: &mut Connection, args: &[&str]| -> Option<String> { run(c, args) };
     let ticket = |c: &mut Connection, args: &[&str]| -> Option<(String, u64)> { run(c, args) };
     let one = |c: &mut Connection, args: &[&str]| {
@@ -1407,6 +1431,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
     );
 
     // Fair: a writer waits for a reader that gives its permits back in two steps.
+    let fresh = FirstGrant::before(c);
     let r1 = ticket(
         c,
         &[
@@ -1421,6 +1446,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
             "WITHTICKET",
         ],
     );
+    let first = fresh.ticket(c, r1.as_ref().expect("a free permit").1 as i64) as u64;
     assert_eq!(r1, Some(("r1".into(), first)));
     let writer = send(
         server,
@@ -1477,6 +1503,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
     assert_eq!(r3, Some(("r3".into(), first + 3)));
 
     // Fair: a weighted holder's lease runs out and the timer serves the waiter.
+    let fresh = FirstGrant::before(c);
     let h = ticket(
         c,
         &[
@@ -1491,7 +1518,8 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
             "WITHTICKET",
         ],
     );
-    assert_eq!(h, Some(("h".into(), first)));
+    let tq_first = fresh.ticket(c, h.as_ref().expect("a free permit").1 as i64) as u64;
+    assert_eq!(h, Some(("h".into(), tq_first)));
     let x = send(
         server,
         &[
@@ -1508,7 +1536,7 @@ fn weighted_workload(server: &Server, c: &mut Connection) {
             "WITHTICKET",
         ],
     );
-    assert_eq!(x.granted_with_ticket(), ("x".into(), first + 1));
+    assert_eq!(x.granted_with_ticket(), ("x".into(), tq_first + 1));
 
     // Plain, short leases only: the keys expire whole, the permits key with them. The weighted
     // holder comes last, so its deadline is the latest even if the first one expired already.

@@ -1,6 +1,7 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::fencing;
 use crate::types::{deadline_ms, MAX_TICKET};
 
 /// The key layout as plain maps: what `<name>`, `<name>:owner` and `<name>:counter` hold, with
@@ -256,10 +257,20 @@ fn run_on(store: &mut MemoryStore, steps: &[Step]) {
     }
 }
 
+/// Runs `steps` on a name whose counter stands at 0, so fair tickets count from 1 (a name with
+/// no counter starts from the clock: `a_name_without_a_counter_starts_from_the_clock`).
 fn run(steps: &[Step]) -> MemoryStore {
-    let mut store = MemoryStore::default();
+    let mut store = counted();
     run_on(&mut store, steps);
     store
+}
+
+/// A name whose counter stands at 0.
+fn counted() -> MemoryStore {
+    MemoryStore {
+        counter: Some(0),
+        ..MemoryStore::default()
+    }
 }
 
 #[test]
@@ -273,7 +284,11 @@ fn plain_grants_up_to_the_limit_then_refuses() {
     ]);
     assert_eq!(store.holders.len(), 3);
     assert!(store.owners.is_empty());
-    assert_eq!(store.counter, None);
+    assert_eq!(
+        store.counter,
+        Some(0),
+        "plain grants leave the counter alone"
+    );
     assert_eq!(store.holders[&id("a")], (T0 + 1000) as f64);
 }
 
@@ -384,6 +399,39 @@ fn a_ticket_floor_lifts_the_next_ticket_once_and_tickets_go_on_from_there() {
         ..fair(5, 100)
     };
     run_on(&mut store, &[(4, "d", request, Ok(granted(Some(1002))))]);
+}
+
+#[test]
+fn a_name_without_a_counter_starts_from_the_clock() {
+    // Its counter went (a flush, a swap, a move): its old holders may still use tickets up to
+    // the clock's, so the next one starts there, not at 1 nor at the node's older floor.
+    let mut store = MemoryStore::default();
+    let request = AcquireRequest {
+        ticket_floor: 1000,
+        ..fair(5, 100)
+    };
+    let at = |ms: i64| fencing::floor_at(T0 + ms);
+    run_on(
+        &mut store,
+        &[
+            (7, "a", request, Ok(granted(Some(at(7))))),
+            // From there on the counter: the next one up, whatever the clock.
+            (9, "b", request, Ok(granted(Some(at(7) + 1)))),
+        ],
+    );
+    assert_eq!(store.counter, Some(at(7) + 1));
+    store.counter = None;
+    run_on(&mut store, &[(20, "c", request, Ok(granted(Some(at(20)))))]);
+    // A refusal takes no ticket and writes no counter.
+    let mut full = MemoryStore::default();
+    run_on(
+        &mut full,
+        &[
+            (0, "a", fair(1, 100), Ok(granted(Some(at(0))))),
+            (1, "b", fair(1, 100), Ok(Acquired::Full)),
+        ],
+    );
+    assert_eq!(full.counter, Some(at(0)));
 }
 
 #[test]
@@ -576,7 +624,7 @@ fn foreign_holder_scores_read_as_deadlines() {
 
 #[test]
 fn refresh_extends_only_live_holders() {
-    let mut store = MemoryStore::default();
+    let mut store = counted();
     run_on(&mut store, &[(0, "a", fair(3, 100), Ok(granted(Some(1))))]);
     assert_eq!(
         refresh(&mut store, T0 + 99, &id("a"), 500),
@@ -614,7 +662,7 @@ fn refresh_of_a_lost_holder_clears_what_is_left_of_it() {
 
 #[test]
 fn release_reports_whether_the_permit_was_still_held() {
-    let mut store = MemoryStore::default();
+    let mut store = counted();
     run_on(
         &mut store,
         &[
@@ -658,7 +706,7 @@ fn in_use_ignores_expired_holders_without_removing_them() {
 
 #[test]
 fn snapshot_lists_fair_holders_by_ticket() {
-    let mut store = MemoryStore::default();
+    let mut store = counted();
     run_on(
         &mut store,
         &[

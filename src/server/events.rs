@@ -397,7 +397,7 @@ extern "C" fn on_client_change(
 }
 
 extern "C" fn on_flush(
-    _ctx: *mut raw::RedisModuleCtx,
+    ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
     data: *mut c_void,
@@ -410,10 +410,11 @@ extern "C" fn on_flush(
     guard((), || {
         (hooks().flushed)((info.dbnum >= 0).then_some(info.dbnum))
     });
+    super::timer::hurry(ctx);
 }
 
 extern "C" fn on_swap(
-    _ctx: *mut raw::RedisModuleCtx,
+    ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,
     data: *mut c_void,
@@ -426,6 +427,7 @@ extern "C" fn on_swap(
     guard((), || {
         (hooks().swapped)(info.dbnum_first, info.dbnum_second)
     });
+    super::timer::hurry(ctx);
 }
 
 extern "C" fn on_config_change(
@@ -486,13 +488,14 @@ extern "C" fn on_key_event(
         };
         if super::names::may_concern(db, name) {
             guard((), || (hooks().key_changed)(db, name));
+            super::timer::hurry(ctx);
         }
     }
     raw::REDISMODULE_OK as c_int
 }
 
 extern "C" fn on_key_server_event(
-    _ctx: *mut raw::RedisModuleCtx,
+    ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,
     data: *mut c_void,
@@ -518,6 +521,7 @@ extern "C" fn on_key_server_event(
     // Nearly every key the server reports is no waited semaphore's: the filter answers first.
     if super::names::may_concern(db, name) && (hooks().follows_keys)() {
         guard((), || (hooks().key_changed)(db, name));
+        super::timer::hurry(ctx);
     }
 }
 

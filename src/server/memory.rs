@@ -129,8 +129,12 @@ extern "C" fn on_evicted(
             std::slice::from_raw_parts(ptr.cast::<u8>(), len),
         )
     };
+    let concerned = guard(false, || (hooks().key_evicted)(db, name));
+    if concerned {
+        super::timer::hurry(ctx);
+    }
     guard((), || {
-        if !(hooks().key_evicted)(db, name) {
+        if !concerned {
             return;
         }
         if !WARNED.swap(true, Ordering::Relaxed) {

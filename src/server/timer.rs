@@ -1,8 +1,8 @@
 //! The module's one timer. The waiting side keeps its own schedule (wait ends, lease ends, work
 //! to do after the current command); this arms a single Redis timer at the earliest of them.
 
-use std::os::raw::c_void;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::Mutex;
 
 use redis_module::{raw, Context};
@@ -85,6 +85,48 @@ pub fn arm_now() {
         let id = raw::RedisModule_CreateTimer.unwrap()(ctx, 0, Some(fired), std::ptr::null_mut());
         *armed = Some((id, i64::MIN));
     }
+}
+
+/// A post-notification job asked for and not yet run.
+static JOB: AtomicBool = AtomicBool::new(false);
+
+/// Called at the end of a callback for another client's change (a key event, a flush, a swap,
+/// an eviction): work that change deferred to the at-once timer runs instead right after the
+/// command or event under way, before the server runs any other command (a pipelined one
+/// included), where the server offers post-notification jobs (Redis 7.2 and later, Valkey).
+/// Elsewhere (Redis 7.0), or where the server refuses a job (loading, a read-only replica), the
+/// timer does it at the end of this turn of the event loop.
+pub fn hurry(ctx: *mut raw::RedisModuleCtx) {
+    if !armed().is_some_and(|(_, at)| at == i64::MIN) {
+        return;
+    }
+    // SAFETY: a function pointer the server filled in at load (absent before Redis 7.2).
+    let Some(add) = (unsafe { raw::RedisModule_AddPostNotificationJob }) else {
+        return;
+    };
+    if JOB.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: the context of the server's callback under way, on the main thread.
+    let added = unsafe { add(ctx, Some(job), std::ptr::null_mut(), None) };
+    if added != raw::REDISMODULE_OK as c_int {
+        JOB.store(false, Ordering::Relaxed);
+    }
+}
+
+unsafe extern "C" fn job(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    JOB.store(false, Ordering::Relaxed);
+    // The job does what the at-once timer was armed for; a later one is kept.
+    {
+        let mut armed = armed();
+        let detached = DETACHED.load(Ordering::Relaxed);
+        if let (Some((id, i64::MIN)), false) = (*armed, detached.is_null()) {
+            // SAFETY: the module's detached context, on the main thread; the id is this module's.
+            unsafe { raw::RedisModule_StopTimer.unwrap()(detached, id, std::ptr::null_mut()) };
+            *armed = None;
+        }
+    }
+    guard((), || (hooks().timer_fired)(&Context::new(ctx)));
 }
 
 /// Stops the timer: nothing is left to do (an armed timer keeps `MODULE UNLOAD` refused).

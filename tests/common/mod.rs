@@ -333,13 +333,65 @@ pub fn info_sem(conn: &mut redis::Connection) -> std::collections::BTreeMap<Stri
         .collect()
 }
 
-/// The first fair ticket of a name without a counter: the server's fencing floor (`INFO sem`,
-/// `sem_ticket_floor`), taken from the clock when the module loaded (and again when the server
-/// finished loading data or became a primary). Such a name's n-th fair ticket is this + n - 1.
-pub fn first_ticket(conn: &mut redis::Connection) -> i64 {
+/// The server's fencing floor (`INFO sem`, `sem_ticket_floor`): the clock in microseconds when
+/// the module loaded (taken again when the server finished loading data or became a primary). A
+/// fair grant to a name with a counter hands out `max(counter + 1, floor)`.
+pub fn ticket_floor(conn: &mut redis::Connection) -> i64 {
     let floor = info_sem(conn)["sem_ticket_floor"];
     assert!(floor > 0, "the module took no fencing floor when it loaded");
     i64::try_from(floor).expect("a floor below 2^63")
+}
+
+/// The server's clock and floor, read before a fair grant to a name without a counter (a new
+/// name, or one whose counter is gone), which hands out the clock of that grant in
+/// microseconds: `max(1, floor, now_ms × 1000)`. The name's next grants then count up by one.
+pub struct FirstGrant {
+    floor: i64,
+    before_ms: i64,
+}
+
+impl FirstGrant {
+    /// Read on the node that will make the grant, before the command that leads to it.
+    pub fn before(conn: &mut redis::Connection) -> FirstGrant {
+        let floor = ticket_floor(conn);
+        let before_ms = server_ms(conn);
+        FirstGrant { floor, before_ms }
+    }
+
+    /// The same from a floor and a clock reading the caller already has.
+    pub fn since(floor: i64, before_ms: i64) -> FirstGrant {
+        FirstGrant { floor, before_ms }
+    }
+
+    /// Whether `ticket` is such a first grant's, made by `after_ms`: the clock of some
+    /// millisecond in the window, in microseconds, or the floor if that is higher.
+    pub fn allows(&self, ticket: i64, after_ms: i64) -> bool {
+        // Every floor is a clock in microseconds too, so a multiple of 1000.
+        let lowest = self.floor.max(self.before_ms * 1000);
+        let highest = self.floor.max(after_ms * 1000);
+        (lowest..=highest).contains(&ticket) && (ticket == self.floor || ticket % 1000 == 0)
+    }
+
+    /// `ticket`, checked to be such a first grant's since [`FirstGrant::before`], up to now on
+    /// `conn`'s server.
+    pub fn ticket(&self, conn: &mut redis::Connection, ticket: i64) -> i64 {
+        let after_ms = server_ms(conn);
+        assert!(
+            self.allows(ticket, after_ms),
+            "ticket {ticket} is not the clock of a grant from {} to {after_ms} ms (floor {})",
+            self.before_ms,
+            self.floor
+        );
+        ticket
+    }
+
+    /// The ticket `name`'s holder `id` holds (its score in `<name>:owner`), checked as
+    /// [`FirstGrant::ticket`] does.
+    pub fn holder(&self, conn: &mut redis::Connection, name: &str, id: &str) -> i64 {
+        let score: Option<i64> = run(conn, &["ZSCORE", &format!("{name}:owner"), id]);
+        let ticket = score.unwrap_or_else(|| panic!("{id} holds no ticket of {name}"));
+        self.ticket(conn, ticket)
+    }
 }
 
 /// A replica of `primary`, with no persistence, once its link is up.

@@ -1137,8 +1137,13 @@ fn set_counter(keys: &mut Keyspace, key: Bytes, ticket: u64) {
     );
 }
 
-/// The next one up from the counter, and at least the floor.
-fn next_ticket(counter: Option<u64>, floor: u64) -> Result<u64, SemErr> {
+/// The next one up from the counter, and at least the floor; without a counter, at least the
+/// clock of the grant (`now` ms, in microseconds).
+fn next_ticket(counter: Option<u64>, floor: u64, now: i64) -> Result<u64, SemErr> {
+    let floor = match counter {
+        Some(_) => floor,
+        None => floor.max(u64::try_from(now).unwrap_or(0).saturating_mul(1000)),
+    };
     let next = counter
         .unwrap_or(0)
         .checked_add(1)
@@ -1351,7 +1356,7 @@ fn rules(
                 });
             }
             if count.is_none() && *kind == Kind::Fair && room {
-                let ticket = next_ticket(read_counter(keys, &counter)?, floor)?;
+                let ticket = next_ticket(read_counter(keys, &counter)?, floor, now)?;
                 let expired = survey.expired.iter().any(|e| e == id);
                 if !expired && sets.holders.contains(id) {
                     let ticket = renew(&mut sets)?;
@@ -1377,7 +1382,7 @@ fn rules(
                 return Ok((Reply::Nil, Effect::Full, None));
             }
             let ticket = match kind {
-                Kind::Fair => Some(next_ticket(read_counter(keys, &counter)?, floor)?),
+                Kind::Fair => Some(next_ticket(read_counter(keys, &counter)?, floor, now)?),
                 Kind::Plain => None,
             };
             sets.prune(&survey);

@@ -10,7 +10,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{first_ticket, run, server_ms, wait_until, zset, Server};
+use common::{run, server_ms, wait_until, zset, FirstGrant, Server};
 use redsem_client::{
     clear_limit, in_use, set_limit, stored_limit, wait_empty, Error, Semaphore, SemaphoreSet,
 };
@@ -129,11 +129,15 @@ fn the_readme_examples() {
         let result = readme_set_example(&url);
         assert_module_required(&mut conn, runs, result, SET_NEEDS, &["gpu", "licence"]);
     } else {
+        let fresh = FirstGrant::before(&mut conn);
         let (drained, tickets) = readme_set_example(&url).unwrap();
         assert!(drained);
-        // gpu and licence are fresh names: each one's first ticket is the server's floor.
-        let first = first_ticket(&mut conn) as u64;
-        assert_eq!(tickets, Some(vec![first, first]));
+        // gpu and licence are fresh names: each one's first ticket is the clock of the grant.
+        let tickets = tickets.expect("fair tickets");
+        assert_eq!(tickets.len(), 2);
+        for ticket in tickets {
+            fresh.ticket(&mut conn, ticket as i64);
+        }
     }
     readme_limit_example(&url).unwrap();
     for name in ["jobs", "gpu", "licence", "deploys", "reports"] {
@@ -225,26 +229,29 @@ fn fair_permits_carry_growing_tickets() {
     let printers = Semaphore::new(client(&server), "printers")
         .limit(2)
         .fair(true);
-    // With the module a fresh name's first ticket is the server's floor, the next ones follow
-    // it; the script's tickets are max(counter + 1, the server's clock in microseconds).
-    let floor = match scripts() {
-        false => first_ticket(&mut conn),
-        true => server_ms(&mut conn) * 1000,
-    };
+    // With the module a fresh name's first ticket is the clock of its grant in microseconds,
+    // the next ones follow it; the script's tickets are max(counter + 1, the server's clock in
+    // microseconds).
+    let fresh = (!scripts()).then(|| FirstGrant::before(&mut conn));
+    let since = server_ms(&mut conn) * 1000;
     let first = printers.acquire().unwrap();
     let second = printers.acquire().unwrap();
     let (one, two) = (
         first.ticket().unwrap() as i64,
         second.ticket().unwrap() as i64,
     );
-    if scripts() {
-        assert!(
-            (floor..=server_ms(&mut conn) * 1000).contains(&one),
-            "{one}"
-        );
-        assert!(two > one && two <= server_ms(&mut conn) * 1000, "{two}");
-    } else {
-        assert_eq!((one, two), (floor, floor + 1));
+    match &fresh {
+        None => {
+            assert!(
+                (since..=server_ms(&mut conn) * 1000).contains(&one),
+                "{one}"
+            );
+            assert!(two > one && two <= server_ms(&mut conn) * 1000, "{two}");
+        }
+        Some(fresh) => {
+            fresh.ticket(&mut conn, one);
+            assert_eq!(two, one + 1);
+        }
     }
     assert_eq!(
         zset(&mut conn, "printers:owner"),
@@ -263,7 +270,7 @@ fn fair_permits_carry_growing_tickets() {
     drop((first, second));
     let third = printers.acquire().unwrap().ticket().unwrap() as i64;
     match scripts() {
-        false => assert_eq!(third, floor + 2),
+        false => assert_eq!(third, one + 2),
         true => assert!(third > two, "{third}"),
     }
 }
@@ -436,19 +443,20 @@ fn a_fair_set_carries_one_ticket_per_semaphore() {
         assert_module_required(&mut conn, 0, result, SET_NEEDS, &["gpu", "licence"]);
         return;
     }
-    let floor = first_ticket(&mut conn);
+    let fresh = FirstGrant::before(&mut conn);
     let single = Semaphore::new(client(&server), "licence")
         .limit(5)
         .fair(true)
         .acquire()
         .unwrap();
-    assert_eq!(single.ticket(), Some(floor as u64));
+    let licence = fresh.ticket(&mut conn, single.ticket().expect("a ticket") as i64);
+    // gpu has no counter yet: its first ticket is the clock of the set's grant.
+    let fresh = FirstGrant::before(&mut conn);
     let permits = pair(&server).fair(true).acquire().unwrap();
-    assert_eq!(
-        permits.tickets(),
-        Some(&[floor as u64, floor as u64 + 1][..])
-    );
-    assert!(zset(&mut conn, "licence:owner").contains(&(permits.id().to_string(), floor + 1)));
+    let tickets = permits.tickets().expect("fair tickets");
+    let gpu = fresh.ticket(&mut conn, tickets[0] as i64);
+    assert_eq!(tickets, [gpu as u64, licence as u64 + 1]);
+    assert!(zset(&mut conn, "licence:owner").contains(&(permits.id().to_string(), licence + 1)));
 }
 
 #[test]
