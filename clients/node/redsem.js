@@ -65,6 +65,12 @@ function seconds(value) {
   return `${Math.floor(ms / 1000)}.${String(ms % 1000).padStart(3, "0")}`;
 }
 
+/**
+ * How long a call through a cluster client keeps trying through moves and failovers, in
+ * seconds, unless its retryBudget says otherwise.
+ */
+const RETRY_BUDGET = 30;
+
 function checkRetryBudget(budget) {
   if (!(budget >= 0) || budget === Infinity) {
     throw new TypeError("retryBudget must be a number of seconds (0: no retries)");
@@ -379,7 +385,7 @@ function clusterSlot(names) {
   const other = slots.findIndex((slot) => slot !== slots[0]);
   if (other > 0) {
     throw new TypeError(
-      'in Redis Cluster the semaphores of a set must share a slot: give their names one hash ' +
+      "in Redis Cluster the semaphores of a set must share a slot: give their names one hash " +
         `tag, e.g. "{app}a" and "{app}b" ("${names[0]}" is in slot ${slots[0]}, ` +
         `"${names[other]}" in slot ${slots[other]})`,
     );
@@ -402,8 +408,16 @@ function longForm(args, names) {
   return [args[0], args[1], ...keysOf(args[1]), ...args.slice(2)];
 }
 
-/** How long a call keeps trying through moves and failovers, in seconds, unless told. */
-const RETRY_BUDGET = 30;
+/** What ioredis and node-redis say of a connection that closed or never opened. */
+const CONNECTION_LOST = [
+  /Connection is closed/,
+  /Stream isn't writeable/,
+  /Socket closed unexpectedly/,
+  /client is closed/i,
+  /Disconnects client/,
+  /ECONNREFUSED|ECONNRESET/,
+  /Connection timeout/i,
+];
 
 /**
  * What kind of trouble an error from a cluster node is: `ask` or `moved` (with the address to
@@ -422,11 +436,7 @@ function clusterTrouble(err) {
     return { kind: "gone" };
   }
   // ioredis and node-redis on a connection that closed or never opened.
-  if (
-    /Connection is closed|Stream isn't writeable|Socket closed unexpectedly|client is closed|Disconnects client|ECONNREFUSED|ECONNRESET|Connection timeout/i.test(
-      message,
-    )
-  ) {
+  if (CONNECTION_LOST.some((pattern) => pattern.test(message))) {
     return { kind: "gone" };
   }
   return null;
@@ -735,8 +745,9 @@ class SlotLink {
   }
 
   _dropDedicated() {
-    if (this._dedicated) this._dedicated.conn.then((conn) => conn.destroy(), () => {});
+    const own = this._dedicated;
     this._dedicated = null;
+    if (own) own.conn.then((conn) => conn.destroy()).catch(() => {});
   }
 
   /**
@@ -1262,7 +1273,8 @@ async function waitEmpty(redis, name, timeout, options = {}) {
   const opts = callOptions(options);
   // The server reads 0 as "no limit": a timeout of 0 (or none left) looks for at most a
   // millisecond instead.
-  const build = (wait) => ["SEM.WAITEMPTY", name, wait == null ? "0.001" : wait === Infinity ? "0" : seconds(wait)];
+  const arg = (wait) => (wait == null ? "0.001" : wait === Infinity ? "0" : seconds(wait));
+  const build = (wait) => ["SEM.WAITEMPTY", name, arg(wait)];
   const client = await reach(redis, [name], opts.retryBudget);
   if (!client.module) throw moduleRequired("SEM.WAITEMPTY");
   const blockMs = timeout === Infinity ? Infinity : Math.max(timeout * 1000, 1);

@@ -38,7 +38,11 @@ const TEST_CLUSTER = process.env.REDSEM_TEST_CLUSTER;
 const run = util.promisify(execFile);
 
 if (!CLUSTER) {
-  test("Redis Cluster (set REDSEM_CLUSTER to module, filter0 or scripts)", { skip: true }, () => {});
+  test(
+    "Redis Cluster (set REDSEM_CLUSTER to module, filter0 or scripts)",
+    { skip: true },
+    () => {},
+  );
 } else {
   if (!["module", "filter0", "scripts"].includes(CLUSTER)) {
     throw new Error(`REDSEM_CLUSTER must be module, filter0 or scripts, not ${CLUSTER}`);
@@ -57,7 +61,8 @@ function clusterTests() {
   let nodes; // as scripts/test-cluster prints them
   let observer; // an ioredis Cluster the tests look through
 
-  const testCluster = async (...args) => (await run(TEST_CLUSTER, [...args], { timeout: 90000 })).stdout;
+  const testCluster = async (...args) =>
+    (await run(TEST_CLUSTER, [...args], { timeout: 90000 })).stdout;
   const describeCluster = async () => JSON.parse(await testCluster("nodes", dir)).nodes;
 
   before(async () => {
@@ -94,7 +99,8 @@ function clusterTests() {
 
   /** The live primaries, each with its slots. */
   const primaries = async () => (await describeCluster()).filter((n) => n.alive && n.primary);
-  const serving = (slot, among) => among.find((n) => n.slots.some(([a, b]) => a <= slot && slot <= b));
+  const serving = (slot, among) =>
+    among.find((n) => n.slots.some(([a, b]) => a <= slot && slot <= b));
   const ownerOf = async (slot) => serving(slot, await primaries());
 
   /** A name `{prefix-i}` whose slot the primary on `port` serves (the first i that fits). */
@@ -188,10 +194,14 @@ function clusterTests() {
           const permit = await acquire(redis, fairName, { limit: 1, lease: 30, fair: true });
           tickets.push(permit.ticket);
           // The module's keys, in the semaphore's slot.
-          assert.equal(Number(await observer.zscore(`${fairName}:owner`, permit.id)), permit.ticket);
+          assert.equal(
+            Number(await observer.zscore(`${fairName}:owner`, permit.id)),
+            permit.ticket,
+          );
           assert.equal(await permit.release(), true);
         }
-        for (let i = 1; i < tickets.length; i++) assert.ok(tickets[i] > tickets[i - 1], `${tickets}`);
+        for (let i = 1; i < tickets.length; i++)
+          assert.ok(tickets[i] > tickets[i - 1], `${tickets}`);
         assert.equal(await live(fairName), 0);
       });
 
@@ -255,16 +265,24 @@ function clusterTests() {
         const permits = await acquireAll(redis, pair, { lease: 30, fair: true });
         assert.equal(permits.tickets.length, 2);
         assert.equal(await permits.refresh(), true);
-        await assert.rejects(acquireAll(redis, pair, { lease: 30, fair: true, wait: 0.2 }), NotAcquired);
+        await assert.rejects(
+          acquireAll(redis, pair, { lease: 30, fair: true, wait: 0.2 }),
+          NotAcquired,
+        );
         assert.equal(await waitEmpty(redis, pair[0].name, 0.2), false);
         const emptied = waitEmpty(redis, pair[0].name, 10);
         await sleep(200);
         assert.equal(await permits.release(), true);
         assert.equal(await emptied, true);
-        const id = await withPermits(redis, pair, { lease: 30, wait: 5, bound: true }, async (held) => {
-          assert.equal(await live(pair[1].name), 2);
-          return held.id;
-        });
+        const id = await withPermits(
+          redis,
+          pair,
+          { lease: 30, wait: 5, bound: true },
+          async (held) => {
+            assert.equal(await live(pair[1].name), 2);
+            return held.id;
+          },
+        );
         assert.ok(id.length > 0);
         assert.equal(await live(pair[0].name), 0);
         const bound = await acquire(redis, pair[0].name, { limit: 1, lease: 30, bound: true });
@@ -287,7 +305,7 @@ function clusterTests() {
         assert.equal(await permit.release(), true);
       });
 
-      test("a name without a hash tag, or a set over slots, is refused before anything is sent", async () => {
+      test("no hash tag, or a set over slots: refused before anything is sent", async () => {
         const fresh = await lib.connect(); // has asked nothing yet
         try {
           await sleep(300);
@@ -304,13 +322,23 @@ function clusterTests() {
           await refused(setLimit(fresh, "jobs", 3), noTag("jobs"));
           await refused(clearLimit(fresh, "jobs"), noTag("jobs"));
           await refused(waitEmpty(fresh, "jobs", 1), noTag("jobs"));
-          await refused(acquireAll(fresh, [{ name: "{app}a", limit: 1 }, { name: "b", limit: 1 }]), noTag("b"));
+          await refused(
+            acquireAll(fresh, [
+              { name: "{app}a", limit: 1 },
+              { name: "b", limit: 1 },
+            ]),
+            noTag("b"),
+          );
           const [a, b] = ["{a}x", "{b}y"];
           const [slotA, slotB] = [await slotOf(a), await slotOf(b)];
           await refused(
-            acquireAll(fresh, [{ name: a, limit: 1 }, { name: b, limit: 1 }]),
-            'in Redis Cluster the semaphores of a set must share a slot: give their names one ' +
-              `hash tag, e.g. "{app}a" and "{app}b" ("${a}" is in slot ${slotA}, "${b}" in slot ${slotB})`,
+            acquireAll(fresh, [
+              { name: a, limit: 1 },
+              { name: b, limit: 1 },
+            ]),
+            "in Redis Cluster the semaphores of a set must share a slot: give their names one " +
+              `hash tag, e.g. "{app}a" and "{app}b" ("${a}" is in slot ${slotA}, ` +
+              `"${b}" in slot ${slotB})`,
           );
           const afterCalls = await callsEverywhere();
           for (const [port, calls] of Object.entries(afterCalls)) {
@@ -342,7 +370,10 @@ function clusterTests() {
         const second = await acquire(redis, name, { limit: 2, lease: 30, fair: true });
         assert.ok(second.ticket > permit.ticket);
         const errorsAfter = await errorsAnswered();
-        assert.ok((errorsAfter.MOVED || 0) > (errorsBefore.MOVED || 0), JSON.stringify(errorsAfter));
+        assert.ok(
+          (errorsAfter.MOVED || 0) > (errorsBefore.MOVED || 0),
+          JSON.stringify(errorsAfter),
+        );
         assert.equal(await permit.refresh(), true);
         assert.equal(await live(name), 2);
         assert.equal(await permit.release(), true);
@@ -350,11 +381,16 @@ function clusterTests() {
         assert.equal(await live(name), 0);
       });
 
-      test("a call with no answer within its retry budget rejects with a SemaphoreError", async () => {
+      test("a call with no answer within its retry budget: a SemaphoreError", async () => {
         const [source, target] = await primaries();
         const name = await nameOn(source.port, `${tag}-stuck`);
         const slot = await slotOf(name);
-        const permit = await acquire(redis, name, { limit: 2, lease: 30, fair: true, retryBudget: 0.5 });
+        const permit = await acquire(redis, name, {
+          limit: 2,
+          lease: 30,
+          fair: true,
+          retryBudget: 0.5,
+        });
         // Half a move, left so: one of the semaphore's keys is on the target, the others are
         // not, and every call naming them all is answered TRYAGAIN.
         const at = (node) => new Redis({ port: node.port });
@@ -362,7 +398,16 @@ function clusterTests() {
         try {
           await to.cluster("SETSLOT", slot, "IMPORTING", source.id);
           await from.cluster("SETSLOT", slot, "MIGRATING", target.id);
-          const moved = await from.call("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", `${name}:counter`);
+          const moved = await from.call(
+            "MIGRATE",
+            "127.0.0.1",
+            target.port,
+            "",
+            0,
+            5000,
+            "KEYS",
+            `${name}:counter`,
+          );
           assert.equal(moved, "OK");
         } finally {
           from.disconnect();
@@ -443,7 +488,8 @@ function clusterTests() {
     const clients = {};
 
     before(async () => {
-      for (const [library, lib] of Object.entries(libraries)) clients[library] = await lib.connect();
+      for (const [library, lib] of Object.entries(libraries))
+        clients[library] = await lib.connect();
     });
 
     after(async () => {
@@ -512,7 +558,7 @@ function clusterTests() {
       assert.equal(await live(name), 0);
     });
 
-    test("a primary killed under holders and waiters: the holders keep their permits, each waiter gets one", async () => {
+    test("a primary killed under holders and waiters: each keeps or gets one permit", async () => {
       const victim = (await primaries()).find((n) => n.primary && n.slots.length > 0);
       const cases = [];
       for (const [library, redis] of Object.entries(clients)) {
