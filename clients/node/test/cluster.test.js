@@ -30,6 +30,7 @@ const {
   waitEmpty,
   withPermits,
   NotAcquired,
+  PermitLost,
   SemaphoreError,
 } = require("redsem-client");
 
@@ -88,13 +89,13 @@ function clusterTests() {
     setTimeout(() => process.exit(), 5000).unref();
   });
 
-  /** SEM.GET of `name` as the tests send it by hand: the long form, or the script's GET. */
-  function liveArgs(name) {
-    if (SCRIPTS) return semArgs(["SEM.GET", name], true); // EVAL over the six keys
+  /** `[SEM.X, name, ...]` as the tests send it by hand: the long form, or the script's op X. */
+  function byHand([command, name, ...rest]) {
+    if (SCRIPTS) return semArgs([command, name, ...rest], true); // EVAL over the six keys
     const suffixes = ["owner", "counter", "permits", "limit"];
-    return ["SEM.GET", name, ...suffixes.map((suffix) => `${name}:${suffix}`)];
+    return [command, name, ...suffixes.map((suffix) => `${name}:${suffix}`), ...rest];
   }
-  const live = async (name) => Number(await observer.call(...liveArgs(name)));
+  const live = async (name) => Number(await observer.call(...byHand(["SEM.GET", name])));
   const slotOf = async (name) => Number(await observer.cluster("KEYSLOT", name));
 
   /** The live primaries, each with its slots. */
@@ -591,7 +592,13 @@ function clusterTests() {
         assert.equal(await live(name), 1, library);
         assert.equal(await permit.refresh(), true, library);
         await assert.rejects(acquire(redis, name, { limit: 1, lease: 30 }), NotAcquired);
-        assert.equal(await permit.release(), true, library);
+        // A permit the new primary does not have (as one whose grant never reached the
+        // replica): its next refresh reports it lost, and so does its release.
+        assert.equal(await observer.call(...byHand(["SEM.RELEASE", name, permit.id])), 1);
+        assert.equal(await permit.refresh(), false, library);
+        assert.equal(permit.lost, true);
+        assert.ok((await permit.whenLost) instanceof PermitLost);
+        assert.equal(await permit.release(), false, library);
         assert.equal(await live(name), 0, library);
       }
     });
