@@ -199,6 +199,17 @@ fn the_packages_and_changelog_carry_the_crates_version() {
     let package: serde_json::Value =
         serde_json::from_str(&read("clients/node/package.json")).unwrap();
     assert_eq!(package["version"], version);
+    // The Java package's own version: the first <version> after its <artifactId>.
+    let pom = read("clients/java/pom.xml");
+    let after_artifact = &pom[pom
+        .find("<artifactId>redsem-client</artifactId>")
+        .expect("clients/java/pom.xml names redsem-client")..];
+    let java = after_artifact
+        .split("<version>")
+        .nth(1)
+        .and_then(|rest| rest.split("</version>").next())
+        .expect("clients/java/pom.xml has a version");
+    assert_eq!(java, version, "clients/java/pom.xml");
     let changelog = read("CHANGELOG.md");
     assert!(
         changelog

@@ -47,7 +47,7 @@ export interface CallOptions {
    * Redis Cluster only: seconds a call is resent through moves and failovers (the same call,
    * the same identifier) before it gives up with a SemaphoreError. Default 30; 0: no retries.
    */
-  retryBudget?: number;
+  retryFor?: number;
 }
 
 export interface PermitOptions {
@@ -72,7 +72,7 @@ export interface PermitOptions {
   /** Refresh in the background every lease/3. Default true. */
   autoRefresh?: boolean;
   /** Redis Cluster only: seconds a call is resent through moves and failovers. Default 30. */
-  retryBudget?: number;
+  retryFor?: number;
 }
 
 export class SemaphoreError extends Error {}
@@ -142,7 +142,7 @@ export interface SetOptions {
   /** Refresh in the background every lease/3. Default true. */
   autoRefresh?: boolean;
   /** Redis Cluster only: seconds a call is resent through moves and failovers. Default 30. */
-  retryBudget?: number;
+  retryFor?: number;
 }
 
 /**

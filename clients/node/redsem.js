@@ -67,20 +67,20 @@ function seconds(value) {
 
 /**
  * How long a call through a cluster client keeps trying through moves and failovers, in
- * seconds, unless its retryBudget says otherwise.
+ * seconds, unless its retryFor says otherwise.
  */
 const RETRY_BUDGET = 30;
 
 function checkRetryBudget(budget) {
   if (!(budget >= 0) || budget === Infinity) {
-    throw new TypeError("retryBudget must be a number of seconds (0: no retries)");
+    throw new TypeError("retryFor must be a number of seconds (0: no retries)");
   }
 }
 
-/** The options of the calls that take no permit: only retryBudget (Redis Cluster). */
+/** The options of the calls that take no permit: only retryFor (Redis Cluster). */
 function callOptions(options) {
-  const opts = { retryBudget: RETRY_BUDGET, ...options };
-  checkRetryBudget(opts.retryBudget);
+  const opts = { retryFor: RETRY_BUDGET, ...options };
+  checkRetryBudget(opts.retryFor);
   return opts;
 }
 
@@ -95,7 +95,7 @@ function checkOptions(name, options) {
     durableReplicas: 0,
     durableTimeoutMs: 1000,
     autoRefresh: true,
-    retryBudget: RETRY_BUDGET,
+    retryFor: RETRY_BUDGET,
     ...options,
   };
   if (!name) throw new TypeError("the semaphore name must not be empty");
@@ -112,7 +112,7 @@ function checkOptions(name, options) {
   if (opts.id != null && opts.id.length === 0) {
     throw new TypeError("the identifier must not be empty");
   }
-  checkRetryBudget(opts.retryBudget);
+  checkRetryBudget(opts.retryFor);
   return opts;
 }
 
@@ -634,11 +634,11 @@ function clusterOf(redis) {
  * 1 s, and a refresh of the slot map) until it has an answer, for at most the retry budget.
  */
 class SlotLink {
-  constructor(cluster, names, slot, retryBudget) {
+  constructor(cluster, names, slot, retryFor) {
     this.cluster = cluster;
     this.names = names;
     this.slot = slot;
-    this.budgetMs = (retryBudget == null ? RETRY_BUDGET : retryBudget) * 1000;
+    this.budgetMs = (retryFor == null ? RETRY_BUDGET : retryFor) * 1000;
     this.module = undefined;
     this.own = false; // waiting calls go on a connection of our own
     this._blockMs = 0;
@@ -817,10 +817,10 @@ class SlotLink {
  * server has the module, or, through a cluster client, the way to the primary serving their
  * slot (the names checked before anything is sent).
  */
-async function reach(redis, names, retryBudget) {
+async function reach(redis, names, retryFor) {
   const cluster = clusterOf(redis);
   if (!cluster) return detect(adapt(redis));
-  return new SlotLink(cluster, names, clusterSlot(names), retryBudget).detect();
+  return new SlotLink(cluster, names, clusterSlot(names), retryFor).detect();
 }
 
 /**
@@ -1083,13 +1083,13 @@ class PermitSet extends Held {
  *
  * `redis` may be a cluster client (ioredis Cluster, node-redis createCluster): then `name`
  * needs a hash tag, the calls go to the slot's primary (a connection of its own is one to that
- * node), and each is resent through moves and failovers for at most `retryBudget` seconds
+ * node), and each is resent through moves and failovers for at most `retryFor` seconds
  * (default 30), with the same identifier.
  */
 async function acquire(redis, name, options = {}) {
   const opts = checkOptions(name, options);
   const id = opts.id != null ? opts.id : randomUUID();
-  const client = await reach(redis, [name], opts.retryBudget);
+  const client = await reach(redis, [name], opts.retryFor);
   if (!client.module && opts.bound) throw moduleRequired("BOUND");
   const { conn, own } = await connectionFor(client, opts);
   let permit;
@@ -1161,7 +1161,7 @@ function checkSetOptions(semaphores, options) {
     bound: false,
     id: null,
     autoRefresh: true,
-    retryBudget: RETRY_BUDGET,
+    retryFor: RETRY_BUDGET,
     ...options,
   };
   if (!Array.isArray(semaphores) || semaphores.length < 1 || semaphores.length > 64) {
@@ -1187,7 +1187,7 @@ function checkSetOptions(semaphores, options) {
   if (opts.id != null && opts.id.length === 0) {
     throw new TypeError("the identifier must not be empty");
   }
-  checkRetryBudget(opts.retryBudget);
+  checkRetryBudget(opts.retryFor);
   return { sems, opts };
 }
 
@@ -1216,7 +1216,7 @@ async function acquireAll(redis, semaphores, options = {}) {
   const client = await reach(
     redis,
     sems.map((sem) => sem.name),
-    opts.retryBudget,
+    opts.retryFor,
   );
   if (!client.module) throw moduleRequired("SEM.ACQUIREALL");
   const { conn, own } = await connectionFor(client, opts);
@@ -1275,7 +1275,7 @@ async function waitEmpty(redis, name, timeout, options = {}) {
   // millisecond instead.
   const arg = (wait) => (wait == null ? "0.001" : wait === Infinity ? "0" : seconds(wait));
   const build = (wait) => ["SEM.WAITEMPTY", name, arg(wait)];
-  const client = await reach(redis, [name], opts.retryBudget);
+  const client = await reach(redis, [name], opts.retryFor);
   if (!client.module) throw moduleRequired("SEM.WAITEMPTY");
   const blockMs = timeout === Infinity ? Infinity : Math.max(timeout * 1000, 1);
   const conn = client.cluster ? client.dedicate(blockMs) : await ownConnection(client, blockMs);
@@ -1299,8 +1299,8 @@ const MAX_LIMIT = 4294967295;
  */
 async function storedLimit(redis, name, options = {}) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
-  const { retryBudget } = callOptions(options);
-  const reply = await semCall(await reach(redis, [name], retryBudget), ["SEM.LIMIT", name]);
+  const { retryFor } = callOptions(options);
+  const reply = await semCall(await reach(redis, [name], retryFor), ["SEM.LIMIT", name]);
   return reply == null ? null : Number(reply);
 }
 
@@ -1314,8 +1314,8 @@ async function setLimit(redis, name, limit, options = {}) {
   if (!Number.isInteger(limit) || limit < 0 || limit > MAX_LIMIT) {
     throw new TypeError(`limit must be an integer from 0 to ${MAX_LIMIT} (0 pauses)`);
   }
-  const { retryBudget } = callOptions(options);
-  await semCall(await reach(redis, [name], retryBudget), ["SEM.LIMIT", name, limit]);
+  const { retryFor } = callOptions(options);
+  await semCall(await reach(redis, [name], retryFor), ["SEM.LIMIT", name, limit]);
 }
 
 /**
@@ -1324,8 +1324,8 @@ async function setLimit(redis, name, limit, options = {}) {
  */
 async function clearLimit(redis, name, options = {}) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
-  const { retryBudget } = callOptions(options);
-  const link = await reach(redis, [name], retryBudget);
+  const { retryFor } = callOptions(options);
+  const link = await reach(redis, [name], retryFor);
   return (await semCall(link, ["SEM.LIMIT", name, "CLEAR"])) === 1;
 }
 

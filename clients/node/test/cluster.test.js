@@ -390,7 +390,7 @@ function clusterTests() {
           limit: 2,
           lease: 30,
           fair: true,
-          retryBudget: 0.5,
+          retryFor: 0.5,
         });
         // Half a move, left so: one of the semaphore's keys is on the target, the others are
         // not, and every call naming them all is answered TRYAGAIN.
@@ -419,7 +419,7 @@ function clusterTests() {
           err.message.includes("within 0.5 s (the retry budget)") &&
           /TRYAGAIN/.test(err.message);
         const started = performance.now();
-        await assert.rejects(storedLimit(redis, name, { retryBudget: 0.5 }), stuck);
+        await assert.rejects(storedLimit(redis, name, { retryFor: 0.5 }), stuck);
         const waited = performance.now() - started;
         assert.ok(waited > 400 && waited < 3000, `gave up after ${Math.round(waited)} ms`);
         await assert.rejects(permit.refresh(), stuck);

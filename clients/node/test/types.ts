@@ -70,15 +70,15 @@ export async function operatorsLimit(): Promise<number> {
 
 export async function withClusters(): Promise<number> {
   const cluster = new Cluster([{ host: "127.0.0.1", port: 7000 }]);
-  const permit: Permit = await acquire(cluster, "{jobs}", { limit: 3, wait: 10, retryBudget: 5 });
+  const permit: Permit = await acquire(cluster, "{jobs}", { limit: 3, wait: 10, retryFor: 5 });
   const pair: SetSemaphore[] = [{ name: "{app}gpu", limit: 1 }, { name: "{app}licence", limit: 5 }];
-  const permits: PermitSet = await acquireAll(cluster, pair, { wait: 1, retryBudget: 10 });
+  const permits: PermitSet = await acquireAll(cluster, pair, { wait: 1, retryFor: 10 });
   const nodeRedis = createCluster({ rootNodes: [{ url: "redis://127.0.0.1:7000" }] });
   await nodeRedis.connect();
   const fair: PermitOptions = { limit: 1, fair: true };
   const ticket = await withPermit(nodeRedis, "app:{jobs}", fair, (held) => held.ticket);
-  const empty: boolean = await waitEmpty(nodeRedis, "{jobs}", 5, { retryBudget: 10 });
-  await setLimit(cluster, "{jobs}", 2, { retryBudget: 0 });
+  const empty: boolean = await waitEmpty(nodeRedis, "{jobs}", 5, { retryFor: 10 });
+  await setLimit(cluster, "{jobs}", 2, { retryFor: 0 });
   const stored: number | null = await storedLimit(nodeRedis, "{jobs}");
   const cleared: boolean = await clearLimit(nodeRedis, "{jobs}", {});
   const id: string = await withPermits(nodeRedis, pair, {}, (held) => held.id);
@@ -88,7 +88,7 @@ export async function withClusters(): Promise<number> {
 }
 
 // @ts-expect-error the retry budget is a number of seconds
-export const budgetAsText = storedLimit(new Redis(6379), "{jobs}", { retryBudget: "30" });
+export const budgetAsText = storedLimit(new Redis(6379), "{jobs}", { retryFor: "30" });
 
 // @ts-expect-error a limit is a number
 export const limitAsText = setLimit(new Redis(6379), "jobs", "5");

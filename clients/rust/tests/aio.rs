@@ -9,7 +9,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use common::{first_ticket, run, wait_until, zset};
+use common::{run, wait_until, zset, FirstGrant};
 use redsem_client::aio::{self, Semaphore, SemaphoreSet, Target};
 use redsem_client::Error;
 use support::*;
@@ -201,11 +201,14 @@ async fn fair_permits_carry_growing_tickets_count_and_identifier() {
     let printers = Semaphore::new(client(&server), "printers")
         .limit(2)
         .fair(true);
+    // A fresh name's first ticket is the clock of its grant in microseconds.
+    let fresh = FirstGrant::before(&mut conn);
     let first = printers.acquire().await.unwrap();
     let second = printers.acquire().await.unwrap();
     let (one, two) = (first.ticket().unwrap(), second.ticket().unwrap());
     if !scripts() {
-        assert_eq!(one as i64, first_ticket(&mut conn));
+        fresh.ticket(&mut conn, one as i64);
+        assert_eq!(two, one + 1);
     }
     assert!(two > one);
     assert!(first.release().await.unwrap() && second.release().await.unwrap());
@@ -321,11 +324,15 @@ async fn sets_are_granted_whole_waited_for_and_given_back_whole() {
         assert_module_required(&mut conn, 0, result, SET_NEEDS, &["gpu", "licence"]);
         return;
     }
+    let fresh = FirstGrant::before(&mut conn);
     let permits = pair(&target).fair(true).acquire().await.unwrap();
     assert_eq!(permits.names(), ["gpu", "licence"]);
     assert_eq!(permits.counts(), [1, 3]);
-    let floor = first_ticket(&mut conn) as u64;
-    assert_eq!(permits.tickets(), Some(&[floor, floor][..]));
+    // Two fresh names granted in one step: each the clock of that step.
+    let tickets = permits.tickets().expect("fair tickets").to_vec();
+    assert_eq!(tickets.len(), 2);
+    assert_eq!(tickets[0], tickets[1]);
+    fresh.ticket(&mut conn, tickets[0] as i64);
     assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (1, 3));
     assert!(permits.refresh().await.unwrap());
     assert!(permits.release().await.unwrap());

@@ -903,7 +903,7 @@ fn a_primary_killed_under_a_waiter_and_a_holder() {
     // The new primary has no replica: killed, its slots have no owner, and a call gives up
     // with Error::Unavailable once its retry budget has passed.
     driver(&["kill", &dir, &new_owner.to_string()]);
-    let short = Cluster::new(nodes.client()).retry_budget(Duration::from_millis(1500));
+    let short = Cluster::new(nodes.client()).retry_for(Duration::from_millis(1500));
     let started = Instant::now();
     match Semaphore::new(&short, sync_name.clone()).acquire() {
         Err(err @ Error::Unavailable { .. }) => assert!(
