@@ -106,7 +106,7 @@ impl Cluster {
 
     /// How long a call keeps trying, from its first failure, while its slot moves or its node
     /// fails over (default 30 seconds): then it fails with [`crate::Error::Unavailable`].
-    pub fn retry_budget(self, budget: Duration) -> Self {
+    pub fn retry_for(self, budget: Duration) -> Self {
         *lock(&self.inner.budget) = budget;
         self
     }
