@@ -461,6 +461,30 @@ fn every_relative_link_and_anchor_resolves() {
 /// Each client package has its own README, which its metadata names, and whose examples are
 /// made of lines of the examples clients/README.md shows (which the clients' tests run), in
 /// their order.
+/// The packages that cannot reach clients/scripts/redsem.lua when built from their own folder
+/// (Python's distribution, Go's embed) ship a copy of it: the copy is the source, byte for byte.
+#[test]
+fn the_packages_copies_of_the_script_are_its_source() {
+    let source = read(&root().join("clients/scripts/redsem.lua"));
+    for copy in [
+        "clients/python/src/redsem/redsem.lua",
+        "clients/go/redsem.lua",
+    ] {
+        let path = root().join(copy);
+        assert!(
+            !std::fs::symlink_metadata(&path)
+                .unwrap_or_else(|err| panic!("{copy}: {err}"))
+                .file_type()
+                .is_symlink(),
+            "{copy} is a symbolic link: a copy of the package's folder alone would lose it"
+        );
+        assert!(
+            read(&path) == source,
+            "{copy} differs from clients/scripts/redsem.lua: copy it again"
+        );
+    }
+}
+
 #[test]
 fn every_client_package_has_its_own_readme() {
     let pyproject = read(&root().join("clients/python/pyproject.toml"));

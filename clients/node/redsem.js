@@ -71,10 +71,35 @@ function seconds(value) {
  */
 const RETRY_BUDGET = 30;
 
-function checkRetryBudget(budget) {
-  if (!(budget >= 0) || budget === Infinity) {
-    throw new TypeError("retryFor must be a number of seconds (0: no retries)");
+/**
+ * `value` is a number of seconds (a number, not a string or a boolean): finite (`infinite`:
+ * or Infinity), above 0 (`positive`) or at least 0; otherwise a TypeError naming `what`,
+ * before anything is sent.
+ */
+function checkSeconds(what, value, { positive, infinite }) {
+  const ok =
+    typeof value === "number" &&
+    !Number.isNaN(value) &&
+    (infinite || Number.isFinite(value)) &&
+    (positive ? value > 0 : value >= 0);
+  if (!ok) {
+    const kind = positive ? "greater than 0" : "of at least 0";
+    const more = infinite ? " (Infinity: no limit)" : "";
+    throw new TypeError(
+      `${what} must be a finite number of seconds ${kind}${more}, not ${String(value)}`,
+    );
   }
+}
+
+/** `value` is an integer (a number) of at least `least`; otherwise a TypeError naming `what`. */
+function checkInteger(what, value, least) {
+  if (!Number.isInteger(value) || value < least) {
+    throw new TypeError(`${what} must be an integer of at least ${least}, not ${String(value)}`);
+  }
+}
+
+function checkRetryBudget(budget) {
+  checkSeconds("retryFor", budget, { positive: false, infinite: false });
 }
 
 /** The options of the calls that take no permit: only retryFor (Redis Cluster). */
@@ -99,16 +124,12 @@ function checkOptions(name, options) {
     ...options,
   };
   if (!name) throw new TypeError("the semaphore name must not be empty");
-  if (!Number.isInteger(opts.limit) || opts.limit < 1) {
-    throw new TypeError("limit must be an integer of at least 1");
-  }
-  if (!(opts.lease > 0)) throw new TypeError("lease must be a number of seconds greater than 0");
-  if (opts.wait != null && !(opts.wait >= 0)) {
-    throw new TypeError("wait must be null, or a number of seconds (Infinity: no limit)");
-  }
-  if (opts.count != null && (!Number.isInteger(opts.count) || opts.count < 1)) {
-    throw new TypeError("count must be null or an integer of at least 1");
-  }
+  checkInteger("limit", opts.limit, 1);
+  checkSeconds("lease", opts.lease, { positive: true, infinite: false });
+  if (opts.wait != null) checkSeconds("wait", opts.wait, { positive: false, infinite: true });
+  if (opts.count != null) checkInteger("count", opts.count, 1);
+  checkInteger("durableReplicas", opts.durableReplicas, 0);
+  checkInteger("durableTimeoutMs", opts.durableTimeoutMs, 0);
   if (opts.id != null && opts.id.length === 0) {
     throw new TypeError("the identifier must not be empty");
   }
@@ -1169,10 +1190,9 @@ function checkSetOptions(semaphores, options) {
   }
   const sems = semaphores.map(({ name, limit, count = 1 }) => {
     if (!name) throw new TypeError("a semaphore name must not be empty");
-    if (!Number.isInteger(limit) || limit < 1) {
-      throw new TypeError(`the limit of ${name} must be an integer of at least 1`);
-    }
-    if (!Number.isInteger(count) || count < 1 || count > limit) {
+    checkInteger(`the limit of ${name}`, limit, 1);
+    checkInteger(`the count of ${name}`, count, 1);
+    if (count > limit) {
       throw new TypeError(`the count of ${name} must be an integer from 1 to its limit`);
     }
     return { name, limit, count };
@@ -1180,10 +1200,8 @@ function checkSetOptions(semaphores, options) {
   if (new Set(sems.map((sem) => String(sem.name))).size < sems.length) {
     throw new TypeError("a semaphore is named twice");
   }
-  if (!(opts.lease > 0)) throw new TypeError("lease must be a number of seconds greater than 0");
-  if (opts.wait != null && !(opts.wait >= 0)) {
-    throw new TypeError("wait must be null, or a number of seconds (Infinity: no limit)");
-  }
+  checkSeconds("lease", opts.lease, { positive: true, infinite: false });
+  if (opts.wait != null) checkSeconds("wait", opts.wait, { positive: false, infinite: true });
   if (opts.id != null && opts.id.length === 0) {
     throw new TypeError("the identifier must not be empty");
   }
@@ -1269,7 +1287,7 @@ async function withPermits(redis, semaphores, options, work) {
  */
 async function waitEmpty(redis, name, timeout, options = {}) {
   if (!name) throw new TypeError("the semaphore name must not be empty");
-  if (!(timeout >= 0)) throw new TypeError("timeout must be a number of seconds (Infinity: no limit)");
+  checkSeconds("timeout", timeout, { positive: false, infinite: true });
   const opts = callOptions(options);
   // The server reads 0 as "no limit": a timeout of 0 (or none left) looks for at most a
   // millisecond instead.

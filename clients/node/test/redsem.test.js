@@ -325,6 +325,37 @@ async function setNeedsModule(run) {
   assert.deepEqual([await redis.exists("gpu"), await redis.exists("licence")], [0, 0]);
 }
 
+test("non-finite, non-numeric and boolean numbers are refused by name, before anything is sent", async () => {
+  const before = await calls();
+  for (const bad of [Infinity, -Infinity, NaN, "10", true, false, null, 2.5]) {
+    const cases = [
+      ["limit", () => acquire(redis, "jobs", { limit: bad })],
+      ["lease", () => acquire(redis, "jobs", { limit: 1, lease: bad })],
+      ["durableReplicas", () => acquire(redis, "jobs", { limit: 1, durableReplicas: bad })],
+      ["the limit of gpu", () => acquireAll(redis, [{ name: "gpu", limit: bad }])],
+      ["the count of gpu", () => acquireAll(redis, [{ name: "gpu", limit: 2, count: bad }])],
+      ["lease", () => acquireAll(redis, [{ name: "gpu", limit: 2 }], { lease: bad })],
+    ];
+    if (bad !== null) cases.push(["count", () => acquire(redis, "jobs", { limit: 3, count: bad })]);
+    // Infinity waits without limit, null does not wait, 2.5 s is a wait.
+    if (bad !== Infinity && bad !== null && bad !== 2.5) {
+      cases.push(["wait", () => acquire(redis, "jobs", { limit: 1, wait: bad })]);
+      cases.push(["timeout", () => waitEmpty(redis, "jobs", bad)]);
+    }
+    // A lease of 2.5 s is one; the rest of 2.5's cases are integers.
+    const refused = cases.filter(([what]) => !(bad === 2.5 && what === "lease"));
+    for (const [what, call] of refused) {
+      await assert.rejects(
+        async () => call(),
+        (err) => err instanceof TypeError && err.message.startsWith(`${what} must be`),
+        `${what}: ${String(bad)}`,
+      );
+    }
+  }
+  assert.deepEqual(callsSince(before, await calls()), {}, "nothing was sent");
+  assert.equal(await redis.exists("jobs", "gpu"), 0);
+});
+
 test("a set is granted whole and given back whole", async () => {
   if (SCRIPTS) return setNeedsModule(() => acquireAll(redis, pair, { lease: 30 }));
   const permits = await acquireAll(redis, pair, { lease: 30 });

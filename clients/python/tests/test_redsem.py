@@ -606,6 +606,42 @@ def test_bad_options_are_refused_before_any_command(r):
     assert not r.exists("jobs")
 
 
+BAD_NUMBERS = [math.inf, -math.inf, math.nan, "10", True, False, None, b"3"]
+
+
+@pytest.mark.parametrize("bad", BAD_NUMBERS, ids=repr)
+def test_non_finite_non_numeric_or_boolean_numbers_are_refused_by_name(r, bad):
+    """Each is a ValueError naming the parameter, raised before anything is sent (wait and
+    a wait for empty take math.inf: no limit; wait takes None: no wait)."""
+    def ours():
+        return {k: v for k, v in sent_calls(r).items() if k.startswith(SEMAPHORE_COMMANDS + ("command",))}
+
+    before = ours()
+    cases = [
+        ("limit", lambda: Semaphore(r, "jobs", limit=bad)),
+        ("lease", lambda: Semaphore(r, "jobs", limit=1, lease=bad)),
+        ("count", lambda: Semaphore(r, "jobs", limit=3, count=bad)),
+        ("durable_replicas", lambda: Semaphore(r, "jobs", limit=1, durable_replicas=bad)),
+        ("the limit of 'gpu'", lambda: SemaphoreSet(r, [("gpu", bad)])),
+        ("the count of 'gpu'", lambda: SemaphoreSet(r, [("gpu", 2, bad)])),
+        ("lease", lambda: SemaphoreSet(r, [("gpu", 2)], lease=bad)),
+    ]
+    if bad is not math.inf and bad is not None:
+        cases += [
+            ("wait", lambda: Semaphore(r, "jobs", limit=1, wait=bad)),
+            ("wait", lambda: SemaphoreSet(r, [("gpu", 2)], wait=bad)),
+            ("timeout", lambda: wait_empty(r, "jobs", bad)),
+        ]
+    if bad is None:
+        cases = [case for case in cases if case[0] not in ("count",)]
+    for what, call in cases:
+        with pytest.raises(ValueError) as refused:
+            call()
+        assert str(refused.value).startswith(what), (what, str(refused.value))
+    assert ours() == before, "nothing was sent"
+    assert not r.exists("jobs") and not r.exists("gpu")
+
+
 def test_a_set_is_granted_whole_and_given_back_whole(r):
     if SCRIPTS:
         call = lambda: acquire_all(r, [("gpu", 2), ("licence", 5, 3)], lease=30)  # noqa: E731

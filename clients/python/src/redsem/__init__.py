@@ -969,9 +969,36 @@ async def _acquire_by_script_async(
         await hop.blocking(["BLPOP", _wake_key(options.name), seconds], float(seconds))
 
 
+def _is_number(value: object) -> bool:
+    """An int or a float, but not a bool (which Python counts as an int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_seconds(what: str, value: object, *, positive: bool, infinite: bool) -> None:
+    """``value`` is a number of seconds: finite (``infinite``: or math.inf), above 0
+    (``positive``) or at least 0; otherwise a ValueError naming ``what``, before anything is
+    sent."""
+    ok = (
+        _is_number(value)
+        and not math.isnan(cast(float, value))
+        and (infinite or math.isfinite(cast(float, value)))
+        and (cast(float, value) > 0 if positive else cast(float, value) >= 0)
+    )
+    if not ok:
+        kind = "greater than 0" if positive else "of at least 0"
+        more = " (math.inf: no limit)" if infinite else ""
+        raise ValueError(f"{what} must be a finite number of seconds {kind}{more}, not {value!r}")
+
+
+def _check_integer(what: str, value: object, least: int) -> None:
+    """``value`` is an int (not a bool) of at least ``least``; otherwise a ValueError naming
+    ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{what} must be an integer of at least {least}, not {value!r}")
+
+
 def _check_retry_for(retry_for: float) -> None:
-    if not retry_for >= 0:
-        raise ValueError("retry_for must be a number of seconds (0: no retry in Redis Cluster)")
+    _check_seconds("retry_for", retry_for, positive=False, infinite=False)
 
 
 class _Options:
@@ -994,18 +1021,16 @@ class _Options:
     ) -> None:
         if not name:
             raise ValueError("the semaphore name must not be empty")
-        if not isinstance(limit, int) or limit < 1:
-            raise ValueError("limit must be an integer of at least 1")
-        if not lease > 0:
-            raise ValueError("lease must be a number of seconds greater than 0")
-        if wait is not None and not wait >= 0:
-            raise ValueError("wait must be None, or a number of seconds (math.inf: no limit)")
-        if count is not None and (not isinstance(count, int) or count < 1):
-            raise ValueError("count must be None or an integer of at least 1")
+        _check_integer("limit", limit, 1)
+        _check_seconds("lease", lease, positive=True, infinite=False)
+        if wait is not None:
+            _check_seconds("wait", wait, positive=False, infinite=True)
+        if count is not None:
+            _check_integer("count", count, 1)
         if identifier is not None and not identifier:
             raise ValueError("the identifier must not be empty")
-        if durable_replicas < 0 or durable_timeout_ms < 0:
-            raise ValueError("durable_replicas and durable_timeout_ms must not be negative")
+        _check_integer("durable_replicas", durable_replicas, 0)
+        _check_integer("durable_timeout_ms", durable_timeout_ms, 0)
         _check_retry_for(retry_for)
         self.name = name
         self.limit = limit
@@ -1078,9 +1103,9 @@ class _SetOptions:
             count = rest[0] if rest else 1
             if not name:
                 raise ValueError("a semaphore name must not be empty")
-            if not isinstance(limit, int) or limit < 1:
-                raise ValueError(f"the limit of {name!r} must be an integer of at least 1")
-            if not isinstance(count, int) or not 1 <= count <= limit:
+            _check_integer(f"the limit of {name!r}", limit, 1)
+            _check_integer(f"the count of {name!r}", count, 1)
+            if count > limit:
                 raise ValueError(f"the count of {name!r} must be an integer from 1 to its limit")
             specs.append((name, limit, count))
         if not 1 <= len(specs) <= 64:
@@ -1088,10 +1113,9 @@ class _SetOptions:
         encoded = {name if isinstance(name, bytes) else name.encode() for name, _, _ in specs}
         if len(encoded) < len(specs):
             raise ValueError("a semaphore is named twice")
-        if not lease > 0:
-            raise ValueError("lease must be a number of seconds greater than 0")
-        if wait is not None and not wait >= 0:
-            raise ValueError("wait must be None, or a number of seconds (math.inf: no limit)")
+        _check_seconds("lease", lease, positive=True, infinite=False)
+        if wait is not None:
+            _check_seconds("wait", wait, positive=False, infinite=True)
         if identifier is not None and not identifier:
             raise ValueError("the identifier must not be empty")
         _check_retry_for(retry_for)
@@ -1963,8 +1987,7 @@ def _wait_empty_args(name: Identifier, timeout: float) -> Tuple[Args, Optional[f
     """SEM.WAITEMPTY's arguments, and how long it may block (None: without limit)."""
     if not name:
         raise ValueError("the semaphore name must not be empty")
-    if not timeout >= 0:
-        raise ValueError("timeout must be a number of seconds (math.inf: no limit)")
+    _check_seconds("timeout", timeout, positive=False, infinite=True)
     if math.isinf(timeout):
         return ["SEM.WAITEMPTY", name, "0"], None
     # The server reads 0 as "no limit": a timeout of 0 looks for at most a millisecond instead.
