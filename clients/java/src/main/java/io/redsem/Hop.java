@@ -7,12 +7,20 @@ final class Hop {
   final Transport.Conn conn;
   /** The server runs the script (it has no module). */
   final boolean scripts;
+  /** The node ("host:port") in Cluster, "" on one server: the key of its backend. */
+  final String node;
   private final List<String> names; // in Cluster: the long form's names
 
-  Hop(Transport.Conn conn, boolean scripts, List<String> names) {
+  Hop(Transport.Conn conn, boolean scripts, String node, List<String> names) {
     this.conn = conn;
     this.scripts = scripts;
+    this.node = node;
     this.names = names;
+  }
+
+  /** The same connection, speaking to the module (found loaded in the middle of a call). */
+  Hop module() {
+    return new Hop(conn, false, node, names);
   }
 
   private List<Object> form(List<Object> args) {
@@ -20,24 +28,27 @@ final class Hop {
     return names == null || scripts ? args : Commands.longForm(args, names);
   }
 
-  /** A SEM.* command, as itself or through the script. */
+  /** A SEM.* command, as itself or through the script (T_oom). */
   Object send(List<Object> args) {
-    return send(args, 0);
+    return scripts ? script(conn, args, false) : conn.call(0, form(args));
   }
 
-  private Object send(List<Object> args, long block) {
-    if (!scripts) {
-      return conn.call(block, form(args));
-    }
+  /** An acquire that may take a new place: through T_acq (refused when memory is full). */
+  Object sendFirst(List<Object> args) {
+    return scripts ? script(conn, args, true) : conn.call(0, form(args));
+  }
+
+  /** A SEM.* command through the script on {@code conn}; {@code acq}: T_acq, else T_oom. */
+  static Object script(Transport.Conn conn, List<Object> args, boolean acq) {
     try {
-      return conn.call(block, Script.args(args, false));
+      return conn.call(0, Script.args(args, false, acq));
     } catch (RuntimeException e) {
       if (Transport.Failure.ofServerError(e.getMessage()).kind
           != Transport.Failure.Kind.NOSCRIPT) {
         throw e;
       }
       // Not loaded yet (or flushed): EVAL loads it.
-      return conn.call(block, Script.args(args, true));
+      return conn.call(0, Script.args(args, true, acq));
     }
   }
 

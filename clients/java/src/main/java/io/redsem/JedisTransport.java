@@ -87,6 +87,11 @@ final class JedisTransport implements Transport {
   }
 
   @Override
+  public RuntimeException serverError(String message) {
+    return new JedisDataException(message);
+  }
+
+  @Override
   public Failure classify(RuntimeException error) {
     if (error instanceof JedisConnectionException) {
       return Failure.BROKEN;

@@ -2,6 +2,7 @@ package io.redsem;
 
 import io.lettuce.core.ClientOptions;
 import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisCommandExecutionException;
 import io.lettuce.core.RedisConnectionException;
 import io.lettuce.core.RedisURI;
 import io.lettuce.core.api.StatefulRedisConnection;
@@ -90,6 +91,11 @@ final class LettuceClusterTransport implements Transport {
   public void refreshTopology() {
     // In the background: a MOVED is followed at once, and a pause waits anyway.
     cluster.refreshPartitionsAsync();
+  }
+
+  @Override
+  public RuntimeException serverError(String message) {
+    return new RedisCommandExecutionException(message);
   }
 
   @Override

@@ -1,6 +1,7 @@
 package io.redsem;
 
 import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisCommandExecutionException;
 import io.lettuce.core.api.StatefulRedisConnection;
 import io.lettuce.core.codec.ByteArrayCodec;
 
@@ -49,6 +50,11 @@ final class LettuceTransport implements Transport {
   @Override
   public void refreshTopology() {
     throw new UnsupportedOperationException("not a cluster");
+  }
+
+  @Override
+  public RuntimeException serverError(String message) {
+    return new RedisCommandExecutionException(message);
   }
 
   @Override

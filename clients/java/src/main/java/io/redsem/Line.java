@@ -84,11 +84,11 @@ final class Line implements AutoCloseable {
     boolean broken = true;
     try {
       scripts = !redsem.hasModule("", conn);
-      T reply = op.run(new Hop(conn, scripts, null));
+      T reply = op.run(new Hop(conn, scripts, "", null));
       broken = false;
       return reply;
     } catch (RuntimeException e) {
-      broken = transport.classify(e).broken;
+      broken = broken(e);
       throw e;
     } finally {
       if (!dedicated || broken) {
@@ -116,11 +116,11 @@ final class Line implements AutoCloseable {
           try {
             boolean script = !redsem.hasModule(node, askConn);
             askConn.call(0, List.of("ASKING"));
-            T reply = op.run(new Hop(askConn, script, names));
+            T reply = op.run(new Hop(askConn, script, node, names));
             broken = false;
             return reply;
           } catch (RuntimeException e) {
-            broken = transport.classify(e).broken;
+            broken = broken(e);
             throw e;
           } finally {
             askConn.close(broken);
@@ -132,12 +132,16 @@ final class Line implements AutoCloseable {
           connNode = node;
         }
         scripts = !redsem.hasModule(connNode, conn);
-        T reply = op.run(new Hop(conn, scripts, names));
+        T reply = op.run(new Hop(conn, scripts, connNode, names));
         if (!dedicated) {
           closeConn(false);
         }
         return reply;
       } catch (RuntimeException e) {
+        if (e instanceof WaitInterrupted) {
+          closeConn(true);
+          throw e;
+        }
         Transport.Failure failure = transport.classify(e);
         switch (failure.kind) {
           case MOVED:
@@ -196,6 +200,12 @@ final class Line implements AutoCloseable {
         }
       }
     }
+  }
+
+  /** Whether the connection of a call that threw {@code e} must not be used again. */
+  private boolean broken(RuntimeException e) {
+    // A BLPOP cut short by an interrupt may still answer on its connection.
+    return e instanceof WaitInterrupted || transport.classify(e).broken;
   }
 
   private void check(long giveUp, RuntimeException e) {

@@ -13,21 +13,36 @@ import java.util.concurrent.ConcurrentHashMap;
  * pooled {@code UnifiedJedis}), {@link #of(io.lettuce.core.RedisClient)} and {@link
  * #of(io.lettuce.core.cluster.RedisClusterClient)} for Lettuce.
  *
- * <p>It finds out once per server (in Redis Cluster, once per node) whether the server has the
- * module ({@code COMMAND INFO SEM.ACQUIRE}); where it has not, every operation runs as the
- * script redsem.lua over the same keys, and what only the module does throws {@link
- * ModuleRequired}. Close it when done: it closes the connections it opened itself (Lettuce),
+ * <p>It finds out per server (in Redis Cluster, per node) whether the server has the module
+ * ({@code COMMAND INFO SEM.ACQUIRE}); where it has not, every operation runs as the script
+ * redsem.lua over the same keys, and what only the module does throws {@link ModuleRequired}.
+ * A server without it is asked again at the next call once 10 s have passed, and the script
+ * itself says when the module has been loaded since: the client moves to it at once. Close it when done: it closes the connections it opened itself (Lettuce),
  * never your client.
  */
 public final class Redsem implements AutoCloseable {
   /** How long a call in Redis Cluster is resent through a move or a failover by default. */
   public static final Duration RETRY_FOR = Duration.ofSeconds(30);
 
+  /** How long a node found without the module is believed so: then asked again. */
+  private static final long RECHECK_NANOS = 10_000_000_000L;
+
   final Transport transport;
-  private final Map<String, Boolean> backends;
+  private final Map<String, Backend> backends;
   final long retryForNanos;
 
-  private Redsem(Transport transport, Map<String, Boolean> backends, long retryForNanos) {
+  /** What a node answered to COMMAND INFO SEM.ACQUIRE, and when (System.nanoTime). */
+  private static final class Backend {
+    final boolean module;
+    final long askedAt;
+
+    Backend(boolean module, long askedAt) {
+      this.module = module;
+      this.askedAt = askedAt;
+    }
+  }
+
+  private Redsem(Transport transport, Map<String, Backend> backends, long retryForNanos) {
     this.transport = transport;
     this.backends = backends;
     this.retryForNanos = retryForNanos;
@@ -83,17 +98,26 @@ public final class Redsem implements AutoCloseable {
     return SemaphoreSet.builder(this);
   }
 
-  /** Whether the server (or the cluster node {@code node}) has the module; asked once. */
+  /**
+   * Whether the server (or the cluster node {@code node}) has the module: asked once, and again
+   * when the answer was no and is older than 10 s (a module loaded later is picked up live).
+   */
   boolean hasModule(String node, Transport.Conn conn) {
-    Boolean known = backends.get(node);
-    if (known != null) {
-      return known;
+    Backend known = backends.get(node);
+    long now = System.nanoTime();
+    if (known != null && (known.module || now - known.askedAt < RECHECK_NANOS)) {
+      return known.module;
     }
     Object reply = conn.call(0, List.of("COMMAND", "INFO", "SEM.ACQUIRE"));
     boolean module = reply instanceof List && !((List<?>) reply).isEmpty()
         && ((List<?>) reply).get(0) != null;
-    backends.put(node, module);
+    backends.put(node, new Backend(module, now));
     return module;
+  }
+
+  /** The script found the module loaded on {@code node}: the next calls go to it. */
+  void moduleLoaded(String node) {
+    backends.put(node, new Backend(true, System.nanoTime()));
   }
 
   /**

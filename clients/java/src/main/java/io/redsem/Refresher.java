@@ -45,6 +45,11 @@ final class Refresher {
     return ASYNC;
   }
 
+  /** {@code task} once, in {@code delayNanos}, on the daemon threads (it may wait on a node). */
+  static ScheduledFuture<?> later(long delayNanos, Runnable task) {
+    return TIMER.schedule(() -> WORKERS.execute(task), delayNanos, TimeUnit.NANOSECONDS);
+  }
+
   static ScheduledFuture<?> every(long periodNanos, Runnable refresh) {
     return TIMER.scheduleWithFixedDelay(
         () -> WORKERS.execute(refresh), periodNanos, periodNanos, TimeUnit.NANOSECONDS);

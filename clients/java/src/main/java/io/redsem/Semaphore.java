@@ -14,9 +14,6 @@ import java.util.concurrent.Executor;
  * by threads: each {@link #acquire()} takes its own permit.
  */
 public final class Semaphore {
-  /** The longest a waiter without the module blocks on {@code <name>:wake} before it tries again. */
-  private static final long RECHECK_NANOS = 1_000_000_000L;
-
   private final Redsem redsem;
   private final String name;
   private final long limit;
@@ -65,16 +62,20 @@ public final class Semaphore {
     Line line = new Line(redsem, List.of(name), dedicated, retryForNanos);
     Permit permit;
     long sent;
+    ScriptWait waiter = null;
     try {
       line.open(bound ? "BOUND" : null);
       String identifier = id != null ? id : UUID.randomUUID().toString();
       long deadline = waitNanos == Commands.NO_LIMIT ? 0 : System.nanoTime() + waitNanos;
+      ScriptWait script = new ScriptWait(redsem, name, identifier, fair, waitNanos, deadline,
+          command(identifier, 0, false), left -> command(identifier, left, true));
+      waiter = script;
       Object[] result = line.run(hop -> {
         if (hop.scripts) {
           if (bound) { // a node without the module, after a move
             throw new ModuleRequired("BOUND");
           }
-          return acquireByScript(hop, identifier, deadline);
+          return script.run(hop);
         }
         long at = System.nanoTime();
         long left = Commands.waitLeft(waitNanos, deadline);
@@ -93,6 +94,9 @@ public final class Semaphore {
       permit = new Permit(name, identifier, ticket, count == 0 ? 1 : count, leaseNanos, line, sent);
     } catch (RuntimeException e) {
       line.close();
+      if (waiter != null) {
+        waiter.leave(retryForNanos);
+      }
       throw e;
     }
     try {
@@ -135,36 +139,6 @@ public final class Semaphore {
   /** {@link #acquire()} on {@code executor}. */
   public CompletableFuture<Permit> acquireAsync(Executor executor) {
     return CompletableFuture.supplyAsync(this::acquire, executor);
-  }
-
-  /**
-   * Acquires through the script, waiting until {@code deadline} on {@code <name>:wake} between
-   * attempts. Returns the module's reply (null: not granted) and when the granting attempt was
-   * sent.
-   */
-  private Object[] acquireByScript(Hop hop, String identifier, long deadline) {
-    List<Object> command = command(identifier, 0, false);
-    while (true) {
-      long at = System.nanoTime();
-      Object reply = hop.send(command);
-      if (!(reply instanceof List) || ((List<?>) reply).size() != 2) {
-        throw new RedsemException("unexpected answer of the redsem script: " + reply);
-      }
-      Object granted = ((List<?>) reply).get(0);
-      if (granted != null) {
-        return new Object[] {granted, at};
-      }
-      long retryMs = Commands.integer(((List<?>) reply).get(1));
-      // One millisecond more: the lease ends at its deadline, not before.
-      long retry = retryMs > 0 ? (retryMs + 1) * 1_000_000L : RECHECK_NANOS;
-      long left = waitNanos == Commands.NO_LIMIT ? Long.MAX_VALUE : deadline - System.nanoTime();
-      if (waitNanos == 0 || left <= 0) {
-        return new Object[] {null, at};
-      }
-      long block = Math.min(left, Math.min(retry, RECHECK_NANOS));
-      hop.blocking(List.of("BLPOP", name + Commands.WAKE, Commands.secondsOfNanos(block)),
-          Commands.sentMillis(block));
-    }
   }
 
   /** The acquire, waiting {@code wait} ns; {@code inServer=false}: the script's form. */

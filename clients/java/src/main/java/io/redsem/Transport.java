@@ -24,6 +24,9 @@ interface Transport extends AutoCloseable {
   /** Learns the slots' owners anew (cluster only); errors are the caller's to ignore. */
   void refreshTopology();
 
+  /** A server's error {@code message} as the library throws the server's errors. */
+  RuntimeException serverError(String message);
+
   /** What an error thrown by a call means for a call in Cluster. */
   Failure classify(RuntimeException error);
 
