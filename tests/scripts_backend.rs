@@ -1,7 +1,9 @@
 //! The client packages' Lua script (clients/scripts/redsem.lua), which runs the semaphore where
 //! no module can be loaded, against the module itself: the same replies and the same keys for a
 //! long random sequence of calls, semaphores that scripts started and the module carries on
-//! after `MODULE LOAD`, the limit under contention, and the script's wake-up list.
+//! after `MODULE LOAD` (and scripts that hand their calls to it), the limit under contention,
+//! and the script's line: first come first served, grants handed over and told on each
+//! waiter's list, lease ends served by `TICK`, places that run out, memory full.
 
 mod common;
 
@@ -13,11 +15,18 @@ use std::time::{Duration, Instant};
 use common::*;
 use redis::Value;
 
-/// The one script every package loads.
+/// The one script every package loads, as it is: it runs when memory is full.
 const SCRIPT: &str = include_str!("../clients/scripts/redsem.lua");
-/// What the script caps its wake-up list at, and the list's expiry.
-const WAKE_MAX: i64 = 8;
-const WAKE_TTL_MS: i64 = 2000;
+/// How long a waiter's place is held after its last attempt.
+const PLACE_MS: i64 = 6000;
+
+/// The text the packages send a newcomer's acquire with: the file with its first line
+/// `#!lua flags=allow-oom` made `#!lua`, which the server refuses at `maxmemory`.
+fn acquire_text() -> String {
+    let (first, rest) = SCRIPT.split_once('\n').expect("a first line");
+    assert_eq!(first, "#!lua flags=allow-oom");
+    format!("#!lua\n{rest}")
+}
 
 fn sha() -> String {
     redis::Script::new(SCRIPT).get_hash().to_string()
@@ -54,18 +63,29 @@ fn script(conn: &mut redis::Connection, name: &str, op: &str, args: &[&str]) -> 
 
 type RedisResult = redis::RedisResult<Value>;
 
-/// The script's `[reply, retry_ms]` of an acquire.
-fn acquire_reply(value: Value) -> (Value, i64) {
+/// The script's `[reply, retry_ms, ahead]` of an acquire.
+fn acquire_reply3(value: Value) -> (Value, i64, i64) {
     match value {
-        Value::Array(mut pair) if pair.len() == 2 => {
-            let retry = match pair.pop() {
+        Value::Array(mut three) if three.len() == 3 => {
+            let ahead = match three.pop() {
+                Some(Value::Int(n)) => n,
+                other => panic!("ahead is not an integer: {other:?}"),
+            };
+            let retry = match three.pop() {
                 Some(Value::Int(ms)) => ms,
                 other => panic!("retry_ms is not an integer: {other:?}"),
             };
-            (pair.pop().expect("two elements"), retry)
+            (three.pop().expect("three elements"), retry, ahead)
         }
         other => panic!("an acquire through the script replied {other:?}"),
     }
+}
+
+/// The script's `[reply, retry_ms]` of an acquire without `LINE`, with nobody in line.
+fn acquire_reply(value: Value) -> (Value, i64) {
+    let (reply, retry, ahead) = acquire_reply3(value);
+    assert_eq!(ahead, 0, "nobody waits in the line");
+    (reply, retry)
 }
 
 /// An acquire through the script that must not fail: its reply and retry_ms.
@@ -502,27 +522,15 @@ fn assert_same_keys(step: &str, module: &Snapshot, script: &Snapshot) {
     }
 }
 
-/// The script's wake-up lists never grow past the cap, and always expire soon.
-fn assert_wake_lists(conn: &mut redis::Connection) {
+/// Calls without `LINE` leave no line behind: no `:line`, `:places` or waiter's list.
+fn assert_no_line(conn: &mut redis::Connection) {
     for name in NAMES {
-        let key = format!("{name}:wake");
-        // In one transaction: the list may expire between two separate reads.
-        let (len, ttl): (i64, i64) = redis::pipe()
-            .atomic()
-            .cmd("LLEN")
-            .arg(&key)
-            .cmd("PTTL")
-            .arg(&key)
-            .query(conn)
-            .expect("LLEN and PTTL");
-        assert!(len <= WAKE_MAX, "{key} holds {len} tokens");
-        match len {
-            0 => assert_eq!(ttl, -2, "{key}"),
-            _ => assert!(
-                (0..=WAKE_TTL_MS).contains(&ttl),
-                "{key} expires in {ttl} ms"
-            ),
+        for pattern in [format!("{name}:line"), format!("{name}:places")] {
+            let exists: i64 = run(conn, &["EXISTS", &pattern]);
+            assert_eq!(exists, 0, "{pattern}");
         }
+        let lists: Vec<String> = run(conn, &["KEYS", &format!("{name}:wake:*")]);
+        assert!(lists.is_empty(), "{lists:?}");
     }
 }
 
@@ -698,7 +706,7 @@ fn run_differential(steps: &[Step], own_keys: bool) {
             }
         }
         assert_same_keys(&context, &after_m, &after_s);
-        assert_wake_lists(&mut s);
+        assert_no_line(&mut s);
         if own_keys {
             assert_expiries("module", &after_m);
             assert_expiries("script", &after_s);
@@ -896,6 +904,14 @@ fn a_semaphore_started_by_scripts_goes_on_under_the_module() {
     assert_eq!(ok, Value::Okay);
     script_acquire(&mut conn, "m:lim", "ACQUIRE", &["10", "60", "ID", "l1"]);
     script_acquire(&mut conn, "m:one", "ACQUIRE", &["1", "60", "ID", "holder"]);
+    script_acquire(&mut conn, "m:two", "ACQUIRE", &["1", "60", "ID", "holder"]);
+    script_acquire(
+        &mut conn,
+        "m:three",
+        "ACQUIRE",
+        &["1", "60", "ID", "holder"],
+    );
+    take_place(&mut conn, "m:two", "ACQUIRE", &["1", "60", "ID", "in-line"]);
 
     let path = module_path();
     let loaded: String = run(
@@ -997,6 +1013,54 @@ fn a_semaphore_started_by_scripts_goes_on_under_the_module() {
     let holders = zset(&mut conn, "m:one");
     assert_eq!(holders.len(), 1);
     assert_eq!(holders[0].0, "waiter");
+
+    // The script hands its calls to the module once it is loaded: a release through it serves
+    // the module's waiter at once, and the script's own waiters are told to use the module.
+    let waiter = Pending::send(
+        &server,
+        &[
+            "SEM.ACQUIRE",
+            "m:three",
+            "1",
+            "30",
+            "ID",
+            "w3",
+            "WAIT",
+            "10",
+        ],
+    );
+    until_in_line(&mut conn, "m:three", 1);
+    let released = script(&mut conn, "m:three", "RELEASE", &["holder"]).expect("RELEASE");
+    assert_eq!(released, Value::Int(1));
+    assert_eq!(text(&waiter.reply().expect("the waiter's reply")), "w3");
+    let refreshed = script(&mut conn, "m:three", "REFRESH", &["w3", "40"]).expect("REFRESH");
+    assert_eq!(refreshed, Value::Int(1));
+    let calls: String = run(&mut conn, &["INFO", "commandstats"]);
+    assert!(
+        calls.contains("cmdstat_sem.refresh:calls=2"),
+        "one SEM.REFRESH above, one through the script: {calls}"
+    );
+
+    let released = script(&mut conn, "m:two", "RELEASE", &["holder"]).expect("RELEASE");
+    assert_eq!(released, Value::Int(1));
+    assert_eq!(told(&mut conn, "m:two", "in-line"), vec!["M".to_string()]);
+    let exists: i64 = run(&mut conn, &["EXISTS", "m:two:line", "m:two:places"]);
+    assert_eq!(exists, 0, "the script's line is given up");
+    let value = script(
+        &mut conn,
+        "m:two",
+        "ACQUIRE",
+        &["1", "60", "ID", "in-line", "LINE"],
+    )
+    .expect("an acquire through the script");
+    let (reply, retry, ahead) = acquire_reply3(value);
+    assert_eq!(
+        (text(&reply), retry, ahead),
+        ("in-line".to_string(), 0, -1),
+        "the module's grant"
+    );
+    let exists: i64 = run(&mut conn, &["EXISTS", "m:two:wake:in-line"]);
+    assert_eq!(exists, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1160,7 +1224,7 @@ fn clients_through_the_script_never_exceed_a_fair_limit_and_tickets_grow_in_gran
 }
 
 // ---------------------------------------------------------------------------------------------
-// The wake-up list
+// The line
 
 /// Waits until `n` clients are blocked on the server.
 fn until_blocked(conn: &mut redis::Connection, n: u64) {
@@ -1172,63 +1236,270 @@ fn until_blocked(conn: &mut redis::Connection, n: u64) {
     });
 }
 
+/// An acquire with `LINE` that is refused: retry_ms and how many wait ahead.
+fn take_place(conn: &mut redis::Connection, name: &str, op: &str, args: &[&str]) -> (i64, i64) {
+    let mut args = args.to_vec();
+    args.push("LINE");
+    let value = script(conn, name, op, &args).expect("an acquire with LINE");
+    let (reply, retry, ahead) = acquire_reply3(value);
+    assert_eq!(reply, Value::Nil, "{op} {args:?} was granted");
+    (retry, ahead)
+}
+
+/// What the script told waiter `id` of `name`, oldest first (the list is left as it is).
+fn told(conn: &mut redis::Connection, name: &str, id: &str) -> Vec<String> {
+    run(conn, &["LRANGE", &format!("{name}:wake:{id}"), "0", "-1"])
+}
+
 #[test]
-fn a_release_wakes_a_blpop_waiter_and_the_list_expires() {
+fn the_line_serves_waiters_first_come_first_served_and_nobody_barges_into_a_fair_one() {
     let server = Server::start_without_module();
     let mut conn = server.connection();
-    script_acquire(&mut conn, "w", "ACQUIRE", &["1", "60", "ID", "holder"]);
-    let (refused, retry) = script_acquire(&mut conn, "w", "ACQUIRE", &["1", "60", "ID", "waiter"]);
-    assert_eq!(refused, Value::Nil);
-    assert!(retry > 59_000 && retry <= 60_000, "retry_ms {retry}");
-    let exists: i64 = run(&mut conn, &["EXISTS", "w:wake"]);
-    assert_eq!(exists, 0, "a refusal that freed nothing pushes nothing");
-
-    let blocked = Pending::send(&server, &["BLPOP", "w:wake", "10"]);
-    until_blocked(&mut conn, 1);
-    let released = script(&mut conn, "w", "RELEASE", &["holder"]).expect("RELEASE");
-    assert_eq!(released, Value::Int(1));
-    let woken = blocked.reply().expect("BLPOP's reply");
-    match woken {
-        Value::Array(pair) => assert_eq!(text(&pair[0]), "w:wake"),
-        other => panic!("BLPOP replied {other:?}"),
-    }
-    let exists: i64 = run(&mut conn, &["EXISTS", "w:wake"]);
-    assert_eq!(exists, 0, "the one token went to the waiter");
-    let (granted, _) = script_acquire(&mut conn, "w", "ACQUIRE", &["1", "60", "ID", "waiter"]);
-    assert_eq!(text(&granted), "waiter");
-
-    // A weighted release pushes one token per permit; the list keeps at most WAKE_MAX, and
-    // goes after its short expiry.
-    script_acquire(
+    let (held, _) = script_acquire(
         &mut conn,
-        "w",
-        "ACQUIRE",
-        &["9", "60", "ID", "big", "COUNT", "3"],
+        "f",
+        "ACQUIREFAIR",
+        &["1", "60", "ID", "holder", "WITHTICKET"],
     );
-    let released = script(&mut conn, "w", "RELEASE", &["big"]).expect("RELEASE");
-    assert_eq!(released, Value::Int(1));
-    let len: i64 = run(&mut conn, &["LLEN", "w:wake"]);
-    assert_eq!(len, 3);
-    for i in 0..12 {
-        let id = format!("many-{i}");
-        script_acquire(&mut conn, "w", "ACQUIRE", &["20", "60", "ID", &id]);
-        script(&mut conn, "w", "RELEASE", &[&id]).expect("RELEASE");
+    let mut last_ticket = id_and_ticket(&held).1;
+    let waiters = ["w0", "w1", "w2", "w3", "w4"];
+    for (i, id) in waiters.iter().enumerate() {
+        let (retry, ahead) = take_place(&mut conn, "f", "ACQUIREFAIR", &["1", "60", "ID", id]);
+        assert_eq!(ahead, i as i64, "{id}");
+        assert!(retry > 59_000 && retry <= 60_000, "retry_ms {retry}");
     }
-    let len: i64 = run(&mut conn, &["LLEN", "w:wake"]);
-    assert_eq!(len, WAKE_MAX);
-    let ttl: i64 = run(&mut conn, &["PTTL", "w:wake"]);
-    assert!(ttl > 0 && ttl <= WAKE_TTL_MS, "PTTL {ttl}");
-    let released = script(&mut conn, "w", "RELEASE", &["waiter"]).expect("RELEASE");
-    assert_eq!(released, Value::Int(1));
+    // Again: the place is kept, not taken anew at the end.
+    let (_, ahead) = take_place(&mut conn, "f", "ACQUIREFAIR", &["1", "60", "ID", "w1"]);
+    assert_eq!(ahead, 1);
+    // A fair newcomer without LINE is refused while anyone waits, and takes no place.
+    let value = script(
+        &mut conn,
+        "f",
+        "ACQUIREFAIR",
+        &["2", "60", "ID", "newcomer"],
+    )
+    .expect("acquire");
+    let (reply, _, ahead) = acquire_reply3(value);
+    assert_eq!((reply, ahead), (Value::Nil, 5));
+
+    // The first waiter's BLPOP wakes on the release with its grant.
+    let mut blocked = Some(Pending::send(&server, &["BLPOP", "f:wake:w0", "10"]));
+    until_blocked(&mut conn, 1);
+    let mut previous = "holder".to_string();
+    for id in waiters {
+        let released = script(&mut conn, "f", "RELEASE", &[&previous]).expect("RELEASE");
+        assert_eq!(released, Value::Int(1));
+        let holders = zset(&mut conn, "f");
+        assert_eq!(holders.len(), 1);
+        assert_eq!(holders[0].0, id, "granted in arrival order");
+        let message = if let Some(pending) = blocked.take() {
+            match pending.reply().expect("BLPOP's reply") {
+                Value::Array(pair) => {
+                    assert_eq!(text(&pair[0]), "f:wake:w0");
+                    text(&pair[1])
+                }
+                other => panic!("BLPOP replied {other:?}"),
+            }
+        } else {
+            let mut list = told(&mut conn, "f", id);
+            assert_eq!(list.len(), 1, "{id}: {list:?}");
+            list.remove(0)
+        };
+        let ticket: i64 = message
+            .strip_prefix('G')
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{id} was told {message:?}"));
+        assert!(ticket > last_ticket, "{ticket} after {last_ticket}");
+        let owner: i64 = run(&mut conn, &["ZSCORE", "f:owner", id]);
+        assert_eq!(owner, ticket);
+        last_ticket = ticket;
+        previous = id.to_string();
+    }
+    script(&mut conn, "f", "RELEASE", &[&previous]).expect("RELEASE");
+    for id in &waiters[1..] {
+        let _: i64 = run(&mut conn, &["DEL", &format!("f:wake:{id}")]);
+    }
     let keys: Vec<String> = run(&mut conn, &["KEYS", "*"]);
-    assert_eq!(
-        keys,
-        vec!["w:wake".to_string()],
-        "nothing but the wake-up list"
+    assert_eq!(keys, vec!["f:counter".to_string()], "the line left nothing");
+
+    // Plain: the same line; a newcomer without LINE may take a permit the first waiter cannot
+    // use (it asks for more than is free), as SEM.ACQUIRE without WAIT does.
+    script_acquire(&mut conn, "p", "ACQUIRE", &["3", "60", "ID", "h1"]);
+    script_acquire(&mut conn, "p", "ACQUIRE", &["3", "60", "ID", "h2"]);
+    let (_, ahead) = take_place(
+        &mut conn,
+        "p",
+        "ACQUIRE",
+        &["3", "60", "ID", "big", "COUNT", "2"],
     );
-    sleep(Duration::from_millis(WAKE_TTL_MS as u64 + 100));
-    let keys: Vec<String> = run(&mut conn, &["KEYS", "*"]);
-    assert!(keys.is_empty(), "left behind: {keys:?}");
+    assert_eq!(ahead, 0);
+    let (_, ahead) = take_place(&mut conn, "p", "ACQUIRE", &["3", "60", "ID", "small"]);
+    assert_eq!(ahead, 1, "a waiter behind one that does not fit waits");
+    let value = script(&mut conn, "p", "ACQUIRE", &["3", "60", "ID", "barger"]).expect("acquire");
+    assert_eq!(text(&acquire_reply3(value).0), "barger");
+    script(&mut conn, "p", "RELEASE", &["h1"]).expect("RELEASE");
+    assert!(
+        told(&mut conn, "p", "big").is_empty(),
+        "one free permit: big waits"
+    );
+    assert!(
+        told(&mut conn, "p", "small").is_empty(),
+        "nobody passes big"
+    );
+    script(&mut conn, "p", "RELEASE", &["h2"]).expect("RELEASE");
+    assert_eq!(told(&mut conn, "p", "big"), vec!["G".to_string()]);
+    assert!(
+        told(&mut conn, "p", "small").is_empty(),
+        "big holds 2, barger 1: full"
+    );
+    script(&mut conn, "p", "RELEASE", &["barger"]).expect("RELEASE");
+    assert_eq!(told(&mut conn, "p", "small"), vec!["G".to_string()]);
+    let in_use = script(&mut conn, "p", "GET", &[]).expect("GET");
+    assert_eq!(in_use, Value::Int(3));
+    let exists: i64 = run(&mut conn, &["EXISTS", "p:line", "p:places"]);
+    assert_eq!(exists, 0, "no empty line is left");
+}
+
+#[test]
+fn tick_serves_a_lease_end_and_leave_gives_the_grant_made_before_it() {
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    script_acquire(&mut conn, "t", "ACQUIRE", &["1", "0.3", "ID", "short"]);
+    let (retry, ahead) = take_place(&mut conn, "t", "ACQUIRE", &["1", "30", "ID", "first"]);
+    assert_eq!(ahead, 0);
+    assert!(retry > 0 && retry <= 300, "retry_ms {retry}");
+    take_place(&mut conn, "t", "ACQUIRE", &["1", "30", "ID", "second"]);
+    let early: i64 = script(&mut conn, "t", "TICK", &[])
+        .map(|v| int(&v))
+        .expect("TICK");
+    assert!(early > 0 && early <= retry, "TICK before the end: {early}");
+    assert!(told(&mut conn, "t", "first").is_empty());
+    sleep(Duration::from_millis(retry as u64 + 20));
+    let before = server_ms(&mut conn);
+    let next: i64 = script(&mut conn, "t", "TICK", &[])
+        .map(|v| int(&v))
+        .expect("TICK");
+    assert_eq!(told(&mut conn, "t", "first"), vec!["G".to_string()]);
+    let deadline: i64 = run(&mut conn, &["ZSCORE", "t", "first"]);
+    assert!(deadline >= before + 30_000, "the lease starts at the grant");
+    assert!(next > 29_000 && next <= 30_000, "the next deadline: {next}");
+    assert!(
+        told(&mut conn, "t", "second").is_empty(),
+        "its lease is far: no H"
+    );
+
+    // LEAVE hands over a grant made before it: the caller holds that permit.
+    let released = script(&mut conn, "t", "RELEASE", &["first"]).expect("RELEASE");
+    assert_eq!(released, Value::Int(1));
+    let left = script(&mut conn, "t", "LEAVE", &["second"]).expect("LEAVE");
+    assert_eq!(text(&left), "G");
+    let holders = zset(&mut conn, "t");
+    assert_eq!(holders[0].0, "second");
+    let exists: i64 = run(
+        &mut conn,
+        &["EXISTS", "t:wake:second", "t:line", "t:places"],
+    );
+    assert_eq!(exists, 0);
+    // LEAVE without a grant: nil, and the place goes.
+    take_place(&mut conn, "t", "ACQUIRE", &["1", "30", "ID", "third"]);
+    let left = script(&mut conn, "t", "LEAVE", &["third"]).expect("LEAVE");
+    assert_eq!(left, Value::Nil);
+    let exists: i64 = run(&mut conn, &["EXISTS", "t:line", "t:places"]);
+    assert_eq!(exists, 0);
+
+    // A new first waiter whose holder's lease ends soon is told "H".
+    script(&mut conn, "t", "RELEASE", &["second"]).expect("RELEASE");
+    script_acquire(&mut conn, "t", "ACQUIRE", &["2", "30", "ID", "long"]);
+    script_acquire(&mut conn, "t", "ACQUIRE", &["2", "1", "ID", "soon"]);
+    take_place(&mut conn, "t", "ACQUIRE", &["2", "30", "ID", "a"]);
+    take_place(&mut conn, "t", "ACQUIRE", &["2", "30", "ID", "b"]);
+    script(&mut conn, "t", "RELEASE", &["long"]).expect("RELEASE");
+    assert_eq!(told(&mut conn, "t", "a"), vec!["G".to_string()]);
+    assert_eq!(
+        told(&mut conn, "t", "b"),
+        vec!["H".to_string()],
+        "soon's lease ends within 2.5 s"
+    );
+}
+
+#[test]
+fn a_place_that_ran_out_is_passed_over_and_the_line_expires() {
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    script_acquire(&mut conn, "d", "ACQUIRE", &["1", "60", "ID", "holder"]);
+    take_place(&mut conn, "d", "ACQUIRE", &["1", "60", "ID", "dead"]);
+    take_place(&mut conn, "d", "ACQUIRE", &["1", "60", "ID", "alive"]);
+    let place: String = run(&mut conn, &["HGET", "d:places", "dead"]);
+    let (deadline, rest) = place.split_once(' ').expect("a place");
+    let deadline: i64 = deadline.parse().expect("a deadline");
+    let now = server_ms(&mut conn);
+    assert!(
+        (now + PLACE_MS - 1000..=now + PLACE_MS).contains(&deadline),
+        "{place}"
+    );
+    let pttl: i64 = run(&mut conn, &["PTTL", "d:line"]);
+    assert!(pttl > PLACE_MS - 1000 && pttl <= PLACE_MS, "PTTL {pttl}");
+    // The dead waiter's place as it stands once its time is up (its process stopped trying).
+    let _: i64 = run(
+        &mut conn,
+        &["HSET", "d:places", "dead", &format!("{} {rest}", now - 1)],
+    );
+    script(&mut conn, "d", "RELEASE", &["holder"]).expect("RELEASE");
+    assert!(told(&mut conn, "d", "dead").is_empty());
+    assert_eq!(told(&mut conn, "d", "alive"), vec!["G".to_string()]);
+    let line: i64 = run(&mut conn, &["EXISTS", "d:line", "d:places"]);
+    assert_eq!(line, 0);
+
+    // A line nobody comes back to expires with its lists.
+    take_place(&mut conn, "d", "ACQUIRE", &["1", "60", "ID", "gone"]);
+    script(&mut conn, "d", "RELEASE", &["alive"]).expect("RELEASE");
+    assert_eq!(told(&mut conn, "d", "gone"), vec!["G".to_string()]);
+    let pttl: i64 = run(&mut conn, &["PTTL", "d:wake:gone"]);
+    assert!(pttl > 0 && pttl <= PLACE_MS, "PTTL {pttl}");
+}
+
+#[test]
+fn refresh_and_release_work_when_memory_is_full_and_a_newcomer_is_refused() {
+    let server = Server::start_without_module();
+    let mut conn = server.connection();
+    script_acquire(&mut conn, "d:fair", "ACQUIREFAIR", &["3", "60", "ID", "a"]);
+    script_acquire(&mut conn, "d:fair", "ACQUIREFAIR", &["3", "60", "ID", "b"]);
+    let before = snapshot(&mut conn);
+    let _: () = run(
+        &mut conn,
+        &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+    );
+    let _: () = run(&mut conn, &["CONFIG", "SET", "maxmemory", "1"]);
+    let text_acquire = acquire_text();
+    let refused = redis::cmd("EVAL")
+        .arg(&text_acquire)
+        .arg(6)
+        .arg(script_keys("d:fair"))
+        .arg("ACQUIREFAIR")
+        .arg(&["3", "60", "ID", "c"][..])
+        .query::<Value>(&mut conn);
+    let refused = error_text(&refused.expect_err("full"));
+    let after = snapshot(&mut conn);
+    assert_eq!(
+        after.sems["d:fair"].holders, before.sems["d:fair"].holders,
+        "nothing changed"
+    );
+    assert_eq!(after.sems["d:fair"].counter, before.sems["d:fair"].counter);
+    let refreshed = script(&mut conn, "d:fair", "REFRESH", &["a", "90"]);
+    let released = script(&mut conn, "d:fair", "RELEASE", &["b"]);
+    let _: () = run(&mut conn, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(refused.starts_with("OOM command not allowed"), "{refused}");
+    assert_eq!(refreshed.expect("REFRESH when full"), Value::Int(1));
+    assert_eq!(released.expect("RELEASE when full"), Value::Int(1));
+    let value = redis::cmd("EVAL")
+        .arg(&text_acquire)
+        .arg(6)
+        .arg(script_keys("d:fair"))
+        .arg("ACQUIREFAIR")
+        .arg(&["3", "60", "ID", "c"][..])
+        .query::<Value>(&mut conn)
+        .expect("room again");
+    assert_eq!(text(&acquire_reply(value).0), "c");
 }
 
 #[test]
@@ -1263,41 +1534,53 @@ fn a_refusal_tells_the_time_to_the_earliest_deadline() {
     // Paused with nobody holding: no deadline to wait for.
     let ok = script(&mut conn, "p", "LIMIT", &["0"]).expect("LIMIT 0");
     assert_eq!(ok, Value::Okay);
-    let (refused, retry) = script_acquire(&mut conn, "p", "ACQUIREFAIR", &["5", "30", "ID", "x"]);
-    assert_eq!((refused, retry), (Value::Nil, 0));
-    // Raising the limit wakes as many waiters as it frees permits (at most WAKE_MAX).
+    let (retry, ahead) = take_place(&mut conn, "p", "ACQUIREFAIR", &["5", "30", "ID", "x"]);
+    assert_eq!((retry, ahead), (0, 0));
+    take_place(&mut conn, "p", "ACQUIREFAIR", &["5", "30", "ID", "y"]);
+    take_place(&mut conn, "p", "ACQUIREFAIR", &["5", "30", "ID", "z"]);
+    // Raising the limit serves as many waiters as it frees permits, in order.
     let ok = script(&mut conn, "p", "LIMIT", &["2"]).expect("LIMIT 2");
     assert_eq!(ok, Value::Okay);
-    let len: i64 = run(&mut conn, &["LLEN", "p:wake"]);
-    assert_eq!(len, 2);
+    assert_eq!(told(&mut conn, "p", "x").len(), 1);
+    assert_eq!(told(&mut conn, "p", "y").len(), 1);
+    assert!(told(&mut conn, "p", "z").is_empty());
     let cleared = script(&mut conn, "p", "LIMIT", &["CLEAR"]).expect("LIMIT CLEAR");
     assert_eq!(cleared, Value::Int(1));
-    let keys: Vec<String> = run(&mut conn, &["KEYS", "p*"]);
-    assert_eq!(keys, vec!["p:wake".to_string()]);
+    assert_eq!(
+        told(&mut conn, "p", "z").len(),
+        1,
+        "the callers' own limit of 5 again"
+    );
 
-    // Expired holders removed by a call wake waiters for the permits they freed (as far as
-    // the limit leaves room).
+    // Expired holders removed by another call serve the line (as far as the limit leaves
+    // room), and a weighted one's field goes with it.
     script_acquire(&mut conn, "e", "ACQUIRE", &["4", "30", "ID", "keep"]);
     script_acquire(
         &mut conn,
         "e",
         "ACQUIRE",
-        &["4", "0.1", "ID", "e1", "COUNT", "2"],
+        &["4", "0.1", "ID", "e1", "COUNT", "3"],
+    );
+    take_place(
+        &mut conn,
+        "e",
+        "ACQUIRE",
+        &["4", "30", "ID", "w", "COUNT", "2"],
     );
     sleep(Duration::from_millis(200));
     let in_use = script(&mut conn, "e", "GET", &[]).expect("GET");
     assert_eq!(in_use, Value::Int(1));
-    let (granted, _) = script_acquire(&mut conn, "e", "ACQUIRE", &["4", "30", "ID", "e2"]);
-    assert_eq!(text(&granted), "e2");
-    let len: i64 = run(&mut conn, &["LLEN", "e:wake"]);
+    assert!(told(&mut conn, "e", "w").is_empty(), "GET writes nothing");
+    script(&mut conn, "e", "REFRESH", &["keep", "30"]).expect("REFRESH");
+    assert_eq!(told(&mut conn, "e", "w"), vec!["G".to_string()]);
+    let permits: BTreeMap<String, String> = run(&mut conn, &["HGETALL", "e:permits"]);
     assert_eq!(
-        len, 2,
-        "two permits freed; two left free under the limit of 4"
-    );
-    let permits: i64 = run(&mut conn, &["EXISTS", "e:permits"]);
-    assert_eq!(
-        permits, 0,
-        "the expired weighted holder's field went with it"
+        permits,
+        BTreeMap::from([
+            ("w".to_string(), "2".to_string()),
+            ("".to_string(), "1".to_string())
+        ]),
+        "the expired weighted holder's field went; the waiter's came"
     );
 }
 

@@ -870,8 +870,8 @@ local function acquire(kind, args)
   if module_loaded() then
     if redis.call('TYPE', LINE).ok == 'zset' then
       drop(id)
-      redis.call('DEL', wake_key(id))
     end
+    redis.call('DEL', wake_key(id))
     return { module_call(string.upper(command), module_args), 0, -1 }
   end
   open()
