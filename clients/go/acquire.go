@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,9 +24,12 @@ const (
 	DefaultDurableTimeout = time.Second
 	maxLimit              = 4294967295
 	maxLease              = 365 * 24 * time.Hour // the module's sem.max-lease default
-	// scriptRecheck bounds each BLPOP of a wait without the module: a permit freed without a
-	// wake-up token (a lease that ran out) is found at least this often.
-	scriptRecheck = time.Second
+	// nudge bounds each BLPOP of a wait without the module: the script holds a waiter's place
+	// 6 s after its last attempt, and a waiter tries again at least every 2.5 s (NUDGE_MS).
+	nudge = 2500 * time.Millisecond
+	// tickLate: a TICK is sent this long after the earliest lease's end, so that the server's
+	// clock has passed it.
+	tickLate = 2 * time.Millisecond
 )
 
 // Options of an acquire.
@@ -41,8 +47,9 @@ type Options struct {
 	Count int64
 	// Wait is how long to wait for a permit inside the server (zero: no waiting;
 	// WaitForever: no limit). The context's deadline shortens it, and its cancellation ends
-	// it. Without the module the package waits: it tries again whenever a release wakes it
-	// (BLPOP on <name>:wake), when the earliest lease ends, and at least every second.
+	// it. Without the module the package waits in the script's line, first come, first
+	// served: the server hands it a freed permit (BLPOP on its own <name>:wake:<id>); the first
+	// in line asks the server to serve the line (TICK) as the earliest lease ends.
 	Wait time.Duration
 	// Bound ties the permit to its connection (BOUND): it is given back when the connection
 	// closes (the process dies). It needs the module.
@@ -239,7 +246,9 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	if err != nil {
 		return nil, err
 	}
-	own := o.Wait > 0 || o.Bound || o.DurableReplicas > 0
+	// A wait borrows a connection only while it blocks; BOUND and WAIT numreplicas need theirs
+	// for the permit's life.
+	own := o.Bound || o.DurableReplicas > 0
 	l, err := newLine(client, []string{name}, o.RetryFor, own)
 	if err != nil {
 		return nil, err
@@ -262,14 +271,19 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	}
 	plan := planWait(ctx, o.Wait)
 	var g granted
+	first := true // the first attempt sends the text refused when memory is full
 	_, err = l.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
 		var err error
 		if e.scripts {
 			if o.Bound { // a node without the module, after a move
 				return nil, moduleRequired("BOUND")
 			}
-			g, err = acquireByScript(ctx, e, o, name, id, plan)
-			return nil, err
+			var toModule bool
+			g, toModule, err = acquireByScript(ctx, e, o, name, id, plan, &first)
+			if err != nil || !toModule {
+				return nil, err
+			}
+			// The module was loaded during the wait: wait there for what is left.
 		}
 		g.sent = time.Now()
 		wait := plan.left()
@@ -367,44 +381,184 @@ func (p *Permit) afterGrant(ctx context.Context, o Options, name string, sent ti
 	return nil
 }
 
-// acquireByScript acquires through the script, waiting until the plan's end on <name>:wake
-// between attempts, on the permit's own connection.
-func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id string, plan waitPlan) (
-	granted, error,
-) {
+// acquireByScript acquires through the script. A wait takes a place in the script's line
+// (LINE) and waits on its own list <name>:wake:<id> for the server's message: a grant (G, or
+// G<ticket>), its error (E<error>), "first in line, a lease ends soon" (H: try again now) or
+// "the module is loaded" (M). It tries again at least every nudge (which holds its place),
+// and, first in line, has TICK sent on the pool as the earliest lease ends. At the wait's end
+// it leaves the line (LEAVE), which hands it a grant made at that moment. toModule: the
+// module was found loaded with the wait not over: wait with the module.
+func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id string,
+	plan waitPlan, first *bool,
+) (g granted, toModule bool, err error) {
 	args := o.command(name, id, 0, false)
-	wake := name + ":wake"
+	waiting := plan.forever || !plan.deadline.IsZero()
+	if waiting {
+		args = append(args, "LINE")
+	}
+	wake := name + ":wake:" + id
 	for {
 		sent := time.Now()
-		v, err := e.send(ctx, args...)
+		v, err := e.script(ctx, *first, args...)
+		*first = false
 		if err != nil {
-			return granted{}, err
+			if waiting && ctx.Err() != nil { // the attempt may have taken a place
+				leaveAfterCancel(e, name, id, "")
+				return granted{}, false, errCancelled
+			}
+			return granted{}, false, err
 		}
 		list, ok := v.([]any)
-		if !ok || len(list) != 2 {
-			return granted{}, fmt.Errorf("redsem: unexpected answer of the redsem script: %v", v)
+		if !ok || len(list) != 3 {
+			return granted{}, false, fmt.Errorf("redsem: unexpected answer of the redsem "+
+				"script: %v (is the script older than this package?)", v)
 		}
-		if list[0] != nil {
-			return granted{reply: list[0], sent: sent}, nil
+		retry, _ := list[1].(int64)
+		ahead, _ := list[2].(int64)
+		if ahead == -1 { // the module is loaded: this was its SEM.ACQUIRE, without WAIT
+			e.useModule()
+			if list[0] == nil && waiting && plan.left() > 0 {
+				return granted{}, true, nil
+			}
+			return granted{reply: list[0], sent: sent}, false, nil
 		}
-		retry := scriptRecheck
-		if ms, _ := list[1].(int64); ms > 0 {
-			retry = min(time.Duration(ms+1)*time.Millisecond, scriptRecheck)
+		if list[0] != nil || !waiting {
+			return granted{reply: list[0], sent: sent}, false, nil
 		}
 		left := plan.left()
 		if left <= 0 {
-			return granted{sent: sent}, nil
+			// The wait is over (the context's deadline may be): leave with a context of its own.
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			m, err := e.script(lctx, false, "SEM.LEAVE", name, id)
+			cancel()
+			if err != nil {
+				return granted{}, false, err
+			}
+			msg, _ := m.(string)
+			return fromMessage(msg, o, id, sent)
 		}
 		if ctx.Err() != nil {
-			return granted{}, errCancelled
+			leaveAfterCancel(e, name, id, "")
+			return granted{}, false, errCancelled
 		}
-		block := min(left, retry)
-		_, err, cancelled := e.block(ctx, block, "BLPOP", wake, seconds(block))
-		if cancelled {
-			return granted{}, errCancelled
+		block := min(left, nudge)
+		var tk *ticker
+		if after := time.Duration(retry) * time.Millisecond; ahead == 0 && after > 0 &&
+			after < block {
+			tk = startTicker(e, name, after)
+		}
+		r, err, cancelled := e.block(ctx, block, "BLPOP", wake, seconds(block))
+		tk.stop()
+		msg := popped(r)
+		if cancelled || (err != nil && ctx.Err() != nil) {
+			leaveAfterCancel(e, name, id, msg)
+			return granted{}, false, errCancelled
 		}
 		if err != nil {
-			return granted{}, err
+			return granted{}, false, err
+		}
+		switch {
+		case msg == "" || msg == "H": // try again: renews the place, or learns when to TICK
+		case msg == "M":
+			e.useModule()
+			return granted{}, true, nil
+		default:
+			return fromMessage(msg, o, id, sent)
 		}
 	}
+}
+
+// popped is the message a BLPOP took ("" for none).
+func popped(r any) string {
+	if kv, ok := r.([]any); ok && len(kv) == 2 {
+		msg, _ := kv[1].(string)
+		return msg
+	}
+	return ""
+}
+
+// fromMessage is the acquire's outcome from a grant message (G, G<ticket>, E<error>; anything
+// else: not granted). The lease started at the grant, after the last attempt (sent).
+func fromMessage(msg string, o Options, id string, sent time.Time) (granted, bool, error) {
+	switch {
+	case strings.HasPrefix(msg, "G"):
+		if !o.Fair {
+			return granted{reply: id, sent: sent}, false, nil
+		}
+		ticket, err := strconv.ParseInt(msg[1:], 10, 64)
+		if err != nil {
+			return granted{}, false, fmt.Errorf("redsem: unexpected grant message of the "+
+				"redsem script: %q", msg)
+		}
+		return granted{reply: []any{id, ticket}, sent: sent}, false, nil
+	case strings.HasPrefix(msg, "E"):
+		return granted{}, false, serverError(msg[1:])
+	}
+	return granted{sent: sent}, false, nil
+}
+
+// leaveAfterCancel takes a cancelled waiter out of the line, through the pool (its own
+// connection may be gone), and gives back a permit granted to it at that moment: its caller
+// will never see it.
+func leaveAfterCancel(e *endpoint, name, id, msg string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if !strings.HasPrefix(msg, "G") {
+		m, err := e.poolScript(ctx, "SEM.LEAVE", name, id)
+		if err != nil {
+			return // the place runs out within 6 s
+		}
+		msg, _ = m.(string)
+	}
+	if strings.HasPrefix(msg, "G") {
+		_, _ = e.poolScript(ctx, "SEM.RELEASE", name, id)
+	}
+}
+
+// ticker sends TICK on the pool when the earliest lease ends, and again at each end TICK
+// reports, until stopped: the first waiter is granted when a lease runs out, not when the
+// server's expiry cycle (hz) or its own next attempt finds it.
+type ticker struct {
+	mu      sync.Mutex
+	stopped bool
+	timer   *time.Timer
+}
+
+func startTicker(e *endpoint, name string, after time.Duration) *ticker {
+	tk := &ticker{}
+	var fire func()
+	fire = func() {
+		tk.mu.Lock()
+		stopped := tk.stopped
+		tk.mu.Unlock()
+		if stopped {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		v, err := e.poolScript(ctx, "SEM.TICK", name)
+		cancel()
+		ms, _ := v.(int64)
+		if err != nil || ms <= 0 {
+			return
+		}
+		tk.mu.Lock()
+		if !tk.stopped {
+			tk.timer = time.AfterFunc(time.Duration(ms)*time.Millisecond+tickLate, fire)
+		}
+		tk.mu.Unlock()
+	}
+	tk.mu.Lock()
+	tk.timer = time.AfterFunc(after+tickLate, fire)
+	tk.mu.Unlock()
+	return tk
+}
+
+func (tk *ticker) stop() {
+	if tk == nil {
+		return
+	}
+	tk.mu.Lock()
+	tk.stopped = true
+	tk.timer.Stop()
+	tk.mu.Unlock()
 }

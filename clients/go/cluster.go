@@ -70,8 +70,8 @@ var setCommands = map[string]bool{
 	"SEM.ACQUIREALL": true, "SEM.RELEASEALL": true, "SEM.REFRESHALL": true,
 }
 
-// scriptKeys are the script's 6 keys: the semaphore's, the module's derived keys, the
-// wake-up list.
+// scriptKeys are the script's 6 keys: the semaphore's, the module's derived keys, and the
+// base of the waiters' lists (<name>:wake:<id>, in the same slot).
 func scriptKeys(name string) []any {
 	return []any{name, name + ":owner", name + ":counter", name + ":permits", name + ":limit",
 		name + ":wake"}
@@ -94,12 +94,17 @@ func longForm(args []any, names []string) []any {
 	return append(out, args[2:]...)
 }
 
-// scriptForm is `SEM.<OP> name rest...` as the script's EVALSHA (or EVAL, which loads it).
-func scriptForm(args []any, load bool) []any {
+// scriptForm is `SEM.<OP> name rest...` as the script's EVALSHA (or EVAL, which loads it):
+// acq picks the text a new acquire sends, which the server refuses when memory is full.
+func scriptForm(args []any, load, acq bool) []any {
 	op := fmt.Sprint(args[0])[len("SEM."):]
-	out := []any{"EVALSHA", scriptSHA, 6}
+	text, sha := scriptOOM, scriptOOMSHA
+	if acq {
+		text, sha = scriptAcq, scriptAcqSHA
+	}
+	out := []any{"EVALSHA", sha, 6}
 	if load {
-		out = []any{"EVAL", scriptSource, 6}
+		out = []any{"EVAL", text, 6}
 	}
 	out = append(out, scriptKeys(fmt.Sprint(args[1]))...)
 	out = append(out, op)

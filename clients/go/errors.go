@@ -63,3 +63,11 @@ func moduleRequired(what string) error {
 		kind: ErrModuleRequired,
 	}
 }
+
+// serverError is an error the server sent in a waiter's grant message (E...): raised as
+// go-redis raises the server's errors (redis.Error, redis.HasErrorPrefix).
+type serverError string
+
+func (e serverError) Error() string { return string(e) }
+
+func (serverError) RedisError() {}

@@ -82,26 +82,70 @@ type backendKey struct {
 	addr   string // in Redis Cluster, the node's address
 }
 
-// backends are kept as long as their client lives.
-var backends sync.Map // backendKey -> bool (true: the module is loaded)
+// backendState is what a server answered: the module, or not, at a time.
+type backendState struct {
+	module bool
+	at     time.Time
+}
 
-// hasModule asks the server of c (once per client, or per node of a cluster client, owner)
-// whether it has the module: COMMAND INFO SEM.ACQUIRE answers [nil] without it.
-func hasModule[T any](ctx context.Context, owner *T, addr string, c *redis.Client) (bool, error) {
-	key := backendKey{client: weak.Make(owner), addr: addr}
-	if v, ok := backends.Load(key); ok {
-		return v.(bool), nil
-	}
+// moduleRecheck: a server without the module is asked again once its answer is this old, so
+// that a MODULE LOAD is picked up by live clients (the script also says so at once, to a
+// waiter or an acquire it serves).
+const moduleRecheck = 10 * time.Second
+
+// backends are kept as long as their client lives.
+var backends sync.Map // backendKey -> backendState
+
+func askModule(ctx context.Context, c *redis.Client) (bool, error) {
 	reply, err := c.Do(ctx, "COMMAND", "INFO", "SEM.ACQUIRE").Result()
 	if err != nil {
 		return false, err
 	}
 	list, _ := reply.([]any)
-	module := len(list) > 0 && list[0] != nil
-	if _, loaded := backends.Swap(key, module); !loaded {
+	return len(list) > 0 && list[0] != nil, nil
+}
+
+// hasModule asks the server of c (per client, or per node of a cluster client, owner)
+// whether it has the module: COMMAND INFO SEM.ACQUIRE answers [nil] without it. The answer
+// is kept: for good once the module is found, else for moduleRecheck.
+func hasModule[T any](ctx context.Context, owner *T, addr string, c *redis.Client) (
+	bool, backendKey, error,
+) {
+	key := backendKey{client: weak.Make(owner), addr: addr}
+	if v, ok := backends.Load(key); ok {
+		module, err := recheck(ctx, key, c, v.(backendState))
+		return module, key, err
+	}
+	module, err := askModule(ctx, c)
+	if err != nil {
+		return false, key, err
+	}
+	if _, loaded := backends.Swap(key, backendState{module, time.Now()}); !loaded {
 		runtime.AddCleanup(owner, func(key backendKey) { backends.Delete(key) }, key)
 	}
+	return module, key, nil
+}
+
+// recheck is the kept answer, asked again when it says "no module" and is moduleRecheck old.
+func recheck(ctx context.Context, key backendKey, c *redis.Client, st backendState) (
+	bool, error,
+) {
+	if st.module || time.Since(st.at) < moduleRecheck {
+		return st.module, nil
+	}
+	module, err := askModule(ctx, c)
+	if err != nil {
+		return false, err
+	}
+	backends.CompareAndSwap(key, st, backendState{module, time.Now()})
 	return module, nil
+}
+
+// moduleFound notes that the script said the module is loaded (ahead -1, or M).
+func moduleFound(key backendKey) {
+	if v, ok := backends.Load(key); ok {
+		backends.CompareAndSwap(key, v, backendState{true, time.Now()})
+	}
 }
 
 // --- An endpoint: where one call goes ------------------------------------------------------
@@ -115,6 +159,7 @@ type endpoint struct {
 	asking   bool          // send ASKING first (an ASK redirection)
 	broken   bool          // conn failed or was killed: not to be used again
 	scripts  bool          // the server runs the script (it has no module)
+	key      backendKey    // where the server's backend is kept
 	names    []string      // in Redis Cluster: the long form's names
 }
 
@@ -168,11 +213,44 @@ func (e *endpoint) send(ctx context.Context, args ...any) (any, error) {
 		}
 		return e.raw(ctx, args...)
 	}
-	v, err := e.raw(ctx, scriptForm(args, false)...)
+	return e.script(ctx, false, args...)
+}
+
+// script sends a SEM.* command as the script (acq: the text a new acquire sends).
+func (e *endpoint) script(ctx context.Context, acq bool, args ...any) (any, error) {
+	v, err := e.raw(ctx, scriptForm(args, false, acq)...)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return e.raw(ctx, scriptForm(args, true)...)
+		return e.raw(ctx, scriptForm(args, true, acq)...)
 	}
 	return v, err
+}
+
+// poolScript sends a SEM.* command as the script through the pool, not the endpoint's own
+// connection (a TICK while that connection blocks, a LEAVE after it was killed).
+func (e *endpoint) poolScript(ctx context.Context, args ...any) (any, error) {
+	v, err := reply(e.pool.Do(ctx, scriptForm(args, false, false)...))
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return reply(e.pool.Do(ctx, scriptForm(args, true, false)...))
+	}
+	return v, err
+}
+
+// checkBackend moves an endpoint on the script to the module once its server has it.
+func (e *endpoint) checkBackend(ctx context.Context) {
+	if !e.scripts {
+		return
+	}
+	if v, ok := backends.Load(e.key); ok {
+		if module, err := recheck(ctx, e.key, e.pool, v.(backendState)); err == nil && module {
+			e.scripts = false
+		}
+	}
+}
+
+// useModule: the script said the module is loaded.
+func (e *endpoint) useModule() {
+	e.scripts = false
+	moduleFound(e.key)
 }
 
 // form is a SEM.* command in this server's form, for the module.
@@ -193,17 +271,23 @@ type blockResult struct {
 }
 
 // block sends a command that may block `block` in the server (forever: without limit) on the
-// endpoint's own connection. When ctx ends first, the call is ended in the server (CLIENT
-// UNBLOCK, then CLIENT KILL if no reply comes within a second): cancelled is true, and the
-// reply is what the server answered (a grant that came at that moment included).
+// endpoint's own connection or, without one, on a connection borrowed from the companion's
+// pool for this call and given back after: waits reuse a few connections instead of dialling
+// one each. When ctx ends first, the call is ended in the server (CLIENT UNBLOCK, then CLIENT
+// KILL if no reply comes within a second): cancelled is true, and the reply is what the
+// server answered (a grant that came at that moment included). A connection killed or timed
+// out has a reply left unread: go-redis closes it rather than give it back.
 func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) (
 	v any, err error, cancelled bool,
 ) {
-	if e.conn == nil {
-		return nil, errors.New("redsem: a blocking call needs a connection of its own"), false
-	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, true
+	}
+	conn, clientID, margin := e.conn, e.clientID, e.margin
+	if conn == nil {
+		comp := companionOf(e.pool)
+		conn, clientID, margin = comp.client.Conn(), 0, comp.margin
+		defer conn.Close()
 	}
 	bctx := context.Background()
 	if block != forever {
@@ -211,30 +295,37 @@ func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) 
 		bctx, cancel = context.WithTimeout(bctx, block+blockMargin)
 		defer cancel()
 	}
-	if ctx.Done() != nil && e.clientID == 0 {
-		asking := e.asking
-		e.asking = false
-		id, err := e.raw(ctx, "CLIENT", "ID")
-		e.asking = asking
+	if ctx.Done() != nil && clientID == 0 {
+		cctx := ctx
+		if margin > 0 {
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithTimeout(ctx, margin)
+			defer cancel()
+		}
+		id, err := reply(conn.Do(cctx, "CLIENT", "ID"))
 		if err != nil {
+			e.noteErr(err)
 			return nil, err, false
 		}
-		e.clientID, _ = id.(int64)
+		clientID, _ = id.(int64)
+		if conn == e.conn {
+			e.clientID = clientID
+		}
 	}
 	if e.asking { // ASKING holds for the next command only
-		if err := e.conn.Do(bctx, "ASKING").Err(); err != nil {
+		if err := conn.Do(bctx, "ASKING").Err(); err != nil {
 			e.noteErr(err)
 			return nil, err, false
 		}
 	}
 	if ctx.Done() == nil {
-		v, err := reply(e.conn.Do(bctx, args...))
+		v, err := reply(conn.Do(bctx, args...))
 		e.noteErr(err)
 		return v, err, false
 	}
 	done := make(chan blockResult, 1)
 	go func() {
-		v, err := reply(e.conn.Do(bctx, args...))
+		v, err := reply(conn.Do(bctx, args...))
 		done <- blockResult{v, err}
 	}()
 	select {
@@ -246,7 +337,7 @@ func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) 
 	// End the call in the server: its reply (nil, or a grant of that moment) follows.
 	for i := 0; i < 10; i++ {
 		uctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = e.pool.Do(uctx, "CLIENT", "UNBLOCK", e.clientID).Err()
+		_ = e.pool.Do(uctx, "CLIENT", "UNBLOCK", clientID).Err()
 		cancel()
 		select {
 		case r := <-done:
@@ -257,10 +348,12 @@ func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) 
 	}
 	// No reply: close the connection in the server (a grant not delivered is given back).
 	kctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	_ = e.pool.Do(kctx, "CLIENT", "KILL", "ID", e.clientID).Err()
+	_ = e.pool.Do(kctx, "CLIENT", "KILL", "ID", clientID).Err()
 	cancel()
 	r := <-done
-	e.broken = true
+	if conn == e.conn {
+		e.broken = true
+	}
 	return r.reply, r.err, true
 }
 
@@ -347,16 +440,17 @@ func newLine(client redis.UniversalClient, names []string, retryFor time.Duratio
 // connectTo makes an endpoint on c, finding out its backend.
 func (l *line) connectTo(ctx context.Context, c *redis.Client, own bool) (*endpoint, error) {
 	var module bool
+	var key backendKey
 	var err error
 	if l.cluster != nil {
-		module, err = hasModule(ctx, l.cluster, c.Options().Addr, c)
+		module, key, err = hasModule(ctx, l.cluster, c.Options().Addr, c)
 	} else {
-		module, err = hasModule(ctx, c, "", c)
+		module, key, err = hasModule(ctx, c, "", c)
 	}
 	if err != nil {
 		return nil, err
 	}
-	e := &endpoint{pool: c, scripts: !module}
+	e := &endpoint{pool: c, scripts: !module, key: key}
 	if l.cluster != nil {
 		e.names = l.names
 	}
@@ -418,6 +512,7 @@ func (l *line) run(ctx context.Context, until time.Time, op func(*endpoint) (any
 			}
 			l.ep = ep
 		}
+		l.ep.checkBackend(ctx)
 		v, err := op(l.ep)
 		if l.ep.broken {
 			l.drop() // a fresh connection for the next call
@@ -462,6 +557,7 @@ func (l *line) run(ctx context.Context, until time.Time, op func(*endpoint) (any
 				}
 			}
 			if err == nil {
+				l.ep.checkBackend(ctx)
 				v, err = op(l.ep)
 				if l.ep.broken {
 					l.drop()

@@ -94,7 +94,7 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 	if err := checkRetryFor(o.RetryFor); err != nil {
 		return nil, err
 	}
-	l, err := newLine(client, names, o.RetryFor, o.Wait > 0 || o.Bound)
+	l, err := newLine(client, names, o.RetryFor, o.Bound) // a wait borrows one while it blocks
 	if err != nil {
 		return nil, err
 	}
