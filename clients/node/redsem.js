@@ -159,6 +159,14 @@ function adapt(redis) {
       duplicate: async (override) => adapt(redis.duplicate(override)),
       close: () => redis.quit().catch(() => redis.disconnect()),
       destroy: () => redis.disconnect(),
+      alive: () => redis.status !== "end",
+      // An idle pooled connection does not keep the process alive.
+      hold: (on) => {
+        const stream = redis.stream;
+        if (stream && typeof stream.ref === "function") (on ? stream.ref : stream.unref).call(stream);
+      },
+      quiet: () => redis.on("error", () => {}), // its commands report what goes wrong
+      onEnd: (fn) => redis.once("end", fn),
       commandTimeout: redis.options && redis.options.commandTimeout,
       // ioredis prefixes the keys of the commands it knows (EVALSHA's, BLPOP's), not the names
       // passed to the module's commands.
@@ -196,6 +204,17 @@ function adapt(redis) {
         }
       },
       destroy,
+      alive: () => redis.isOpen !== false,
+      hold: (on) => {
+        try {
+          if (on) redis.ref();
+          else redis.unref();
+        } catch {
+          // node-redis 4 without a socket yet: nothing to hold.
+        }
+      },
+      quiet: () => {},
+      onEnd: (fn) => redis.once("end", fn),
       commandTimeout: undefined,
     };
   }
@@ -203,53 +222,81 @@ function adapt(redis) {
 }
 
 /**
- * The script's source and SHA-1: redsem.lua beside this file (npm pack copies it there from
- * the repository's clients/scripts/redsem.lua, the one source), else that source itself when
- * running from a checkout of the repository. Read once, when first needed.
+ * The script's two texts and their SHA-1s, from redsem.lua beside this file (a copy of the
+ * repository's clients/scripts/redsem.lua, the one source): `oom`, the file as it is (its first
+ * line `#!lua flags=allow-oom`: it runs when memory is full, for refreshes, releases and waiters
+ * already in line), and `acq`, the same with that line `#!lua` (the server refuses it at
+ * maxmemory with its own OOM error, as SEM.ACQUIRE), for an acquire's first attempt. Read once.
  */
 let script = null;
 
+const OOM_LINE = "#!lua flags=allow-oom";
+
 function loadScript() {
   if (script) return script;
-  const places = [
-    path.join(__dirname, "redsem.lua"),
-    path.join(__dirname, "..", "scripts", "redsem.lua"),
-  ];
-  for (const place of places) {
-    let source;
-    try {
-      source = fs.readFileSync(place);
-    } catch (err) {
-      if (err.code === "ENOENT") continue;
-      throw err;
-    }
-    script = { source, sha: createHash("sha1").update(source).digest("hex") };
-    return script;
+  const place = path.join(__dirname, "redsem.lua");
+  let source;
+  try {
+    source = fs.readFileSync(place);
+  } catch (err) {
+    if (err.code === "ENOENT") throw new Error(`redsem-client: its script ${place} is missing`);
+    throw err;
   }
-  throw new Error(`redsem-client: its script redsem.lua is missing (${places.join(", ")})`);
+  if (!source.subarray(0, OOM_LINE.length).equals(Buffer.from(OOM_LINE))) {
+    throw new Error(`redsem-client: ${place} does not start with ${OOM_LINE}`);
+  }
+  const acq = Buffer.concat([Buffer.from("#!lua"), source.subarray(OOM_LINE.length)]);
+  const text = (body) => ({ source: body, sha: createHash("sha1").update(body).digest("hex") });
+  script = { oom: text(source), acq: text(acq) };
+  return script;
 }
 
-/** The server's answer to "is the module loaded?", per client object: a promise of a boolean. */
-const backends = new WeakMap();
+/** How old a "no module" answer may be before it is asked again: the module may be loaded. */
+const RECHECK_MODULE_MS = 10000;
 
 /**
- * Finds out once per client object whether its server has the module (COMMAND INFO answers
- * [nil] for a command it does not know) and marks the adapter: `module` true or false.
- * A failed question is asked again next time.
+ * The server's answer to "is the module loaded?", per client object: { known: a promise of a
+ * boolean, at: when asked }.
+ */
+const backends = new WeakMap();
+
+/** COMMAND INFO SEM.ACQUIRE answers [nil] for a command the server does not know. */
+function askModule(conn) {
+  return Promise.resolve(conn.call("COMMAND", "INFO", "SEM.ACQUIRE")).then(
+    (reply) => Array.isArray(reply) && reply.length > 0 && reply[0] != null,
+  );
+}
+
+/**
+ * An answer remembered in `map` under `key`: asked again when it failed, or when it was "no"
+ * and is older than RECHECK_MODULE_MS (the module may have been loaded since).
+ */
+function remembered(map, key, ask) {
+  const entry = map.get(key);
+  if (entry && !(entry.no && performance.now() - entry.at > RECHECK_MODULE_MS)) return entry.known;
+  const fresh = { known: ask(), at: performance.now(), no: false };
+  map.set(key, fresh);
+  fresh.known.then(
+    (yes) => (fresh.no = !yes),
+    () => {
+      if (map.get(key) === fresh) map.delete(key);
+    },
+  );
+  return fresh.known;
+}
+
+/** The module is loaded (the script said so): `key` of `map` uses it from now on. */
+function rememberModule(map, key) {
+  map.set(key, { known: Promise.resolve(true), at: performance.now(), no: false });
+}
+
+/**
+ * Finds out whether the client's server has the module (asked once per client object, again
+ * after RECHECK_MODULE_MS while the answer is no) and marks the adapter: `module` true or false.
  */
 async function detect(conn) {
   if (conn.module !== undefined) return conn;
-  let known = backends.get(conn.raw);
-  if (!known) {
-    known = Promise.resolve(conn.call("COMMAND", "INFO", "SEM.ACQUIRE")).then(
-      (reply) => Array.isArray(reply) && reply.length > 0 && reply[0] != null,
-    );
-    backends.set(conn.raw, known);
-    known.catch(() => {
-      if (backends.get(conn.raw) === known) backends.delete(conn.raw);
-    });
-  }
-  conn.module = await known;
+  conn.module = await remembered(backends, conn.raw, () => askModule(conn));
   if (!conn.module && conn.keyPrefix) {
     // The script's keys would be prefixed where the module's names are not: other keys.
     throw moduleRequired("an ioredis keyPrefix");
@@ -269,8 +316,8 @@ const SCRIPTED = new Set([
 
 /**
  * Sends a command of the module, `[SEM.X, name, ...args]`, on a detected connection: as it is
- * with the module, else as the script's op X over the semaphore's keys. SEM.ACQUIRE and
- * SEM.ACQUIREFAIR answer `[reply, retry_ms]` through the script.
+ * with the module, else as the script's op X over the semaphore's keys (the allow-oom text:
+ * acquires go through scriptAcquire).
  */
 function semCall(conn, args) {
   if (conn.cluster) return conn.sem(args);
@@ -283,9 +330,12 @@ function semCall(conn, args) {
 /** The keys of a semaphore besides its name, in the order the script takes them. */
 const KEY_SUFFIXES = ["owner", "counter", "permits", "limit", "wake"];
 
-/** EVALSHA of the script over the six keys of `name`; EVAL (which loads it) on NOSCRIPT. */
-async function runScript(conn, name, opArgs) {
-  const { source, sha } = loadScript();
+/**
+ * EVALSHA of the script over the six keys of `name` (`first`: the text refused at maxmemory,
+ * for an acquire's first attempt; else the allow-oom one); EVAL of that text on NOSCRIPT.
+ */
+async function runScript(conn, name, opArgs, first = false) {
+  const { source, sha } = loadScript()[first ? "acq" : "oom"];
   const keys = [name, ...KEY_SUFFIXES.map((suffix) => `${name}:${suffix}`)];
   try {
     return await conn.call("EVALSHA", sha, keys.length, ...keys, ...opArgs);
@@ -295,39 +345,324 @@ async function runScript(conn, name, opArgs) {
   return conn.call("EVAL", source, keys.length, ...keys, ...opArgs);
 }
 
-/** The longest a waiter without the module blocks before it asks again (a lease may end). */
-const RECHECK_MS = 1000;
+/** The longest a waiter without the module blocks before it tries again (renewing its place). */
+const NUDGE_MS = 2500;
+
+/** How much later than a lease's end a first waiter asks the server to serve the line (TICK). */
+const TICK_AFTER_MS = 2;
+
+/** A grant the script told a waiter (`G`, `G<ticket>`), or its error (`E<error>`). */
+function granted(message, opts, id) {
+  if (message.startsWith("E")) throw new Error(message.slice(1)); // the server's error
+  return opts.fair ? [id, message.slice(1)] : id;
+}
 
 /**
- * SEM.ACQUIRE / SEM.ACQUIREFAIR through the script, waiting as the module would: after a
- * refusal, BLPOP on `<name>:wake` (a release, an expiry removed or a limit raised pushes a
- * token there) for at most the time left, the next lease end and a second, then again.
- * Resolves with the module's reply (null: not granted) and when the granting try was sent.
+ * SEM.ACQUIRE / SEM.ACQUIREFAIR through the script, waiting as the module would. A waiter
+ * takes a place in the script's line (LINE) and blocks on its own list `<name>:wake:<id>` on a
+ * pooled connection, where the script tells it of its grant (G), of the grant's error (E), that
+ * a lease ends soon (H: try again) or that the module is loaded (M); it tries again at least
+ * every NUDGE_MS (which renews its place), and leaves the line when its time is up. The first in
+ * line asks the server to serve the line (TICK) right after the next lease ends, as the
+ * server's own timer at hz 10 would be late. `way` says where each call goes: script(opArgs,
+ * first), tick(), blpop(key, ms). Resolves with { reply, sent } (reply null: not granted; sent:
+ * when the last try before the grant was sent, before the lease started), or with { module:
+ * true, reply, sent, left } when the server has the module now (left: seconds of the wait left,
+ * null when none).
  */
-async function scriptAcquire(conn, name, opts, id) {
-  const command = opts.fair ? "SEM.ACQUIREFAIR" : "SEM.ACQUIRE";
-  const args = [command, name, opts.limit, seconds(opts.lease), "ID", id];
+async function scriptAcquire(way, name, opts, id) {
+  const args = [opts.fair ? "ACQUIREFAIR" : "ACQUIRE", opts.limit, seconds(opts.lease), "ID", id];
   if (opts.count != null) args.push("COUNT", opts.count);
   if (opts.fair) args.push("WITHTICKET");
-  const end = opts.wait ? performance.now() + opts.wait * 1000 : 0; // Infinity: no end
-  for (;;) {
-    const sent = performance.now();
-    const [reply, retryMs] = await semCall(conn, args);
-    if (reply != null) return { reply, sent };
-    const left = end - performance.now();
-    if (!(left > 0)) return { reply: null, sent };
-    const next = retryMs > 0 ? Math.min(Number(retryMs), RECHECK_MS) : RECHECK_MS;
-    const timeout = seconds(Math.min(left, next) / 1000);
-    if (conn.cluster) await conn.wake(`${name}:wake`, timeout);
-    else await conn.call("BLPOP", `${name}:wake`, timeout);
+  const waiting = Boolean(opts.wait);
+  if (waiting) args.push("LINE");
+  const end = waiting ? performance.now() + opts.wait * 1000 : 0; // Infinity: no end
+  const leftSeconds = () => {
+    const left = (end - performance.now()) / 1000;
+    return left > 0 ? left : null;
+  };
+  const key = `${name}:wake:${id}`;
+  let first = true;
+  let inLine = false;
+  let sent;
+  try {
+    for (;;) {
+      sent = performance.now();
+      const [reply, retry, ahead] = await way.script(args, first);
+      first = false;
+      if (Number(ahead) === -1) {
+        inLine = false; // the script gave up its line for the module
+        return { module: true, reply, sent, left: waiting ? leftSeconds() : null };
+      }
+      if (reply != null || !waiting) return { reply, sent };
+      inLine = true;
+      const left = end - performance.now();
+      if (!(left > 0)) {
+        inLine = false;
+        const message = await way.script(["LEAVE", id], false);
+        // A grant made before it left is held: it is the caller's.
+        return { reply: message == null ? null : granted(String(message), opts, id), sent };
+      }
+      const blockMs = Math.min(left, NUDGE_MS);
+      const retryMs = Number(retry);
+      const tickMs = Number(ahead) === 0 && retryMs > 0 && retryMs < blockMs ? retryMs : 0;
+      const message = await blockFor(way, key, blockMs, tickMs);
+      if (message == null || message === "H") continue; // try again now
+      if (message === "M") {
+        inLine = false;
+        return { module: true, reply: null, sent, left: leftSeconds() };
+      }
+      if (message.startsWith("G") || message.startsWith("E")) {
+        inLine = false;
+        return { reply: granted(message, opts, id), sent };
+      }
+    }
+  } catch (err) {
+    if (inLine) await leaveLine(way, id);
+    throw err;
   }
 }
 
-/** The connection a permit uses: its own when it waits or binds, else the caller's. */
+/**
+ * BLPOP on the waiter's list for `blockMs`; meanwhile, when `tickMs`, TICK on another
+ * connection at that lease end (and again at the next one it answers) while it blocks.
+ */
+async function blockFor(way, key, blockMs, tickMs) {
+  let pending = true;
+  let timer = null;
+  const arm = (ms) => {
+    timer = setTimeout(() => {
+      timer = null;
+      if (!pending) return;
+      Promise.resolve(way.tick()).then(
+        (next) => {
+          if (pending && Number(next) > 0) arm(Number(next));
+        },
+        () => {}, // the next try learns of it
+      );
+    }, ms + TICK_AFTER_MS);
+  };
+  if (tickMs) arm(tickMs);
+  try {
+    return await way.blpop(key, blockMs);
+  } finally {
+    pending = false;
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * A waiter that will not come back leaves the line, best effort; a grant made to it meanwhile
+ * is given back, as its caller never sees it.
+ */
+async function leaveLine(way, id) {
+  try {
+    const message = await way.script(["LEAVE", id], false);
+    if (message != null && String(message).startsWith("G")) {
+      await way.script(["RELEASE", id], false);
+    }
+  } catch {
+    // Its place runs out by itself (PLACE_MS) and its grant's lease ends.
+  }
+}
+
+/** A BLPOP's message (the list's element), or null at its timeout. */
+function popped(reply) {
+  return reply == null ? null : String(reply[1]);
+}
+
+/**
+ * How much longer than the server's block a blocking call may take before its connection is
+ * taken for dead (and closed).
+ */
+const BLOCK_GRACE_MS = 5000;
+
+/** `promise` of a call on `conn`, or its connection closed and a rejection after `ms`. */
+function guarded(promise, ms, conn) {
+  if (!Number.isFinite(ms)) return promise;
+  let timer;
+  const late = new Promise((resolve, reject) => {
+    timer = setTimeout(() => {
+      conn.destroy();
+      const err = new Error(`Command timed out: no answer within ${Math.round(ms)} ms`);
+      err.redsemNodeGone = true; // through a cluster: try again
+      reject(err);
+    }, ms);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * Where the calls of a plain (not cluster) client's waiting acquire go: the script on `conn`
+ * (the client's connection, or the permit's own), TICK on the client's, BLPOP on a pooled one.
+ */
+function standaloneWay(client, conn, name) {
+  return {
+    script: (opArgs, first) => runScript(conn, name, opArgs, first),
+    tick: () => runScript(client, name, ["TICK"]),
+    blpop: async (key, ms) => {
+      const pool = poolOf(client);
+      const blocking = await pool.take();
+      let reply;
+      try {
+        const call = blocking.call("BLPOP", key, seconds(ms / 1000));
+        reply = await guarded(call, ms + BLOCK_GRACE_MS, blocking);
+      } catch (err) {
+        blocking.destroy(); // interrupted mid-block: never reused
+        throw err;
+      }
+      pool.give(blocking);
+      return popped(reply);
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pool: connections that block (a waiting acquire's WAIT, a waiter's BLPOP, SEM.WAITEMPTY),
+// taken for one wait and given back after it, so waiting opens no connection per wait. A
+// connection whose call did not finish (interrupted mid-block) is closed instead. Idle ones
+// do not keep the process alive, and close with their client.
+
+/** The idle connections a pool keeps, unless setPoolSize says otherwise. */
+const POOL_SIZE = 8;
+
+/** The pool size set for a client object (setPoolSize). */
+const poolSizes = new WeakMap();
+
+class Pool {
+  constructor(raw, open) {
+    this.raw = raw;
+    this.open = open;
+    this.idle = [];
+  }
+
+  get size() {
+    const size = poolSizes.get(this.raw);
+    return size == null ? POOL_SIZE : size;
+  }
+
+  /** An idle connection that is still open, else a new one. */
+  async take() {
+    while (this.idle.length > 0) {
+      const conn = this.idle.pop();
+      if (conn.alive()) {
+        conn.hold(true);
+        return conn;
+      }
+      conn.destroy();
+    }
+    return this.open();
+  }
+
+  /** A connection back after a finished call: kept idle, or closed when the pool is full. */
+  give(conn) {
+    if (this.idle.length >= this.size || !conn.alive() || this.ended) {
+      Promise.resolve(conn.close()).catch(() => {});
+      return;
+    }
+    conn.hold(false);
+    this.idle.push(conn);
+  }
+
+  /** The client closed: so do the idle connections. */
+  drain() {
+    for (const conn of this.idle.splice(0)) Promise.resolve(conn.close()).catch(() => {});
+  }
+}
+
+/** The pool of a plain client object (made at its first wait). */
+const pools = new WeakMap();
+
+function poolOf(client) {
+  let pool = pools.get(client.raw);
+  if (!pool) {
+    pool = new Pool(client.raw, async () => {
+      const conn = await ownConnection(client, Infinity);
+      conn.quiet();
+      return conn;
+    });
+    pools.set(client.raw, pool);
+    client.onEnd(() => pool.drain());
+  }
+  return pool;
+}
+
+/**
+ * Sets how many idle blocking connections the package keeps for `redis` (a client, or a
+ * cluster client: per node), reused by waiting acquires; 0 keeps none. Default POOL_SIZE.
+ */
+function setPoolSize(redis, size) {
+  if (!Number.isInteger(size) || size < 0) {
+    throw new TypeError(`the pool size must be an integer of at least 0, not ${String(size)}`);
+  }
+  if (!redis || typeof redis !== "object") throw new TypeError("redis must be a client object");
+  poolSizes.set(redis, size);
+  const pool = pools.get(redis);
+  if (pool) {
+    for (const conn of pool.idle.splice(size)) Promise.resolve(conn.close()).catch(() => {});
+  }
+  const cluster = clusters.get(redis);
+  if (cluster) {
+    for (const nodePool of cluster.pools.values()) {
+      for (const conn of nodePool.idle.splice(size)) Promise.resolve(conn.close()).catch(() => {});
+    }
+  }
+}
+
+/**
+ * A module command that may wait `wait` seconds in the server (`build(wait)` makes it) on a
+ * plain client: on a pooled connection (given back after), or on `conn` when it is the
+ * permit's own. Resolves with its reply and when it was sent.
+ */
+async function standaloneWaiting(client, conn, own, wait, build, blocks) {
+  const args = build(wait);
+  const sent = performance.now();
+  if (own || !blocks) return { reply: await conn.call(...args), sent };
+  const pool = poolOf(client);
+  const blocking = await pool.take();
+  const timeout = client.commandTimeout;
+  const limitMs = timeout && Number.isFinite(wait) ? wait * 1000 + timeout : Infinity;
+  let reply;
+  try {
+    reply = await guarded(blocking.call(...args), limitMs, blocking);
+  } catch (err) {
+    // An error reply leaves the connection as it was; anything else ends it.
+    if (isReply(err)) pool.give(blocking);
+    else blocking.destroy();
+    throw err;
+  }
+  pool.give(blocking);
+  return { reply, sent };
+}
+
+/** An error the server answered (the connection is fine), not a lost or timed-out one. */
+function isReply(err) {
+  // ioredis's ReplyError; node-redis's ErrorReply and its subclasses.
+  for (let proto = err && Object.getPrototypeOf(err); proto; proto = Object.getPrototypeOf(proto)) {
+    const name = proto.constructor && proto.constructor.name;
+    if (name === "ReplyError" || name === "ErrorReply") return true;
+  }
+  return false;
+}
+
+/** A pooled connection, taken in time (one that comes too late is closed when it comes). */
+async function takeInTime(pool, ms, address) {
+  const taking = pool.take();
+  try {
+    return await inTime(taking, ms, address);
+  } catch (err) {
+    taking.then(
+      (conn) => conn.destroy(),
+      () => {},
+    );
+    throw err;
+  }
+}
+
+/** The connection a permit keeps as its own: BOUND ties the permit to it, and WAIT
+ * numreplicas covers that connection's writes. Else the caller's. */
 async function connectionFor(client, opts) {
-  if (!opts.wait && !opts.bound && !opts.durableReplicas) return { conn: client, own: false };
-  // WAIT blocks the connection it is sent on, BOUND ties the permit to it, and WAIT numreplicas
-  // covers that connection's writes.
+  if (!opts.bound && !opts.durableReplicas) return { conn: client, own: false };
   const durableMs = opts.durableReplicas ? opts.durableTimeoutMs : 0;
   const blockMs = Math.max((opts.wait || 0) * 1000, durableMs);
   if (client.cluster) return { conn: client.dedicate(blockMs), own: true };
@@ -505,7 +840,10 @@ class ClusterClient {
     this.raw = raw;
     this.modules = new Map(); // address -> Promise<boolean>
     this.moved = new Map(); // slot -> address a MOVED named, until the next refresh
+    this.pools = new Map(); // address -> Pool
     this._refreshing = null;
+    // ioredis's Cluster ends with "end", node-redis's with "disconnect".
+    for (const event of ["end", "disconnect"]) raw.on(event, () => this.drainPools());
   }
 
   /** The address of the primary serving `slot`: where a MOVED sent us, else the client's map. */
@@ -527,19 +865,29 @@ class ClusterClient {
     return this._refreshing;
   }
 
-  /** Whether the node at `address` has the module: COMMAND INFO SEM.ACQUIRE, asked once. */
+  /**
+   * Whether the node at `address` has the module: COMMAND INFO SEM.ACQUIRE, asked once (again
+   * after RECHECK_MODULE_MS while the answer is no).
+   */
   moduleAt(address) {
-    let known = this.modules.get(address);
-    if (!known) {
-      known = inTime(this.node(address), REACH_MS, address)
-        .then((conn) => conn.call("COMMAND", "INFO", "SEM.ACQUIRE"))
-        .then((reply) => Array.isArray(reply) && reply.length > 0 && reply[0] != null);
-      this.modules.set(address, known);
-      known.catch(() => {
-        if (this.modules.get(address) === known) this.modules.delete(address);
-      });
+    return remembered(this.modules, address, () =>
+      inTime(this.node(address), REACH_MS, address).then(askModule),
+    );
+  }
+
+  /** The pool of blocking connections to the node at `address`. */
+  poolAt(address) {
+    let pool = this.pools.get(address);
+    if (!pool) {
+      pool = new Pool(this.raw, async () => this.dedicated(address, Infinity));
+      this.pools.set(address, pool);
     }
-    return known;
+    return pool;
+  }
+
+  /** The cluster client closed: so do the idle pooled connections. */
+  drainPools() {
+    for (const pool of this.pools.values()) pool.drain();
   }
 }
 
@@ -697,11 +1045,11 @@ class SlotLink {
 
   /**
    * A module command that waits in the server (`build(wait)` makes it for the seconds of
-   * `wait` left: Infinity, a number, or null when none is left), on our own connection when
-   * dedicated. Resent after an interruption with what is left of the wait. Resolves with the
-   * reply and when the answering try was sent.
+   * `wait` left: Infinity, a number, or null when none is left): on our own connection when
+   * dedicated, else on a pooled one when it `blocks`. Resent after an interruption with what is
+   * left of the wait. Resolves with the reply and when the answering try was sent.
    */
-  async waiting(wait, build) {
+  async waiting(wait, build, blocks = Boolean(wait)) {
     const end = wait ? performance.now() + wait * 1000 : null; // Infinity: no end
     let sent;
     const left = () => {
@@ -716,22 +1064,64 @@ class SlotLink {
         sent = performance.now();
         return conn.call(...args);
       },
-      this.own ? "own" : "shared",
+      this.own ? "own" : blocks ? "pool" : "shared",
     );
     return { reply, sent };
   }
 
-  /** BLPOP on `key` on our own connection to the slot's primary: a wake-up, never retried. */
-  async wake(key, timeout) {
+  /**
+   * Where the calls of a waiting acquire through the script go: the script to the slot's
+   * primary (on our own connection when dedicated), TICK on the cluster's, BLPOP on a pooled
+   * connection to that node.
+   */
+  scriptWay() {
+    const name = this.names[0];
+    return {
+      script: (opArgs, first) =>
+        this._retry(
+          String(opArgs[0]),
+          (conn, address) => {
+            this._scriptAt = address;
+            return runScript(conn, name, opArgs, first);
+          },
+          this.own ? "ours" : "shared",
+        ),
+      tick: () => this._retry("TICK", (conn) => runScript(conn, name, ["TICK"]), "shared"),
+      blpop: (key, ms) => this.blpop(key, ms),
+    };
+  }
+
+  /** The script said the module is loaded on the node it ran on: use it from now on. */
+  useModule() {
+    this.module = true;
+    if (this._scriptAt) rememberModule(this.cluster.modules, this._scriptAt);
+  }
+
+  /**
+   * BLPOP on `key` for `ms` on a pooled connection to the slot's primary. A move or a lost
+   * node answers null (no message): the waiter's next try finds the slot's owner.
+   */
+  async blpop(key, ms) {
+    let pool = null;
+    let conn = null;
     try {
       const address = await inTime(this.cluster.owner(this.slot), REACH_MS, "the cluster");
       if (!address) throw nodeGone(`of slot ${this.slot}`, "is not known");
-      const conn = await inTime(this._dedicatedTo(address), REACH_MS, address);
-      await conn.call("BLPOP", key, timeout);
+      pool = this.cluster.poolAt(address);
+      conn = await takeInTime(pool, REACH_MS, address);
+      const call = conn.call("BLPOP", key, seconds(ms / 1000));
+      const reply = await guarded(call, ms + BLOCK_GRACE_MS, conn);
+      pool.give(conn);
+      return popped(reply);
     } catch (err) {
-      if (!clusterTrouble(err)) throw err;
-      this._dropDedicated();
-      await sleep(50); // the next try finds the slot's owner, through the retries
+      const trouble = clusterTrouble(err);
+      if (conn) {
+        if (isReply(err)) pool.give(conn);
+        else conn.destroy(); // interrupted mid-block: never reused
+      }
+      if (!trouble) throw err;
+      await sleep(50);
+      return null;
     }
   }
 
@@ -798,6 +1188,21 @@ class SlotLink {
         const owner = askAt || inTime(this.cluster.owner(this.slot), reachMs, "the cluster");
         const address = await owner;
         if (!address) throw nodeGone(`of slot ${this.slot}`, "is not known");
+        if (use === "pool") {
+          const pool = this.cluster.poolAt(address);
+          const conn = await takeInTime(pool, reachMs, address);
+          let reply;
+          try {
+            reply = await send(askAt ? asking(conn) : conn, address);
+          } catch (err) {
+            // An answer (an error, a redirection) leaves the connection as it was.
+            if (isReply(err)) pool.give(conn);
+            else conn.destroy();
+            throw err;
+          }
+          pool.give(conn);
+          return reply;
+        }
         const way = this._connectionTo(address, use);
         ours = way.ours;
         const conn = await inTime(way.conn, reachMs, address);
@@ -849,10 +1254,34 @@ async function reach(redis, names, retryFor) {
  * resolves with its reply and when it was sent. Through a cluster, resent after an
  * interruption with what is left of the wait.
  */
-async function sendWaiting(conn, wait, build) {
-  if (conn.cluster) return conn.waiting(wait, build);
-  const sent = performance.now();
-  return { reply: await conn.call(...build(wait)), sent };
+async function sendWaiting(client, conn, own, wait, build, blocks = Boolean(wait)) {
+  if (conn.cluster) return conn.waiting(wait, build, blocks);
+  return standaloneWaiting(client, conn, own, wait, build, blocks);
+}
+
+/**
+ * A permit of `name`: the module's reply (null: not granted) and when the granting try was
+ * sent. Without the module, through the script (scriptAcquire); when the script finds the
+ * module loaded, this client (this node) uses the module from then on, and a wait goes on there
+ * for the time left.
+ */
+async function take(client, conn, own, name, opts, id) {
+  let wait = opts.wait;
+  if (!conn.module) {
+    const way = conn.cluster ? conn.scriptWay() : standaloneWay(client, conn, name);
+    const tried = await scriptAcquire(way, name, opts, id);
+    if (!tried.module) return tried;
+    if (conn.cluster) conn.useModule();
+    else {
+      rememberModule(backends, client.raw);
+      client.module = true;
+      conn.module = true;
+    }
+    if (tried.reply != null || tried.left === null) return tried;
+    wait = tried.left;
+  }
+  const build = (left) => acquireArgs(name, { ...opts, wait: left }, id);
+  return sendWaiting(client, conn, own, wait, build);
 }
 
 const asyncDispose = Symbol.asyncDispose || Symbol.for("nodejs.asyncDispose");
@@ -1115,14 +1544,7 @@ async function acquire(redis, name, options = {}) {
   const { conn, own } = await connectionFor(client, opts);
   let permit;
   try {
-    let sent;
-    let reply;
-    if (conn.module) {
-      const build = (wait) => acquireArgs(name, { ...opts, wait }, id);
-      ({ reply, sent } = await sendWaiting(conn, opts.wait, build));
-    } else {
-      ({ reply, sent } = await scriptAcquire(conn, name, opts, id));
-    }
+    const { reply, sent } = await take(client, conn, own, name, opts, id);
     if (reply == null) {
       const waited = opts.wait ? ` within ${opts.wait} s` : "";
       throw new NotAcquired(`no permit of ${name} (limit ${opts.limit}) was granted${waited}`);
@@ -1241,7 +1663,7 @@ async function acquireAll(redis, semaphores, options = {}) {
   let permits;
   try {
     const build = (wait) => acquireAllArgs(sems, { ...opts, wait }, id);
-    const { reply, sent } = await sendWaiting(conn, opts.wait, build);
+    const { reply, sent } = await sendWaiting(client, conn, own, opts.wait, build);
     if (reply === null) {
       const wanted = sems.map((sem) => `${sem.name} (${sem.count} of ${sem.limit})`).join(", ");
       const waited = opts.wait ? ` within ${opts.wait} s` : "";
@@ -1295,16 +1717,8 @@ async function waitEmpty(redis, name, timeout, options = {}) {
   const build = (wait) => ["SEM.WAITEMPTY", name, arg(wait)];
   const client = await reach(redis, [name], opts.retryFor);
   if (!client.module) throw moduleRequired("SEM.WAITEMPTY");
-  const blockMs = timeout === Infinity ? Infinity : Math.max(timeout * 1000, 1);
-  const conn = client.cluster ? client.dedicate(blockMs) : await ownConnection(client, blockMs);
-  let reply;
-  try {
-    ({ reply } = await sendWaiting(conn, timeout > 0 ? timeout : null, build));
-  } catch (err) {
-    conn.destroy();
-    throw err;
-  }
-  await conn.close();
+  // It blocks, even for a millisecond: on a pooled connection.
+  const { reply } = await sendWaiting(client, client, false, timeout > 0 ? timeout : null, build, true);
   return reply === 1;
 }
 
@@ -1356,6 +1770,7 @@ module.exports = {
   storedLimit,
   setLimit,
   clearLimit,
+  setPoolSize,
   Permit,
   PermitSet,
   SemaphoreError,

@@ -15,6 +15,7 @@ const {
   acquireAll,
   clearLimit,
   setLimit,
+  setPoolSize,
   storedLimit,
   waitEmpty,
   withPermit,
@@ -107,7 +108,7 @@ test("node-redis: fair tickets come back as numbers", async () => {
   assert.equal(await live("printers"), 0);
 });
 
-test("node-redis: a wait has its own connection, closed at the release", async () => {
+test("node-redis: a wait has a pooled connection of its own, kept for the next wait", async () => {
   const holder = await acquire(redis, "jobs", { limit: 1, lease: 30 });
   const before = await clients();
   const waiting = acquire(redis, "jobs", { limit: 1, lease: 30, wait: 10 });
@@ -116,8 +117,16 @@ test("node-redis: a wait has its own connection, closed at the release", async (
   assert.equal(await holder.release(), true);
   const permit = await waiting;
   assert.deepEqual(await redis.zRange("jobs", 0, -1), [permit.id]);
+  // The next wait blocks on the same connection, given back to the pool.
+  const next = acquire(redis, "jobs", { limit: 1, lease: 30, wait: 10 });
+  await sleep(200);
+  assert.equal(await clients(), before + 1);
   assert.equal(await permit.release(), true);
-  await waitUntil("the waiter's connection closes", async () => (await clients()) === before);
+  assert.equal(await (await next).release(), true);
+  assert.equal(await clients(), before + 1);
+  setPoolSize(redis, 0); // an empty pool keeps none
+  await waitUntil("the pooled connection closes", async () => (await clients()) === before);
+  setPoolSize(redis, 8);
 });
 
 test("node-redis: a wait times out", async () => {

@@ -1,0 +1,1131 @@
+#!lua flags=allow-oom
+-- redsem.lua: the redsem semaphore operations as one server-side Lua script, for servers that
+-- cannot load the redsem module (managed Redis services; Redis 7.0 or later, Valkey). It keeps
+-- the very same keys as the module, with the module's rules (src/semaphore.rs), so a semaphore
+-- started with this script goes on unchanged once the module is loaded. Every package (Python,
+-- Node, Rust, Java, Go) ships a copy of this one file.
+--
+-- Two texts of it are loaded: this file as it is (first line `#!lua flags=allow-oom`), which
+-- runs when memory is full, and the same with that first line replaced by `#!lua`, which the
+-- server refuses at `maxmemory` with its own OOM error, changing nothing. A package sends an
+-- acquire that may take a new place (its first attempt) with the second and every other call
+-- with the first, so a refresh, a release and a waiter already in line work when memory is
+-- full, as the module's do, and a newcomer is refused there with the module's error.
+--
+-- Call (OP is case-insensitive):
+--
+--   EVALSHA <sha1 of the text> 6 <name> <name>:owner <name>:counter <name>:permits
+--           <name>:limit <name>:wake <OP> [args...]
+--
+-- (on NOSCRIPT, `EVAL <the text> 6 ...` once, which also loads it).
+--
+--   ACQUIRE <limit> <lease> ID <id> [COUNT <n>] [LINE]
+--   ACQUIREFAIR <limit> <lease> ID <id> [COUNT <n>] [WITHTICKET] [LINE]
+--       SEM.ACQUIRE / SEM.ACQUIREFAIR without WAIT and BOUND. Replies [reply, retry_ms, ahead]:
+--       reply is the module's reply (the id; [id, ticket] with WITHTICKET; nil when refused);
+--       when refused, retry_ms is the milliseconds until the earliest live holder's deadline
+--       (0 when no holder is live) and ahead the number of waiters in line before the caller
+--       (with LINE) or in the line (without); ahead = -1: the module is loaded, the reply is
+--       its own (SEM.ACQUIRE's, without WAIT), and the caller should use the module from now on.
+--       LINE: a refused caller takes (or keeps) its place at the end of the semaphore's line,
+--       held for PLACE_MS from this call; see "The line" below.
+--   REFRESH <id> <lease>         -> integer, as SEM.REFRESH
+--   RELEASE <id> [COUNT <k>]     -> integer, as SEM.RELEASE
+--   GET                          -> integer, as SEM.GET (permits in use)
+--   LIMIT | LIMIT <n> | LIMIT CLEAR -> as SEM.LIMIT (nil or n; OK; 1 or 0)
+--   TICK                         -> integer: serves the line at the server's clock now (a lease
+--                                   that ran out frees its permits), then the milliseconds
+--                                   until the earliest live holder's deadline (0: none)
+--   LEAVE <id>                   -> the caller leaves the line: nil, or the message of a grant
+--                                   made to it before it left (see below), which it now holds
+--
+-- Keys, as the module keeps them: <name> (sorted set: id -> deadline, Unix ms), <name>:owner
+-- (fair: id -> ticket), <name>:counter (fair: the last ticket), <name>:permits (hash: the
+-- permits of holders of more than one, and the "" field = permits held beyond one per holder),
+-- <name>:limit (an operator's limit, 0 pauses). <name>, <name>:owner and <name>:permits expire
+-- at the latest deadline; no key is ever left empty. Arguments, validation order and error
+-- texts are the module's (sem.max-lease at its default, one year). The clock is the server's
+-- (TIME). Fair tickets are max(counter + 1, now_ms * 1000), as the module's fencing floor.
+--
+-- The line (this script's own keys, all in the name's slot): <name>:line (sorted set: waiter
+-- id -> arrival number), <name>:places (hash: waiter id -> "deadline kind limit lease_ms count",
+-- its place's deadline and what it asked for) and <name>:wake:<id> (a list per waiter). Every
+-- call that may free permits (a release, a refresh or acquire that finds expired holders, a
+-- stored limit raised or cleared, TICK, LEAVE) first serves the line: the first waiter whose
+-- place is still held is granted, if it fits, with its own limit, lease (starting then, by the
+-- server's clock), count and kind, and leaves the line; then the next, and so on; nobody behind
+-- a waiter that does not fit is served before it. A waiter whose place ran out (it stopped
+-- renewing: it died) is dropped when it reaches the head. The grant is pushed to the waiter's
+-- list as a message, which it takes with `BLPOP <name>:wake:<id>`:
+--   "G"          a plain grant;             "G<ticket>"   a fair grant and its ticket;
+--   "E<error>"   its grant failed with that error (it is out of the line);
+--   "H"          it is now first in line and a holder's lease ends within NUDGE_MS: try again
+--                (to learn when, and call TICK then);
+--   "M"          the module is loaded: use it (the line is given up).
+-- A refused ACQUIRE without LINE changes nothing but the expired holders it removes; a plain one
+-- may take a free permit ahead of the line (as SEM.ACQUIRE without WAIT does), a fair one is
+-- refused while anyone waits. A caller that holds a live permit renews it, waiting or not.
+-- Lists and the line expire PLACE_MS after their last write: nothing lingers.
+--
+-- The module loaded later: every call first asks the server whether SEM.ACQUIRE exists; when it
+-- does, the call is the module's command (long form), so a release or refresh sent through the
+-- script serves the module's waiters at once, and the line's waiters are told "M".
+--
+-- What scripts do not do, unlike the module:
+--   - WAIT inside the server: the packages wait with LINE, BLPOP and TICK.
+--   - BOUND (permits that end with the connection), SEM.ACQUIREALL / RELEASEALL / REFRESHALL,
+--     SEM.WAITEMPTY, SEM.GET JSON, and identifiers made by the server (ID is required).
+--   - sem.* configuration (max-lease, waiter limits), INFO sem, sem.* keyspace events, the
+--     fencing floor kept across failovers (the floor here is the clock at each grant).
+--   - Redis Cluster: the keys must share a slot, so the name needs a hash tag ({name}).
+
+local MAX_LIMIT = 4294967295
+local MAX_LEASE_MS = 31536000000 -- one year, the module's default sem.max-lease
+local MAX_TICKET = 9007199254740992 -- 2^53: sorted-set scores hold integers exactly up to it
+local MAX_TICKET_TEXT = '9007199254740992'
+local TICKETS_PER_MS = 1000
+-- A waiter's place in line is held this long after its last attempt; the packages try again
+-- at least every NUDGE_MS (their longest BLPOP), so a live waiter never loses its place.
+local PLACE_MS = 6000
+local NUDGE_MS = 2500
+-- The most waiters one call serves or drops, and tells of the module (the rest: the next call).
+local SERVE_MAX = 100
+local FLUSH_MAX = 1000
+
+local NAME, OWNER, COUNTER, PERMITS, LIMIT, WAKE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6]
+local LINE, PLACES = NAME .. ':line', NAME .. ':places'
+
+-- The module's error texts (src/error.rs).
+local ERR = {
+  syntax = 'ERR syntax error',
+  limit = 'ERR limit must be an integer from 1 to 4294967295',
+  stored_limit = 'ERR limit must be an integer from 0 (pause) to 4294967295, or CLEAR',
+  stored_limit_corrupt =
+    "ERR the semaphore's limit key does not hold an integer from 0 to 4294967295",
+  lease = 'ERR lease must be a number of seconds greater than 0 and at most 31536000, '
+    .. 'with at most 3 decimals',
+  count = 'ERR COUNT must be an integer from 1 to the limit (at most 4294967295)',
+  release_count = 'ERR COUNT must be an integer from 1 to 4294967295',
+  permits_corrupt =
+    "ERR the semaphore's permits key holds a value that is not a count of permits",
+  empty_name = 'ERR semaphore name must not be empty',
+  empty_id = 'ERR identifier must not be empty',
+  wrong_type = 'WRONGTYPE Operation against a key holding the wrong kind of value',
+  counter = "ERR the semaphore's counter key does not hold an integer from 0 to "
+    .. '9007199254740992 (2^53)',
+  exhausted = "ERR the semaphore's counter reached 2^53: no ticket is left that a sorted-set "
+    .. 'score holds exactly',
+  ticket = "ERR the holder has no valid ticket in the semaphore's owner set "
+    .. '(a whole number from 1 to 2^53)',
+  fair_held = 'ERR the semaphore has live fair holders: use SEM.ACQUIREFAIR until they are gone',
+  plain_held = 'ERR the semaphore has live plain holders: use SEM.ACQUIRE until they are gone',
+}
+
+local function arity(command)
+  return "ERR wrong number of arguments for '" .. command .. "' command"
+end
+
+local function count_mismatch(held)
+  return 'ERR the holder holds ' .. held .. ' permits: renew with that COUNT, or none'
+end
+
+local function count_too_large(held)
+  return 'ERR COUNT is more than the ' .. held .. ' permits the holder holds'
+end
+
+local function module_required(what)
+  return 'ERR ' .. what .. ' needs the redsem module loaded in the server'
+end
+
+-- Errors raised by this script (caught in the entry point, at the end of the file).
+local function fail(message)
+  error({ redsem_error = message })
+end
+
+-- An integer as Redis reads it: Lua's tostring writes large numbers as 1.7e+15.
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+------------------------------------------------------------------------------------------------
+-- Parsing (src/args.rs)
+
+-- Decimal digits only (leading zeros allowed); the value saturates at math.huge.
+local function decimal(s)
+  if not s:find('^%d+$') then
+    return nil
+  end
+  local digits = (s:gsub('^0+', ''))
+  if digits == '' then
+    return 0
+  end
+  if #digits > 15 then
+    return math.huge
+  end
+  return tonumber(digits)
+end
+
+local function parse_limit(s)
+  local v = decimal(s)
+  if v and v >= 1 and v <= MAX_LIMIT then
+    return v
+  end
+  fail(ERR.limit)
+end
+
+local function parse_stored_limit(s)
+  local v = decimal(s)
+  if v and v <= MAX_LIMIT then
+    return v
+  end
+  return nil
+end
+
+-- digits[.d[d[d]]] seconds, in milliseconds; nil if malformed.
+local function seconds_ms(s)
+  local whole, fraction = s:match('^([^.]*)%.(.*)$')
+  if not whole then
+    whole = s
+  end
+  local seconds = decimal(whole)
+  if not seconds then
+    return nil
+  end
+  local ms = 0
+  if fraction then
+    if #fraction < 1 or #fraction > 3 then
+      return nil
+    end
+    local f = decimal(fraction)
+    if not f then
+      return nil
+    end
+    ms = f * ({ 100, 10, 1 })[#fraction]
+  end
+  return seconds * 1000 + ms
+end
+
+local function parse_lease_ms(s)
+  local ms = seconds_ms(s)
+  if ms and ms >= 1 and ms <= MAX_LEASE_MS then
+    return ms
+  end
+  fail(ERR.lease)
+end
+
+-- An integer in Redis's own syntax (no sign, no leading zero) from min to max (max_text).
+local function redis_integer(s, min, max_text)
+  if not s:find('^%d+$') or (#s > 1 and s:sub(1, 1) == '0') then
+    return nil
+  end
+  if #s > #max_text or (#s == #max_text and s > max_text) then
+    return nil
+  end
+  local v = tonumber(s)
+  if v < min then
+    return nil
+  end
+  return v
+end
+
+-- A holder's field of <name>:permits: 2 to 4294967295.
+local function parse_weight(s)
+  return redis_integer(s, 2, '4294967295') or fail(ERR.permits_corrupt)
+end
+
+-- The "" field of <name>:permits: 0 to 4294967295.
+local function parse_extra(s)
+  return redis_integer(s, 0, '4294967295') or fail(ERR.permits_corrupt)
+end
+
+local function identifier(id)
+  if id == '' then
+    fail(ERR.empty_id)
+  end
+  return id
+end
+
+------------------------------------------------------------------------------------------------
+-- The keys (src/store.rs)
+
+local function exists(key)
+  return redis.call('EXISTS', key) == 1
+end
+
+local function expect_type(key, wanted)
+  local found = redis.call('TYPE', key).ok
+  if found ~= 'none' and found ~= wanted then
+    fail(ERR.wrong_type)
+  end
+end
+
+local function now_ms()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
+-- A deadline in whole milliseconds, rounded up (a foreign score may have decimals).
+local function deadline_of(score)
+  if not score then
+    return nil
+  end
+  return math.ceil(tonumber(score))
+end
+
+-- The call's store: which keys it opened and how it moved the deadlines in <name>, so that the
+-- expiry can be settled at the end as the module does. `deadlines` is 'none' (unchanged),
+-- 'raised' (holders were only added, the latest at `added`) or 'unknown'.
+local store = { created = false, deadlines = 'none', added = 0 }
+
+-- Every call checks the types first: a key of another type is an error that changes nothing.
+local function open()
+  expect_type(NAME, 'zset')
+  expect_type(OWNER, 'zset')
+  expect_type(PERMITS, 'hash')
+  expect_type(WAKE, 'list')
+  expect_type(LINE, 'zset')
+  expect_type(PLACES, 'hash')
+  store.created = not exists(NAME)
+end
+
+local function deadline(id)
+  return deadline_of(redis.call('ZSCORE', NAME, id))
+end
+
+local function owner_score(id)
+  local score = redis.call('ZSCORE', OWNER, id)
+  return score and tonumber(score)
+end
+
+-- A ticket: a whole number from 1 to 2^53.
+local function ticket_from_score(score)
+  if score and score >= 1 and score <= MAX_TICKET and score == math.floor(score) then
+    return score
+  end
+  return nil
+end
+
+-- The last ticket handed out; nil when <name>:counter does not exist.
+local function counter()
+  expect_type(COUNTER, 'string')
+  local value = redis.call('GET', COUNTER)
+  if not value then
+    return nil
+  end
+  return redis_integer(value, 0, MAX_TICKET_TEXT) or fail(ERR.counter)
+end
+
+-- The limit an operator stored; nil when there is none.
+local function stored_limit()
+  if not exists(LIMIT) then
+    return nil
+  end
+  expect_type(LIMIT, 'string')
+  return parse_stored_limit(redis.call('GET', LIMIT)) or fail(ERR.stored_limit_corrupt)
+end
+
+local function has_weights()
+  return exists(PERMITS)
+end
+
+-- The permits `id` holds: its field in <name>:permits, 1 without one.
+local function weight(id)
+  if not has_weights() then
+    return 1
+  end
+  local value = redis.call('HGET', PERMITS, id)
+  if not value then
+    return 1
+  end
+  return parse_weight(value)
+end
+
+local function extra_field()
+  if not has_weights() then
+    return 0
+  end
+  local value = redis.call('HGET', PERMITS, '')
+  if not value then
+    return 0
+  end
+  return parse_extra(value)
+end
+
+-- Calls `command key member...` over `members` in batches (unpack has a limit).
+local function batched(command, key, members)
+  local done = 0
+  for first = 1, #members, 1000 do
+    local last = math.min(first + 999, #members)
+    done = done + redis.call(command, key, unpack(members, first, last))
+  end
+  return done
+end
+
+local function added_deadline(at)
+  if store.deadlines == 'none' then
+    store.deadlines = 'raised'
+    store.added = at
+  elseif store.deadlines == 'raised' then
+    store.added = math.max(store.added, at)
+  end
+end
+
+-- Sets `id`'s deadline. put: 'upsert' (add or move), 'if_held' (move only), 'if_new' (add
+-- only). Returns 'added', 'updated' or 'not_held' (nothing changed).
+local function put_holder(id, at, put)
+  if put == 'if_held' then
+    if not redis.call('ZSCORE', NAME, id) then
+      return 'not_held'
+    end
+    redis.call('ZADD', NAME, 'XX', int(at), id)
+    store.deadlines = 'unknown'
+    return 'updated'
+  end
+  local added
+  if put == 'if_new' then
+    added = redis.call('ZADD', NAME, 'NX', int(at), id)
+  else
+    added = redis.call('ZADD', NAME, int(at), id)
+  end
+  if added == 1 then
+    added_deadline(at)
+    return 'added'
+  end
+  if put == 'if_new' then
+    return 'not_held'
+  end
+  store.deadlines = 'unknown'
+  return 'updated'
+end
+
+local function put_owner(id, ticket)
+  redis.call('ZADD', OWNER, int(ticket), id)
+end
+
+local function set_counter(ticket)
+  redis.call('SET', COUNTER, int(ticket))
+end
+
+-- Removes `ids` from <name> and <name>:owner; returns how many were in <name>.
+local function remove(ids)
+  if #ids == 0 then
+    return 0
+  end
+  local removed = batched('ZREM', NAME, ids)
+  if exists(OWNER) then
+    batched('ZREM', OWNER, ids)
+  end
+  if removed > 0 then
+    if exists(NAME) then
+      store.deadlines = 'unknown'
+    else
+      -- The set went with its last holder: what is added from here is all it will hold.
+      store.created = true
+      store.deadlines = 'none'
+    end
+  end
+  return removed
+end
+
+-- Writes <name>:permits: `set_id` holds `set_permits` (a holder of 1 has no field), the
+-- `removed` holders' fields go, and the "" field is `extra` (none when 0).
+local function put_weights(set_id, set_permits, removed, extra)
+  local sets, deletes = {}, {}
+  for i, id in ipairs(removed) do
+    deletes[i] = id
+  end
+  if set_id then
+    if set_permits > 1 then
+      table.insert(sets, set_id)
+      table.insert(sets, int(set_permits))
+    else
+      table.insert(deletes, set_id)
+    end
+  end
+  if extra > 0 then
+    table.insert(sets, '')
+    table.insert(sets, int(extra))
+  else
+    table.insert(deletes, '')
+  end
+  if #sets > 0 then
+    redis.call('HSET', PERMITS, unpack(sets))
+  end
+  if #deletes > 0 and exists(PERMITS) then
+    batched('HDEL', PERMITS, deletes)
+  end
+end
+
+-- <name>, <name>:owner and <name>:permits expire at the latest deadline, when this call moved a
+-- deadline. A call that only added holders keeps a later expiry, as the module does.
+local function settle_expiry()
+  if store.deadlines == 'none' then
+    return
+  end
+  local current = redis.call('PEXPIRETIME', NAME)
+  local latest
+  if store.deadlines == 'raised' and current >= 0 then
+    latest = math.max(current, store.added)
+  elseif store.deadlines == 'raised' and store.created then
+    latest = store.added
+  else
+    local top = redis.call('ZRANGE', NAME, -1, -1, 'WITHSCORES')
+    if #top == 0 then
+      return
+    end
+    latest = deadline_of(top[2])
+  end
+  if latest ~= latest or latest == math.huge or latest == -math.huge then
+    return -- a foreign score of +inf: a holder that never expires
+  end
+  for _, key in ipairs({ NAME, OWNER, PERMITS }) do
+    local at = redis.call('PEXPIRETIME', key)
+    if at ~= -2 and at ~= latest then
+      redis.call('PEXPIREAT', key, int(latest))
+    end
+  end
+end
+
+------------------------------------------------------------------------------------------------
+-- The rules (src/semaphore.rs)
+
+-- The state of the semaphore at `now`, read without changing anything.
+local function survey(now)
+  local s = { expired = redis.call('ZRANGEBYSCORE', NAME, '-inf', int(now)) }
+  s.is_expired = {}
+  for _, id in ipairs(s.expired) do
+    s.is_expired[id] = true
+  end
+  s.live = redis.call('ZCARD', NAME) - #s.expired
+  local owners = redis.call('ZCARD', OWNER)
+  s.leftovers = 'none'
+  if owners == 0 then
+    s.kind = s.live > 0 and 'plain' or nil
+  elseif s.live == 0 then
+    s.leftovers = 'all'
+  else
+    local expired_owners = 0
+    for _, id in ipairs(s.expired) do
+      if owner_score(id) then
+        expired_owners = expired_owners + 1
+      end
+    end
+    if owners - expired_owners == s.live then
+      s.kind = 'fair'
+    else
+      -- Another client wrote one of the keys: find the owner entries with no holder.
+      local owned_live, orphans = 0, {}
+      for _, id in ipairs(redis.call('ZRANGE', OWNER, 0, -1)) do
+        local at = deadline(id)
+        if not at then
+          table.insert(orphans, id)
+        elseif at > now then
+          owned_live = owned_live + 1
+        end
+      end
+      if owned_live == 0 then
+        s.kind, s.leftovers = 'plain', 'all'
+      elseif #orphans == 0 then
+        s.kind = 'fair'
+      else
+        s.kind, s.leftovers = 'fair', orphans
+      end
+    end
+  end
+  -- Permits held beyond one per live holder, and the expired weighted holders' fields.
+  s.extra, s.weights, s.expired_extra = 0, 'keep', 0
+  if has_weights() then
+    if s.live == 0 then
+      s.weights = 'clear'
+      -- Every holder expired: the "" field, read leniently, is all their extra permits.
+      s.expired_extra = tonumber(redis.call('HGET', PERMITS, '') or '0') or 0
+    else
+      local extra = extra_field()
+      local pruned = {}
+      for _, id in ipairs(s.expired) do
+        local permits = weight(id)
+        if permits > 1 then
+          extra = math.max(extra - (permits - 1), 0)
+          s.expired_extra = s.expired_extra + permits - 1
+          table.insert(pruned, id)
+        end
+      end
+      s.extra = extra
+      if #pruned > 0 then
+        s.weights = pruned
+      end
+    end
+  end
+  -- Permits freed by removing the expired holders (their wake-up tokens).
+  s.freed = #s.expired + s.expired_extra
+  s.in_use = s.live + s.extra
+  return s
+end
+
+-- The first change of every writing rule: expired holders and leftovers go.
+local function prune(s)
+  remove(s.expired)
+  if s.leftovers == 'all' then
+    redis.call('DEL', OWNER)
+  elseif s.leftovers ~= 'none' then
+    batched('ZREM', OWNER, s.leftovers)
+  end
+  if s.weights == 'clear' then
+    redis.call('DEL', PERMITS)
+  elseif s.weights ~= 'keep' then
+    put_weights(nil, nil, s.weights, s.extra)
+  end
+end
+
+-- What a refresh or release found: 1 for a live holder, else 0 (expired or absent).
+local LIVE, LOST = 1, 0
+
+local function next_ticket(now)
+  local last = counter() or 0
+  if last >= MAX_TICKET then
+    fail(ERR.exhausted)
+  end
+  local ticket = math.max(last + 1, now * TICKETS_PER_MS)
+  if ticket > MAX_TICKET then
+    fail(ERR.exhausted)
+  end
+  return ticket
+end
+
+-- Renews live holder `id`: its deadline moves, its permits and ticket stay.
+local function renew_holder(s, id, kind, count, at)
+  if count then
+    local held = weight(id)
+    if count ~= held then
+      fail(count_mismatch(held))
+    end
+  end
+  local ticket
+  if kind == 'fair' then
+    ticket = ticket_from_score(owner_score(id)) or fail(ERR.ticket)
+  end
+  prune(s)
+  put_holder(id, at, 'if_held')
+  return { ticket = ticket, renewed = true }
+end
+
+-- SEM.ACQUIRE / SEM.ACQUIREFAIR: returns the grant ({ticket, renewed}) or nil (full), and the
+-- survey and limit it used.
+local function acquire_rule(now, id, kind, limit, lease_ms, count)
+  local s = survey(now)
+  if s.kind and s.kind ~= kind then
+    fail(s.kind == 'fair' and ERR.fair_held or ERR.plain_held)
+  end
+  local permits = count or 1
+  limit = stored_limit() or limit
+  local room = s.in_use + permits <= limit
+  local at = now + lease_ms
+  -- One permit, and no COUNT to compare with a renewal.
+  if not count then
+    if kind == 'plain' then
+      prune(s)
+      -- A full semaphore still renews a holder that retries with its identifier.
+      local outcome = put_holder(id, at, room and 'upsert' or 'if_held')
+      if outcome == 'not_held' then
+        return nil, s, limit
+      end
+      return { renewed = outcome == 'updated' }, s, limit
+    elseif room then
+      local ticket = next_ticket(now)
+      local expired = s.is_expired[id]
+      if expired or put_holder(id, at, 'if_new') == 'added' then
+        prune(s)
+        if expired then
+          put_holder(id, at, 'upsert')
+        end
+        set_counter(ticket)
+        put_owner(id, ticket)
+        return { ticket = ticket, renewed = false }, s, limit
+      end
+      return renew_holder(s, id, kind, count, at), s, limit
+    end
+  end
+  local held_until = deadline(id)
+  if held_until and held_until > now then
+    return renew_holder(s, id, kind, count, at), s, limit
+  end
+  if not room then
+    prune(s)
+    return nil, s, limit
+  end
+  local ticket
+  if kind == 'fair' then
+    ticket = next_ticket(now)
+  end
+  prune(s)
+  put_holder(id, at, 'upsert')
+  if ticket then
+    set_counter(ticket)
+    put_owner(id, ticket)
+  end
+  if permits > 1 then
+    put_weights(id, permits, {}, s.extra + permits - 1)
+  end
+  return { ticket = ticket, renewed = false }, s, limit
+end
+
+------------------------------------------------------------------------------------------------
+-- The line (this script's own: the module keeps its line in memory)
+
+local function wake_key(id)
+  return WAKE .. ':' .. id
+end
+
+-- Tells waiter `id` `message` on its list; a list another client made another type is skipped
+-- (the waiter finds its grant at its next attempt, which renews it).
+local function tell(id, message)
+  local key = wake_key(id)
+  if type(redis.pcall('RPUSH', key, message)) == 'number' then
+    redis.call('PEXPIRE', key, PLACE_MS)
+  end
+end
+
+local function drop(id)
+  redis.call('ZREM', LINE, id)
+  redis.call('HDEL', PLACES, id)
+end
+
+local function place_text(deadline_at, kind, limit, lease_ms, count)
+  return int(deadline_at) .. ' ' .. kind .. ' ' .. int(limit) .. ' ' .. int(lease_ms) .. ' '
+    .. int(count or 0)
+end
+
+-- A place as the script wrote it; nil for anything else (another client wrote it: dropped).
+local function parse_place(text)
+  if not text then
+    return nil
+  end
+  local at, kind, limit, lease_ms, count = text:match('^(%d+) (%a+) (%d+) (%d+) (%d+)$')
+  if not at or (kind ~= 'plain' and kind ~= 'fair') then
+    return nil
+  end
+  limit, lease_ms, count = tonumber(limit), tonumber(lease_ms), tonumber(count)
+  if limit < 1 or limit > MAX_LIMIT or lease_ms < 1 or lease_ms > MAX_LEASE_MS
+    or count > limit then
+    return nil
+  end
+  return { deadline = tonumber(at), kind = kind, limit = limit, lease_ms = lease_ms,
+    count = count > 0 and count or nil }
+end
+
+-- Takes (or keeps) `id`'s place at the end of the line, held until now + PLACE_MS; returns how
+-- many wait before it.
+local function take_place(now, id, kind, limit, lease_ms, count)
+  local rank = redis.call('ZRANK', LINE, id)
+  if not rank then
+    local last = redis.call('ZRANGE', LINE, -1, -1, 'WITHSCORES')
+    local number = (#last > 0 and tonumber(last[2]) or 0) + 1
+    redis.call('ZADD', LINE, int(number), id)
+    rank = redis.call('ZCARD', LINE) - 1
+  end
+  redis.call('HSET', PLACES, id, place_text(now + PLACE_MS, kind, limit, lease_ms, count))
+  redis.call('PEXPIRE', LINE, PLACE_MS)
+  redis.call('PEXPIRE', PLACES, PLACE_MS)
+  return rank
+end
+
+-- Milliseconds until the earliest live holder's deadline; 0 when none is live.
+local function retry_after(now)
+  local first = redis.call('ZRANGEBYSCORE', NAME, '(' .. int(now), '+inf', 'WITHSCORES',
+    'LIMIT', 0, 1)
+  if #first == 0 then
+    return 0
+  end
+  return math.max(deadline_of(first[2]) - now, 0)
+end
+
+local function kind_error(message)
+  return message == ERR.fair_held or message == ERR.plain_held
+end
+
+-- Serves the line at `now`: grants its first waiters, in order, while they fit. A grant to
+-- `caller` is returned rather than told. A new first waiter that a lease end may serve before
+-- its next attempt is told "H", so that it watches that deadline.
+local function serve_line(now, caller)
+  if not exists(LINE) then
+    return nil
+  end
+  local mine, moved = nil, false
+  for _ = 1, SERVE_MAX do
+    local head = redis.call('ZRANGE', LINE, 0, 0)[1]
+    if not head then
+      break
+    end
+    local place = parse_place(redis.call('HGET', PLACES, head))
+    if not place or place.deadline <= now then
+      drop(head)
+      moved = true
+    else
+      local ok, grant = pcall(acquire_rule, now, head, place.kind, place.limit, place.lease_ms,
+        place.count)
+      if not ok then
+        local message = type(grant) == 'table' and (grant.redsem_error or grant.err)
+        if kind_error(message) then
+          break -- holders of the other kind: the head waits until they are gone
+        end
+        drop(head)
+        moved = true
+        tell(head, 'E' .. tostring(message or grant))
+      elseif not grant then
+        break
+      else
+        drop(head)
+        moved = true
+        if head == caller then
+          mine = grant
+        else
+          tell(head, 'G' .. (grant.ticket and int(grant.ticket) or ''))
+        end
+      end
+    end
+  end
+  if moved then
+    local head = redis.call('ZRANGE', LINE, 0, 0)[1]
+    if head and head ~= caller then
+      local wait = retry_after(now)
+      if wait > 0 and wait < NUDGE_MS then
+        tell(head, 'H')
+      end
+    end
+  end
+  return mine
+end
+
+-- The module is loaded: every waiter in line is told "M" and the line goes.
+local function module_loaded()
+  return redis.call('COMMAND', 'INFO', 'SEM.ACQUIRE')[1] and true or false
+end
+
+local function give_up_line()
+  if redis.call('TYPE', LINE).ok ~= 'zset' then
+    return
+  end
+  for _, id in ipairs(redis.call('ZRANGE', LINE, 0, FLUSH_MAX - 1)) do
+    tell(id, 'M')
+  end
+  redis.call('DEL', LINE, PLACES)
+end
+
+-- The module's command for this call, in the long form (every key named).
+local function module_call(command, args)
+  give_up_line()
+  return redis.call(command, NAME, OWNER, COUNTER, PERMITS, LIMIT, unpack(args))
+end
+
+------------------------------------------------------------------------------------------------
+-- The operations (src/commands.rs)
+
+local function acquire(kind, args)
+  local command = kind == 'fair' and 'sem.acquirefair' or 'sem.acquire'
+  if #args < 2 then
+    fail(arity(command))
+  end
+  local limit = parse_limit(args[1])
+  local lease_ms = parse_lease_ms(args[2])
+  local id, with_ticket, count, line
+  local module_args = { args[1], args[2] }
+  local i = 3
+  while i <= #args do
+    local option = string.upper(args[i])
+    local value = args[i + 1]
+    if option == 'ID' and not id then
+      id = identifier(value or fail(ERR.syntax))
+      i = i + 2
+    elseif option == 'WITHTICKET' and kind == 'fair' and not with_ticket then
+      with_ticket = true
+      i = i + 1
+    elseif option == 'COUNT' and not count then
+      local n = decimal(value or fail(ERR.syntax))
+      if not n or n < 1 or n > limit then
+        fail(ERR.count)
+      end
+      count = n
+      i = i + 2
+    elseif option == 'LINE' and not line then
+      line = true
+      i = i + 1
+    elseif option == 'WAIT' then
+      fail(module_required('WAIT') .. ': without it the client packages wait themselves')
+    elseif option == 'BOUND' then
+      fail(module_required('BOUND'))
+    else
+      fail(ERR.syntax)
+    end
+    if option ~= 'LINE' then
+      table.insert(module_args, args[i - (option == 'WITHTICKET' and 1 or 2)])
+      if option ~= 'WITHTICKET' then
+        table.insert(module_args, value)
+      end
+    end
+  end
+  if not id then
+    fail('ERR ID <identifier> is required: only the redsem module makes identifiers')
+  end
+  if module_loaded() then
+    if redis.call('TYPE', LINE).ok == 'zset' then
+      drop(id)
+    end
+    redis.call('DEL', wake_key(id))
+    return { module_call(string.upper(command), module_args), 0, -1 }
+  end
+  open()
+  local now = now_ms()
+  local reply = function(grant)
+    if with_ticket and grant.ticket then
+      return { { id, grant.ticket }, 0, 0 }
+    end
+    return { id, 0, 0 }
+  end
+  -- The line first: the caller may be its head, and then it is granted here.
+  local grant = serve_line(now, id)
+  local queued = exists(LINE)
+  local held_until = deadline(id)
+  if not grant and ((held_until and held_until > now) or not queued
+    or (kind == 'plain' and not line)) then
+    grant = acquire_rule(now, id, kind, limit, lease_ms, count)
+  end
+  if grant then
+    if queued then
+      drop(id)
+      redis.call('DEL', wake_key(id))
+    end
+    settle_expiry()
+    return reply(grant)
+  end
+  local ahead
+  if line then
+    ahead = take_place(now, id, kind, limit, lease_ms, count)
+  else
+    ahead = redis.call('ZCARD', LINE)
+  end
+  settle_expiry()
+  return { false, retry_after(now), ahead }
+end
+
+-- The end of every call that may have freed permits: the line is served, the expiry settled.
+local function served(now, result)
+  serve_line(now, nil)
+  settle_expiry()
+  return result
+end
+
+local function refresh(args)
+  if #args ~= 2 then
+    fail(arity('sem.refresh'))
+  end
+  local id = identifier(args[1])
+  local lease_ms = parse_lease_ms(args[2])
+  if module_loaded() then
+    return module_call('SEM.REFRESH', args)
+  end
+  open()
+  local now = now_ms()
+  local s = survey(now)
+  prune(s)
+  local result = LIVE
+  if put_holder(id, now + lease_ms, 'if_held') ~= 'updated' then
+    remove({ id })
+    result = LOST
+  end
+  return served(now, result)
+end
+
+local function release(args)
+  if #args < 1 then
+    fail(arity('sem.release'))
+  end
+  local count
+  local i = 2
+  while i <= #args do
+    if string.upper(args[i]) == 'COUNT' and not count then
+      local value = args[i + 1] or fail(ERR.syntax)
+      local n = decimal(value)
+      if not n or n < 1 or n > MAX_LIMIT then
+        fail(ERR.release_count)
+      end
+      count = n
+      i = i + 2
+    else
+      fail(ERR.syntax)
+    end
+  end
+  local id = identifier(args[1])
+  if module_loaded() then
+    return module_call('SEM.RELEASE', args)
+  end
+  open()
+  local now = now_ms()
+  local s = survey(now)
+  local result = LOST
+  local held_until = deadline(id)
+  if not count and not has_weights() then
+    -- An expired `id` goes with the others, so what is left of it here was live.
+    prune(s)
+    if remove({ id }) == 1 then
+      result = LIVE
+    end
+  elseif not held_until or held_until <= now then
+    prune(s)
+    remove({ id })
+  else
+    local held = weight(id)
+    local giving = count or held
+    if giving > held then
+      fail(count_too_large(held))
+    end
+    prune(s)
+    local extra = math.max(s.extra - math.min(giving, held - 1), 0)
+    if giving == held then
+      remove({ id })
+      if held > 1 then
+        put_weights(nil, nil, { id }, extra)
+      end
+    else
+      put_weights(id, held - giving, {}, extra)
+    end
+    result = LIVE
+  end
+  return served(now, result)
+end
+
+local function get(args)
+  if #args == 1 and string.upper(args[1]) == 'JSON' then
+    fail(module_required('SEM.GET JSON'))
+  elseif #args > 0 then
+    fail(ERR.syntax)
+  end
+  if module_loaded() then
+    return module_call('SEM.GET', args)
+  end
+  open()
+  return survey(now_ms()).in_use
+end
+
+local function limit(args)
+  local change -- nil: read; false: clear; a number: store it
+  if #args == 1 and string.upper(args[1]) == 'CLEAR' then
+    change = false
+  elseif #args == 1 then
+    change = parse_stored_limit(args[1])
+    if not change then
+      fail(ERR.stored_limit)
+    end
+  elseif #args > 1 then
+    fail(arity('sem.limit'))
+  end
+  if module_loaded() then
+    return module_call('SEM.LIMIT', args)
+  end
+  open()
+  local current = stored_limit()
+  if change == nil then
+    return current or false
+  end
+  local now = now_ms()
+  if change == false then
+    if current then
+      redis.call('DEL', LIMIT)
+    end
+    return served(now, current and 1 or 0)
+  end
+  if current ~= change then
+    redis.call('SET', LIMIT, int(change))
+  end
+  return served(now, redis.status_reply('OK'))
+end
+
+local function tick(args)
+  if #args > 0 then
+    fail(ERR.syntax)
+  end
+  if module_loaded() then
+    give_up_line()
+    return 0
+  end
+  open()
+  local now = now_ms()
+  serve_line(now, nil)
+  settle_expiry()
+  return retry_after(now)
+end
+
+local function leave(args)
+  if #args ~= 1 then
+    fail(ERR.syntax)
+  end
+  local id = identifier(args[1])
+  open()
+  local key = wake_key(id)
+  local got = false
+  if redis.call('TYPE', key).ok == 'list' then
+    for _, message in ipairs(redis.call('LRANGE', key, 0, -1)) do
+      local first = message:sub(1, 1)
+      if not got and (first == 'G' or first == 'E') then
+        got = message
+      end
+    end
+    redis.call('DEL', key)
+  end
+  if not exists(LINE) then
+    return got
+  end
+  drop(id)
+  if module_loaded() then
+    give_up_line()
+    return got
+  end
+  return served(now_ms(), got)
+end
+
+local OPERATIONS = {
+  ACQUIRE = function(args) return acquire('plain', args) end,
+  ACQUIREFAIR = function(args) return acquire('fair', args) end,
+  REFRESH = refresh,
+  RELEASE = release,
+  GET = get,
+  LIMIT = limit,
+  TICK = tick,
+  LEAVE = leave,
+}
+
+local function main()
+  if NAME == '' then
+    fail(ERR.empty_name)
+  end
+  local derived = { OWNER = ':owner', COUNTER = ':counter', PERMITS = ':permits',
+    LIMIT = ':limit', WAKE = ':wake' }
+  if #KEYS ~= 6 or OWNER ~= NAME .. derived.OWNER or COUNTER ~= NAME .. derived.COUNTER
+    or PERMITS ~= NAME .. derived.PERMITS or LIMIT ~= NAME .. derived.LIMIT
+    or WAKE ~= NAME .. derived.WAKE then
+    fail('ERR the redsem script takes 6 keys: <name> <name>:owner <name>:counter '
+      .. '<name>:permits <name>:limit <name>:wake')
+  end
+  local operation = ARGV[1] and OPERATIONS[string.upper(ARGV[1])]
+  if not operation then
+    fail('ERR unknown redsem script operation: use ACQUIRE, ACQUIREFAIR, REFRESH, RELEASE, '
+      .. 'GET, LIMIT, TICK or LEAVE')
+  end
+  local args = {}
+  for i = 2, #ARGV do
+    args[i - 1] = ARGV[i]
+  end
+  return operation(args)
+end
+
+local ok, result = pcall(main)
+if ok then
+  return result
+end
+if type(result) == 'table' and result.redsem_error then
+  return redis.error_reply(result.redsem_error)
+end
+if type(result) == 'table' and result.err then
+  return result -- a command's error, as the server sent it
+end
+error(result)
