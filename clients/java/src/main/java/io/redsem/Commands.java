@@ -9,9 +9,10 @@ import java.util.List;
 final class Commands {
   private Commands() {}
 
-  /** The suffixes of a semaphore's keys: the module's four derived keys, and the script's list. */
+  /** The module's four derived keys of a semaphore. */
   static final String[] DERIVED = {":owner", ":counter", ":permits", ":limit"};
 
+  /** The script's sixth key; a waiter's own list is this and ":<id>". */
   static final String WAKE = ":wake";
 
   /** The commands on a set of semaphores: their keys follow every argument in the long form. */
@@ -193,53 +194,66 @@ final class Commands {
     }
   }
 
-  /** A lease in seconds, checked: finite and greater than 0; in nanoseconds. */
+  /**
+   * The longest lease, wait or timeout the module takes: one year (sem.max-lease cannot be set
+   * above it). Longer is refused here, by name, rather than by the server after a send.
+   */
+  static final long MAX_SECONDS = 31_536_000L;
+
+  private static final long MAX_NANOS = MAX_SECONDS * 1_000_000_000L;
+
+  /** A lease in seconds, checked: finite, greater than 0, at most a year; in nanoseconds. */
   static long leaseNanos(double seconds) {
-    if (!(seconds > 0) || Double.isInfinite(seconds)) {
-      throw new IllegalArgumentException(
-          "lease must be a finite number of seconds greater than 0 (got " + seconds + ")");
+    if (!(seconds > 0) || !(seconds <= MAX_SECONDS)) {
+      throw new IllegalArgumentException("lease must be a finite number of seconds greater than 0"
+          + " and at most " + MAX_SECONDS + " (a year; got " + seconds + ")");
     }
     return Math.max(1, (long) (seconds * 1e9));
   }
 
   static long leaseNanos(java.time.Duration lease) {
-    if (lease == null || lease.isNegative() || lease.isZero()) {
+    if (lease == null || lease.isNegative() || lease.isZero()
+        || lease.compareTo(java.time.Duration.ofSeconds(MAX_SECONDS)) > 0) {
       throw new IllegalArgumentException(
-          "lease must be a duration greater than 0 (got " + lease + ")");
+          "lease must be a duration greater than 0 and at most a year (got " + lease + ")");
     }
-    return saturatedNanos(lease);
+    return lease.toNanos();
   }
 
-  /** A wait in seconds: 0 does not wait, +infinity waits without limit; in nanoseconds. */
+  /**
+   * A wait in seconds: 0 does not wait, +infinity waits without limit, else at most a year; in
+   * nanoseconds.
+   */
   static long waitNanos(double seconds, String what) {
-    if (!(seconds >= 0)) {
-      throw new IllegalArgumentException(
-          what + " must be a number of seconds, 0 or more (Double.POSITIVE_INFINITY: no limit;"
-              + " got " + seconds + ")");
-    }
-    if (Double.isInfinite(seconds) || seconds * 1e9 >= Long.MAX_VALUE) {
+    if (seconds == Double.POSITIVE_INFINITY) {
       return NO_LIMIT;
+    }
+    if (!(seconds >= 0) || !(seconds <= MAX_SECONDS)) {
+      throw new IllegalArgumentException(what + " must be a number of seconds from 0 to "
+          + MAX_SECONDS + " (a year), or Double.POSITIVE_INFINITY for no limit (got " + seconds
+          + ")");
     }
     return (long) (seconds * 1e9);
   }
 
-  /** A wait as a Duration: null or zero do not wait. */
+  /** A wait as a Duration: null or zero do not wait; at most a year. */
   static long waitNanos(java.time.Duration wait, String what) {
     if (wait == null) {
       return 0;
     }
-    if (wait.isNegative()) {
-      throw new IllegalArgumentException(what + " must not be negative (got " + wait + ")");
-    }
-    return saturatedNanos(wait);
+    return durationNanos(wait, what);
   }
 
-  private static long saturatedNanos(java.time.Duration d) {
-    try {
-      return d.toNanos();
-    } catch (ArithmeticException e) {
-      return NO_LIMIT;
+  /**
+   * A duration from 0 to a year, in nanoseconds; anything else (null, negative, longer) is
+   * refused naming {@code what}.
+   */
+  static long durationNanos(java.time.Duration d, String what) {
+    if (d == null || d.isNegative() || d.compareTo(java.time.Duration.ofSeconds(MAX_SECONDS)) > 0) {
+      throw new IllegalArgumentException(
+          what + " must be a duration from 0 to a year (got " + d + ")");
     }
+    return Math.min(d.toNanos(), MAX_NANOS);
   }
 
   /** What is left, at this send, of a wait that ends at {@code deadline} (System.nanoTime). */

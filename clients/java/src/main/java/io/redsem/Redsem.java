@@ -77,10 +77,7 @@ public final class Redsem implements AutoCloseable {
    * retry).
    */
   public Redsem withRetryFor(Duration retryFor) {
-    if (retryFor == null || retryFor.isNegative()) {
-      throw new IllegalArgumentException("retryFor must be a duration of 0 or more");
-    }
-    return new Redsem(transport, backends, retryFor.toNanos());
+    return new Redsem(transport, backends, Commands.durationNanos(retryFor, "retryFor"));
   }
 
   /** Whether this client speaks to a Redis Cluster. */

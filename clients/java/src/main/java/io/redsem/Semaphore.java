@@ -207,30 +207,36 @@ public final class Semaphore {
       return this;
     }
 
-    /** The lease (default 30 s, millisecond precision); the permit is refreshed every lease/3. */
+    /**
+     * The lease (default 30 s, millisecond precision, at most a year); the permit is refreshed
+     * every lease/3.
+     */
     public Builder lease(Duration lease) {
       this.leaseNanos = Commands.leaseNanos(lease);
       return this;
     }
 
-    /** The lease in seconds: finite and greater than 0. */
+    /** The lease in seconds: finite, greater than 0 and at most 31536000 (a year). */
     public Builder lease(double seconds) {
       this.leaseNanos = Commands.leaseNanos(seconds);
       return this;
     }
 
     /**
-     * How long to wait inside the server for a permit: null or zero do not wait (default).
-     * Without the module the package waits itself: it tries again whenever a release wakes it
-     * ({@code BLPOP <name>:wake}), when the earliest lease ends, and at least every second; a
-     * newcomer may then take a freed permit ahead of the waiters.
+     * How long to wait for a permit, first come first served: null or zero do not wait
+     * (default); at most a year. With the module the wait is in the server; without it the
+     * package waits in the script's line, told of its grant on its own list ({@code BLPOP
+     * <name>:wake:<id>}).
      */
     public Builder waitFor(Duration wait) {
       this.waitNanos = Commands.waitNanos(wait, "wait");
       return this;
     }
 
-    /** The wait in seconds: 0 does not wait, Double.POSITIVE_INFINITY waits without limit. */
+    /**
+     * The wait in seconds: 0 does not wait, Double.POSITIVE_INFINITY waits without limit, else at
+     * most a year.
+     */
     public Builder waitFor(double seconds) {
       this.waitNanos = Commands.waitNanos(seconds, "wait");
       return this;
@@ -288,11 +294,7 @@ public final class Semaphore {
 
     /** How long {@code durableReplicas} waits for the replicas (default 1 s; zero: no limit). */
     public Builder durableTimeout(Duration timeout) {
-      if (timeout == null || timeout.isNegative()) {
-        throw new IllegalArgumentException(
-            "durableTimeout must be a duration of 0 or more (got " + timeout + ")");
-      }
-      this.durableTimeoutMillis = timeout.toMillis();
+      this.durableTimeoutMillis = Commands.durationNanos(timeout, "durableTimeout") / 1_000_000;
       return this;
     }
 
@@ -307,11 +309,7 @@ public final class Semaphore {
      * or its primary fails over (default: the Redsem's, 30 s).
      */
     public Builder retryFor(Duration retryFor) {
-      if (retryFor == null || retryFor.isNegative()) {
-        throw new IllegalArgumentException(
-            "retryFor must be a duration of 0 or more (got " + retryFor + ")");
-      }
-      this.retryForNanos = retryFor.toNanos();
+      this.retryForNanos = Commands.durationNanos(retryFor, "retryFor");
       return this;
     }
 

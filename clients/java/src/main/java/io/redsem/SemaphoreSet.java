@@ -247,11 +247,7 @@ public final class SemaphoreSet {
     }
 
     public Builder retryFor(Duration retryFor) {
-      if (retryFor == null || retryFor.isNegative()) {
-        throw new IllegalArgumentException(
-            "retryFor must be a duration of 0 or more (got " + retryFor + ")");
-      }
-      this.retryForNanos = retryFor.toNanos();
+      this.retryForNanos = Commands.durationNanos(retryFor, "retryFor");
       return this;
     }
 

@@ -462,6 +462,47 @@ class SemaphoreTest {
 
   @ParameterizedTest
   @EnumSource(Kind.class)
+  void absurdDurationsAreRefusedByName(Kind kind) throws Exception {
+    // Nothing listens on this port: a command sent would fail with a connection error.
+    int nobody = RedisServer.freePort();
+    Duration forever = Duration.ofSeconds(Long.MAX_VALUE);
+    try (Kind.Client c = kind.connect(nobody)) {
+      Redsem r = c.redsem;
+      Map<String, Runnable> refused = new java.util.LinkedHashMap<>();
+      refused.put("lease", () -> r.semaphore("a").lease(Double.NEGATIVE_INFINITY));
+      refused.put("lease ", () -> r.semaphore("a").lease(31536000.001));
+      refused.put("lease  ", () -> r.semaphore("a").lease(Duration.ofDays(366)));
+      refused.put("lease   ", () -> r.semaphore("a").lease(forever));
+      refused.put("lease    ", () -> r.semaphore("a").lease(Duration.ofSeconds(-1)));
+      refused.put("lease     ", () -> r.semaphoreSet().lease(Double.NaN));
+      refused.put("wait", () -> r.semaphore("a").waitFor(Double.NEGATIVE_INFINITY));
+      refused.put("wait ", () -> r.semaphore("a").waitFor(1e12));
+      refused.put("wait  ", () -> r.semaphore("a").waitFor(forever));
+      refused.put("wait   ", () -> r.semaphoreSet().waitFor(Double.NaN));
+      refused.put("durableTimeout", () -> r.semaphore("a").durableTimeout(forever));
+      refused.put("durableTimeout ", () -> r.semaphore("a").durableTimeout(Duration.ofMillis(-1)));
+      refused.put("retryFor", () -> r.semaphore("a").retryFor(forever));
+      refused.put("retryFor ", () -> r.semaphoreSet().retryFor(Duration.ofSeconds(-1)));
+      refused.put("retryFor  ", () -> r.withRetryFor(forever));
+      refused.put("retryFor   ", () -> r.withRetryFor(null));
+      refused.put("timeout", () -> r.waitEmpty("a", Double.NaN));
+      refused.put("timeout ", () -> r.waitEmpty("a", Duration.ofSeconds(-1)));
+      refused.put("timeout  ", () -> r.waitEmptyAsync("a", forever));
+      for (Map.Entry<String, Runnable> e : refused.entrySet()) {
+        IllegalArgumentException error =
+            assertThrows(IllegalArgumentException.class, e.getValue()::run, e.getKey());
+        assertTrue(error.getMessage().contains(e.getKey().trim()),
+            "the message names " + e.getKey().trim() + ": " + error.getMessage());
+      }
+      // The longest of each, and waiting without limit, are taken.
+      r.semaphore("a").lease(31536000).lease(Duration.ofDays(365)).waitFor(31536000)
+          .waitFor(Double.POSITIVE_INFINITY).durableTimeout(Duration.ofDays(365))
+          .retryFor(Duration.ofDays(365)).build();
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(Kind.class)
   void aNewClientAfterModuleLoadUsesTheModule(Kind kind) throws Exception {
     try (RedisServer plain = RedisServer.start(false, "--enable-module-command", "yes")) {
       String jobs = name("migrate");
