@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import importlib.resources
 import inspect
+import json
 import math
 import os
 import re
@@ -30,6 +31,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+import redsem
 from redsem import (
     AsyncSemaphore,
     AsyncSemaphoreSet,
@@ -200,6 +202,16 @@ def sent_calls(r) -> dict:
     ``command|info``, ...)."""
     stats = r.info("commandstats")
     return {key[len("cmdstat_"):]: value["calls"] for key, value in stats.items()}
+
+
+def script_runs(r) -> int:
+    """Script runs that did not fail (each asks COMMAND INFO SEM.ACQUIRE itself once)."""
+    stats = r.info("commandstats")
+    return sum(
+        stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)
+        - stats.get(f"cmdstat_{cmd}", {}).get("failed_calls", 0)
+        for cmd in ("eval", "evalsha")
+    )
 
 
 SEMAPHORE_COMMANDS = ("eval", "evalsha", "blpop", "sem.")
@@ -926,7 +938,8 @@ def test_the_backend_is_asked_once_per_pool(kind, request):
 
     asyncio.run(with_asyncio())
     calls = sent_calls(admin)
-    assert calls.get("command|info") == 2, calls  # one for each pool: r's, and ar's
+    # One for each pool: r's, and ar's (the script asks it too, inside the server).
+    assert calls.get("command|info") - script_runs(admin) == 2, calls
     if module:  # nothing else changes on the wire
         assert not any(cmd.startswith("eval") or cmd == "blpop" for cmd in calls), calls
         assert calls["sem.acquire"] == 4 and calls["sem.acquirefair"] == 1, calls
@@ -961,17 +974,18 @@ def test_without_the_module_a_release_serves_a_waiter_at_once(plain, fair):
 
     waiter = threading.Thread(target=wait_for_it)
     waiter.start()
-    time.sleep(0.3)  # blocked in BLPOP on jobs:wake, for up to a second
+    time.sleep(0.3)  # in line, blocked in BLPOP on its own jobs:wake:<id>
     assert granted == []
     released = time.monotonic()
     assert holder.release() is True
     waiter.join()
-    # Served by the release's wake-up token, well before the next re-check.
+    # Granted by the release itself, and told on its list: well before its next attempt.
     assert granted[0][0] - released < 0.3, granted[0][0] - released
     if fair:
         assert granted[0][1] > holder.ticket
     assert live(plain, "jobs") == 0
-    assert plain.llen("jobs:wake") <= 1
+    # The waiter's own list and the line are gone with the grant.
+    assert plain.keys("jobs:wake*") == [] and plain.keys("jobs:line") == []
 
 
 def test_without_the_module_an_async_release_serves_a_waiter_at_once(plain_server):
@@ -1005,7 +1019,8 @@ def test_without_the_module_a_lease_that_runs_out_serves_a_waiter(plain):
         assert plain.zrange("jobs", 0, -1) == [permit.id.encode()]
     assert holder.release() is False and holder.lost
 
-    # A holder removed by hand pushes no wake-up: the re-check (every second) finds the room.
+    # A holder removed by hand serves nobody: the waiter's next attempt (at most 2.5 s after its
+    # last) finds the room.
     holder = Semaphore(plain, "jobs", limit=1, lease=30).acquire()
     granted = []
 
@@ -1019,7 +1034,7 @@ def test_without_the_module_a_lease_that_runs_out_serves_a_waiter(plain):
     removed = time.monotonic()
     assert plain.zrem("jobs", holder.id) == 1
     waiter.join()
-    assert granted and granted[0] - removed < 1.5, granted[0] - removed
+    assert granted and granted[0] - removed < 3, granted[0] - removed
     assert holder.release() is False
 
 
@@ -1058,7 +1073,8 @@ def test_clients_that_decode_or_speak_resp3(kind, options, request):
 def test_the_same_code_goes_on_after_module_load(tmp_path):
     """A semaphore used through the script, then the module loaded into the live server: the
     holders keep their permits, leases and tickets; clients made since use the module, and
-    clients made before go on through the script, on the very same keys."""
+    clients made before go on through the script, on the very same keys, until the script
+    answers an acquire that the module is loaded: from then on they use it too."""
     s = Server(module=False)
     try:
         before = redis.Redis(port=s.port)
@@ -1077,7 +1093,7 @@ def test_the_same_code_goes_on_after_module_load(tmp_path):
         second = Semaphore(after, "printers", limit=2, lease=30, fair=True).acquire()
         assert second.ticket > first.ticket
         assert first.refresh() is True and first.release() is True
-        third = printers.acquire()  # still through the script
+        third = printers.acquire()  # through the script, which answers as the module
         assert third.ticket > second.ticket
         assert after.zscore("printers:owner", third.id) == third.ticket
         assert gpus.release_some(1) is True
@@ -1105,7 +1121,7 @@ def test_the_same_code_goes_on_after_module_load(tmp_path):
         assert kept.release() is True
         waiter.join()
         assert granted[0] - released < 1, granted[0] - released
-        # ... and the script's waiter when the module's client releases (by the re-check).
+        # ... and the waiter of the client made before, on the module since its last acquire.
         holder = Semaphore(after, "jobs", limit=2, lease=30).acquire()
         waiter = threading.Thread(target=wait_for_it, args=(before, ids))
         waiter.start()
@@ -1116,11 +1132,12 @@ def test_the_same_code_goes_on_after_module_load(tmp_path):
         assert granted[1] - released < 1.5, granted[1] - released
         assert other.release() is True
 
-        # BOUND works for the clients made since; the ones made before found no module.
+        # BOUND works for the clients made since, and for the ones made before (the script's
+        # acquire said the module is loaded).
         with Semaphore(after, "jobs", limit=2, lease=30, bound=True):
             pass
-        with pytest.raises(ModuleRequired):
-            Semaphore(before, "jobs", limit=2, lease=30, bound=True).acquire()
+        with Semaphore(before, "jobs", limit=2, lease=30, bound=True):
+            pass
         for permit in (second, third, gpus):
             assert permit.release() is True
         for name in ("jobs", "printers", "gpus", "reports"):
@@ -1129,3 +1146,271 @@ def test_the_same_code_goes_on_after_module_load(tmp_path):
         after.close()
     finally:
         s.stop()
+
+
+# The line: first come, first served, leases that end on time, a full memory, the module picked
+# up live, the connections a wait reuses, a waiter that dies.
+
+
+def waiting(r, name) -> int:
+    """Waiters in the semaphore's line: the module's count, or the script's line."""
+    if has_module(r):
+        return json.loads(r.execute_command("SEM.GET", name, "JSON"))["waiters"]
+    return r.zcard(f"{name}:line")
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+def test_waiters_are_granted_first_come_first_served(r, fair):
+    """A limit-1 semaphore held; 6 waiters arrive 30 ms apart, each giving its permit back at
+    once: they are granted in the order they arrived, exactly."""
+    holder = Semaphore(r, "fcfs", limit=1, lease=30, fair=fair).acquire()
+    order, errors = [], []
+
+    def wait_for_it(i):
+        try:
+            with Semaphore(r, "fcfs", limit=1, lease=30, fair=fair, wait=20):
+                order.append(i)
+        except Exception as err:  # reported below
+            errors.append(err)
+
+    threads = []
+    for i in range(6):
+        thread = threading.Thread(target=wait_for_it, args=(i,))
+        thread.start()
+        threads.append(thread)
+        wait_until(f"waiter {i} is in line", lambda: waiting(r, "fcfs") == i + 1)
+        time.sleep(0.03)
+    assert holder.release() is True
+    for thread in threads:
+        thread.join(20)
+    assert errors == []
+    assert order == list(range(6))
+    assert live(r, "fcfs") == 0 and waiting(r, "fcfs") == 0
+
+
+def test_a_lease_end_and_a_release_serve_the_first_waiter_on_time(r):
+    """At hz 1 (the server's timers run once a second): a holder whose 0.3 s lease ends without
+    a release is followed by the waiter within 150 ms of the lease's end, by the server's clock;
+    a release serves a waiter within 50 ms of the release's reply."""
+    hz = r.config_get("hz")["hz"]
+    r.config_set("hz", 1)
+    try:
+        late = []
+        for _ in range(3):
+            r.delete("ends")
+            holder = Semaphore(r, "ends", limit=1, lease=0.3, auto_refresh=False).acquire()
+            ends = r.zscore("ends", holder.id)
+            with Semaphore(r, "ends", limit=1, lease=30, wait=5) as permit:
+                granted = r.zscore("ends", permit.id) - 30_000  # the lease began at the grant
+            late.append(granted - ends)
+            assert holder.release() is False
+        print(f"grant after a lease's end, ms late: {late}")
+        assert all(0 <= ms < 150 for ms in late), late
+
+        lateness = []
+        for _ in range(3):
+            holder = Semaphore(r, "ends", limit=1, lease=30).acquire()
+            granted = []
+
+            def wait_for_it():
+                with Semaphore(r, "ends", limit=1, lease=30, wait=5):
+                    granted.append(time.monotonic())
+
+            waiter = threading.Thread(target=wait_for_it)
+            waiter.start()
+            wait_until("the waiter is in line", lambda: waiting(r, "ends") == 1)
+            time.sleep(0.05)
+            assert holder.release() is True
+            released = time.monotonic()
+            waiter.join(5)
+            lateness.append(round((granted[0] - released) * 1000, 1))
+        print(f"grant after a release's reply, ms: {lateness}")
+        assert all(ms < 50 for ms in lateness), lateness
+    finally:
+        r.config_set("hz", hz)
+
+
+def test_when_memory_is_full_refresh_and_release_work_and_acquire_is_refused(r):
+    """maxmemory reached (noeviction): a refresh and a release go on, a new acquire (waiting or
+    not) raises the server's OOM error and changes nothing."""
+    holder = Semaphore(r, "full", limit=3, lease=30, auto_refresh=False).acquire()
+    fair = Semaphore(r, "fullfair", limit=3, lease=30, fair=True, auto_refresh=False).acquire()
+    config = r.config_get("maxmemory*")
+
+    def contents():
+        return {key: (r.type(key), r.dump(key)) for key in sorted(r.keys())}
+
+    try:
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", 1)
+        assert holder.refresh() is True and fair.refresh() is True
+        before = contents()
+        for options in ({}, {"wait": 0.5}, {"fair": True}):
+            name = "fullfair" if options.get("fair") else "full"
+            # The server's "OOM command not allowed when used memory > 'maxmemory'.", which
+            # redis-py raises as an OutOfMemoryError without its code.
+            match = "command not allowed when used memory"
+            with pytest.raises(redis.exceptions.OutOfMemoryError, match=match):
+                Semaphore(r, name, limit=3, lease=30, **options).acquire()
+        assert contents() == before
+        assert holder.release() is True and fair.release() is True
+    finally:
+        r.config_set("maxmemory", config["maxmemory"])
+        r.config_set("maxmemory-policy", config["maxmemory-policy"])
+    assert live(r, "full") == 0 and live(r, "fullfair") == 0
+
+
+@pytest.mark.skipif(not SCRIPTS, reason="the module loaded into a server without it")
+def test_the_module_loaded_live_is_picked_up():
+    """A client (A) on the script, with a holder and a waiter; the module loaded. A client made
+    since (B) waits with the module, and A's release, through the script, serves it at once;
+    A's waiter is told to use the module, and waits on there; A is on the module."""
+    s = Server(module=False)
+    try:
+        a = redis.Redis(port=s.port)
+        admin = redis.Redis(port=s.port)
+        holder = Semaphore(a, "live", limit=1, lease=30).acquire()
+        granted = {}
+
+        def wait_for_it(client, who):
+            with Semaphore(client, "live", limit=1, lease=30, wait=20) as permit:
+                granted[who] = time.monotonic()
+                time.sleep(0.2)
+                assert permit.release() is True
+
+        waiter_a = threading.Thread(target=wait_for_it, args=(a, "a"))
+        waiter_a.start()
+        wait_until("A's waiter is in the script's line", lambda: admin.zcard("live:line") == 1)
+        admin.execute_command("MODULE", "LOAD", MODULE)
+        b = redis.Redis(port=s.port)
+        waiter_b = threading.Thread(target=wait_for_it, args=(b, "b"))
+        waiter_b.start()
+        wait_until("B waits with the module", lambda: waiting(admin, "live") == 1)
+        assert redsem._known_backend(a) is False  # A still sends the script
+        assert holder.release() is True
+        released = time.monotonic()
+        waiter_b.join(5)
+        waiter_a.join(5)
+        assert granted["b"] - released < 0.1, granted["b"] - released
+        # A's waiter was told "M" by that release, and waited with the module behind B.
+        assert 0.2 <= granted["a"] - granted["b"] < 0.4, granted["a"] - granted["b"]
+        assert redsem._known_backend(a) is True
+        with Semaphore(a, "live", limit=1, lease=30, bound=True):  # the module's alone
+            pass
+        assert not admin.exists("live:line")
+        for client in (a, b, admin):
+            client.close()
+    finally:
+        s.stop()
+
+
+@pytest.mark.skipif(not SCRIPTS, reason="the module loaded into a server without it")
+def test_a_no_module_answer_is_asked_again_after_its_time(monkeypatch):
+    """A pool on the script asks COMMAND INFO again once its answer is older than
+    _BACKEND_TTL (10 s; shortened here): a module loaded since is used from its next call."""
+    monkeypatch.setattr(redsem, "_BACKEND_TTL", 0.3)
+    s = Server(module=False)
+    try:
+        a = redis.Redis(port=s.port)
+        assert stored_limit(a, "again") is None
+        assert redsem._known_backend(a) is False
+        a.execute_command("MODULE", "LOAD", MODULE)
+        assert stored_limit(a, "again") is None  # within the time: still the script
+        assert redsem._known_backend(a) is False
+        time.sleep(0.35)
+        a.config_resetstat()
+        assert stored_limit(a, "again") is None
+        calls = sent_calls(a)
+        assert calls.get("sem.limit") == 1 and "evalsha" not in calls, calls
+        assert redsem._known_backend(a) is True
+        a.close()
+    finally:
+        s.stop()
+
+
+def connections_received(r) -> int:
+    return r.info("stats")["total_connections_received"]
+
+
+def test_waits_reuse_the_pools_connections(r, server):
+    """50 waits in a row, each blocked until a release: the server receives at most 3 new
+    connections (the holder's, the waiter's, and one for the calls beside a blocked wait)."""
+    client = redis.Redis(port=server.port)
+    sem = Semaphore(client, "reuse", limit=1, lease=30, wait=5)
+    before = connections_received(r)
+    blocked = 0
+    for _ in range(50):
+        holder = sem.acquire()
+        threading.Timer(0.02, holder.release).start()
+        started = time.monotonic()
+        with sem:
+            blocked += time.monotonic() - started >= 0.015
+    assert blocked == 50
+    received = connections_received(r) - before
+    assert received <= 3, received
+
+    async def main():
+        ar = redis.asyncio.Redis(port=server.port)
+        asem = AsyncSemaphore(ar, "areuse", limit=1, lease=30, wait=5)
+        start = connections_received(r)
+        for _ in range(50):
+            holder = await asem.acquire()
+
+            async def leave_soon(holder=holder):
+                await asyncio.sleep(0.02)
+                await holder.release()
+
+            leaving = asyncio.ensure_future(leave_soon())
+            async with asem:
+                pass
+            await leaving
+        await ar.aclose()
+        return connections_received(r) - start
+
+    received = asyncio.run(main())
+    assert received <= 3, received
+    client.close()
+
+
+@pytest.mark.skipif(not SCRIPTS, reason="the script's line")
+def test_a_waiter_that_dies_leaves_the_line(r):
+    """A waiter that takes its place and never comes back (a raw ACQUIRE ... LINE, as a process
+    that died) is dropped once its place runs out (6 s after its attempt): the waiter behind it
+    is granted by its own next attempt (at most 2.5 s later)."""
+    holder = Semaphore(r, "dead", limit=2, lease=30).acquire()
+    keys = [f"dead{suffix}" for suffix in SUFFIXES]
+    # Two permits wanted, one free: it waits at the head, and nobody behind it passes it.
+    reply = r.eval(script_source(), 6, *keys, "ACQUIRE", 2, 30, "ID", "ghost", "COUNT", 2, "LINE")
+    died = time.monotonic()
+    assert reply[0] is None and reply[2] == 0
+    with Semaphore(r, "dead", limit=2, lease=30, wait=15) as permit:
+        waited = time.monotonic() - died
+        assert r.zrange("dead", 0, -1, withscores=False).count(permit.id.encode()) == 1
+    print(f"granted {waited:.2f} s after the dead waiter's attempt")
+    assert 6 <= waited < 6 + 2.5 + 0.5, waited
+    assert not r.exists("dead:line") and not r.exists("dead:wake:ghost")
+    assert holder.release() is True
+
+
+def test_a_cancelled_wait_leaves_the_line(server):
+    """An asyncio wait cancelled in line leaves it at once (a grant made to it meanwhile would
+    be given back)."""
+    rs = redis.Redis(port=server.port)
+
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        await r.flushall()
+        holder = await AsyncSemaphore(r, "gone", limit=1, lease=30).acquire()
+        task = asyncio.ensure_future(AsyncSemaphore(r, "gone", limit=1, lease=30, wait=20).acquire())
+        while waiting(rs, "gone") != 1:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert waiting(rs, "gone") == 0
+        assert await holder.release() is True
+        assert live(rs, "gone") == 0
+        await r.aclose()
+
+    asyncio.run(main())
+    rs.close()

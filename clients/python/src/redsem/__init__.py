@@ -4,8 +4,9 @@ Install it with ``pip install clients/python`` (the package redsem-client). It n
 3.8 or later and redis-py 5 or later (tested with 8.1). Where the server has the module loaded
 it sends the module's commands; where it has not (a managed service), it runs the same
 operations as a Lua script (``redsem.lua``, shipped in this package) over the same keys, found
-out once per connection pool with ``COMMAND INFO SEM.ACQUIRE``. What only the module can do
-(``bound``, sets, wait_empty) raises ModuleRequired there.
+out per connection pool with ``COMMAND INFO SEM.ACQUIRE`` (asked again every 10 s while the
+answer is "no module", and a module loaded meanwhile is used at once once the script says so).
+What only the module can do (``bound``, sets, wait_empty) raises ModuleRequired there.
 
     import redis
     from redsem import Semaphore, NotAcquired, PermitLost
@@ -21,7 +22,7 @@ writes of the connection that sends it. So a pool needs one connection per permi
 waited for at once (``redis.BlockingConnectionPool`` blocks when they run out). The reply of a
 waiting acquire is read for ``wait`` plus the pool's ``socket_timeout`` (with redis-py before
 8, whose default ``socket_timeout`` is None, a ``socket_timeout`` you set must exceed ``wait``,
-and without the module 1 s, the longest BLPOP of a wait).
+and without the module 2.5 s, the longest BLPOP of a wait).
 
 The identifier is made here (a UUID v4) unless ``identifier=`` gives one, so a retried acquire
 (redis-py retries on connection errors) renews the same holder rather than taking a second
@@ -221,29 +222,47 @@ async def _run_blocking_async(conn: _AsyncConn, args: Args, block: Optional[floa
 # --- Without the module: the script ------------------------------------------------------------
 #
 # A server without the module answers COMMAND INFO SEM.ACQUIRE with [nil]. Each connection pool
-# asks once; without the module, SEM.ACQUIRE, ACQUIREFAIR, REFRESH, RELEASE, GET and LIMIT run
+# asks (again every _BACKEND_TTL while the answer is "no module", so a module loaded later is
+# picked up); without the module, SEM.ACQUIRE, ACQUIREFAIR, REFRESH, RELEASE, GET and LIMIT run
 # as the script redsem.lua (shipped in this package; its one source is the repository's
-# clients/scripts/redsem.lua) over the very keys the module keeps, and a wait is a loop of
-# attempts and BLPOPs on <name>:wake, where the script pushes a token for each permit it frees.
+# clients/scripts/redsem.lua) over the very keys the module keeps. The script keeps a line of
+# waiters in the server and hands freed permits to them itself: a waiter takes its place with
+# LINE and blocks on its own list <name>:wake:<id>, where the script tells it its grant.
 
-# What each pool answered (True: the module is loaded), kept as long as the pool lives.
-_backends: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+# What each pool answered (True: the module is loaded) and when (monotonic), kept as long as the
+# pool lives.
+_backends: "weakref.WeakKeyDictionary[Any, Tuple[bool, float]]" = weakref.WeakKeyDictionary()
 _backends_lock = threading.Lock()
 
-# The longest a waiter without the module blocks on <name>:wake before it tries again: bounds
-# the wait for a permit freed without a wake-up token (a lease that ran out, a release by the
-# module or by hand).
-_RECHECK = 1.0
+# A "no module" answer is asked again after this many seconds: a module loaded later is used
+# from then on (at once when a script call answers that it is loaded).
+_BACKEND_TTL = 10.0
+
+# The longest BLPOP of a wait: the script holds a waiter's place 6 s after its last attempt, so
+# a waiter tries again at least this often (the script's NUDGE_MS).
+_NUDGE = 2.5
+# How long after a lease's deadline the first waiter sends TICK: the lease ends at its deadline,
+# not before.
+_TICK_LATE = 0.002
+
+# The first line of the script as shipped; the text for new places has "#!lua" instead, so the
+# server refuses it with its own OOM error when memory is full.
+_OOM_SHEBANG = b"#!lua flags=allow-oom"
 
 
 @functools.lru_cache(maxsize=None)
-def _script() -> Tuple[bytes, str]:
-    """The script's source, as shipped in the package, and its SHA1 (EVALSHA's name for it)."""
+def _script(first: bool = False) -> Tuple[bytes, str]:
+    """The script's text and its SHA1 (EVALSHA's name for it): as shipped (runs when memory is
+    full), or (``first``) the text for an acquire that may take a new place."""
     files = getattr(importlib.resources, "files", None)
     if files is not None:  # Python 3.9+
         source: bytes = files(__name__).joinpath("redsem.lua").read_bytes()
     else:
         source = importlib.resources.read_binary(__name__, "redsem.lua")
+    if first:
+        if not source.startswith(_OOM_SHEBANG):
+            raise SemaphoreError("the shipped redsem.lua does not start with " + str(_OOM_SHEBANG))
+        source = b"#!lua" + source[len(_OOM_SHEBANG) :]
     return source, hashlib.sha1(source).hexdigest()
 
 
@@ -253,27 +272,41 @@ def _pool_of(client: Any) -> Any:
     return client if pool is None else pool
 
 
+def _fresh(entry: Optional[Tuple[bool, float]]) -> Optional[bool]:
+    """A cached answer, or None when there is none or it is a "no module" too old to trust."""
+    if entry is None:
+        return None
+    module, at = entry
+    if not module and time.monotonic() - at >= _BACKEND_TTL:
+        return None
+    return module
+
+
 def _known_backend(client: Any) -> Optional[bool]:
     with _backends_lock:
-        return _backends.get(_pool_of(client))
+        return _fresh(_backends.get(_pool_of(client)))
 
 
-def _note_backend(client: Any, reply: Any) -> bool:
-    """Caches what COMMAND INFO SEM.ACQUIRE answered: ``[nil]`` without the module."""
-    module = isinstance(reply, (list, tuple)) and len(reply) > 0 and reply[0] is not None
+def _is_module_reply(reply: Any) -> bool:
+    """What COMMAND INFO SEM.ACQUIRE answered: ``[nil]`` without the module."""
+    return isinstance(reply, (list, tuple)) and len(reply) > 0 and reply[0] is not None
+
+
+def _note_backend(client: Any, module: bool) -> bool:
     with _backends_lock:
-        _backends[_pool_of(client)] = module
+        _backends[_pool_of(client)] = (module, time.monotonic())
     return module
 
 
 def _has_module(client: redis.Redis) -> bool:
-    """Whether the server of ``client``'s pool has the module; asked once per pool."""
+    """Whether the server of ``client``'s pool has the module (see above)."""
     known = _known_backend(client)
     if known is not None:
         return known
     # "COMMAND INFO" as one name: redis-py has no reply callback for it (the one of COMMAND
     # cannot read [nil]), and sends it as two words.
-    return _note_backend(client, _execute(client, "COMMAND INFO", "SEM.ACQUIRE"))
+    reply = _execute(client, "COMMAND INFO", "SEM.ACQUIRE")
+    return _note_backend(client, _is_module_reply(reply))
 
 
 async def _has_module_async(client: redis.asyncio.Redis) -> bool:
@@ -281,60 +314,87 @@ async def _has_module_async(client: redis.asyncio.Redis) -> bool:
     known = _known_backend(client)
     if known is not None:
         return known
-    return _note_backend(client, await _execute_async(client, "COMMAND INFO", "SEM.ACQUIRE"))
+    reply = await _execute_async(client, "COMMAND INFO", "SEM.ACQUIRE")
+    return _note_backend(client, _is_module_reply(reply))
 
 
 def _keys(name: Identifier) -> List[Identifier]:
-    """The script's 6 keys: the semaphore's, the module's derived keys, and the wake-up list."""
+    """The script's 6 keys: the semaphore's, the module's derived keys, and the wake-up key."""
     suffixes = ("", ":owner", ":counter", ":permits", ":limit", ":wake")
     if isinstance(name, bytes):
         return [name + suffix.encode() for suffix in suffixes]
     return [name + suffix for suffix in suffixes]
 
 
-def _wake_key(name: Identifier) -> Identifier:
-    return _keys(name)[5]
+def _wake_key(name: Identifier, identifier: Identifier) -> Identifier:
+    """The waiter's own list, where the script tells it its grant: <name>:wake:<id>."""
+    if isinstance(name, bytes) or isinstance(identifier, bytes):
+        return _encoded(name) + b":wake:" + _encoded(identifier)
+    return f"{name}:wake:{identifier}"
 
 
-def _script_args(args: Args, load: bool) -> Args:
-    """``SEM.<OP> name rest...`` as the script's EVALSHA (or EVAL, which also loads it)."""
+def _script_args(args: Args, load: bool, first: bool = False) -> Args:
+    """``SEM.<OP> name rest...`` as the script's EVALSHA (or EVAL, which also loads it);
+    ``first``: the text for an acquire that may take a new place."""
     op = str(args[0]).upper()
     if not op.startswith("SEM."):
         raise ValueError(f"{op} is not a redsem command")
-    source, sha = _script()
+    source, sha = _script(first)
     head: Args = ["EVAL", source] if load else ["EVALSHA", sha]
     return [*head, 6, *_keys(cast(Identifier, args[1])), op[4:], *args[2:]]
 
 
-def _send(conn: _SyncConn, scripts: bool, args: Args) -> Any:
+def _send(conn: _SyncConn, scripts: bool, args: Args, first: bool = False) -> Any:
     """Sends a single-semaphore SEM.* command, as itself or (``scripts``) through the script."""
     if not scripts:
         return _execute(conn, *args)
     try:
-        return _execute(conn, *_script_args(args, False))
+        return _execute(conn, *_script_args(args, False, first))
     except redis.exceptions.NoScriptError:  # not loaded yet (or flushed): EVAL loads it
-        return _execute(conn, *_script_args(args, True))
+        return _execute(conn, *_script_args(args, True, first))
 
 
-async def _send_async(conn: _AsyncConn, scripts: bool, args: Args) -> Any:
+async def _send_async(conn: _AsyncConn, scripts: bool, args: Args, first: bool = False) -> Any:
     """As _send, for redis.asyncio."""
     if not scripts:
         return await _execute_async(conn, *args)
     try:
-        return await _execute_async(conn, *_script_args(args, False))
+        return await _execute_async(conn, *_script_args(args, False, first))
     except redis.exceptions.NoScriptError:
-        return await _execute_async(conn, *_script_args(args, True))
+        return await _execute_async(conn, *_script_args(args, True, first))
 
 
-def _attempt(reply: Any) -> Tuple[Any, float]:
-    """The script's ACQUIRE answer ``[reply, retry_ms]``: the module's reply (None: refused),
-    and how long until the earliest holder's lease ends (seconds; _RECHECK when unknown)."""
-    if not isinstance(reply, (list, tuple)) or len(reply) != 2:
+def _attempt(reply: Any) -> Tuple[Any, float, int]:
+    """The script's ACQUIRE answer ``[reply, retry_ms, ahead]``: the module's reply (None:
+    refused), the seconds until the earliest holder's lease ends (0: none), and how many wait
+    before the caller (-1: the module is loaded, and the reply is its own)."""
+    if not isinstance(reply, (list, tuple)) or len(reply) != 3:
         raise redis.ResponseError(f"unexpected answer of the redsem script: {reply!r}")
-    granted, retry_ms = reply
-    retry = int(retry_ms) / 1000 if retry_ms else 0.0
-    # One millisecond more: the lease ends at its deadline, not before.
-    return granted, (retry + 0.001 if retry > 0 else _RECHECK)
+    granted, retry_ms, ahead = reply
+    return (None if granted is False else granted), int(retry_ms or 0) / 1000, int(ahead)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _server_error(message: str) -> redis.ResponseError:
+    """The server's error ``message`` as redis-py raises it (its class by the code)."""
+    try:
+        from redis._parsers.base import BaseParser  # redis-py 5+
+    except ImportError:  # pragma: no cover
+        return redis.ResponseError(message)
+    return cast(redis.ResponseError, cast(Any, BaseParser).parse_error(message))
+
+
+def _told(options: "_Options", identifier: Identifier, message: str) -> Any:
+    """What a grant told on the waiter's list (or answered by LEAVE) means: ``G`` and
+    ``G<ticket>`` the module's reply to the acquire, ``E<error>`` that error, raised."""
+    if message.startswith("E"):
+        raise _server_error(message[1:])
+    if options.fair:
+        return [identifier, int(message[1:])]
+    return identifier
 
 
 def _wait_deadline(wait: Optional[float]) -> float:
@@ -355,14 +415,6 @@ def _blocks_for(wait: Optional[float]) -> Optional[float]:
     if wait and math.isinf(wait):
         return None
     return wait or 0.0
-
-
-def _block_for(deadline: float, retry: float) -> Optional[float]:
-    """How long the next BLPOP may block, None when the wait is over."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return None
-    return min(left, retry, _RECHECK)
 
 
 # --- Where the calls go: one server, or the slot's primary in Redis Cluster --------------------
@@ -431,24 +483,47 @@ class _Hop:
     """One connection a line's operation runs on, and how commands are sent there."""
 
     def __init__(
-        self, conn: _SyncConn, scripts: bool, names: Optional[Sequence[Identifier]]
+        self,
+        conn: _SyncConn,
+        scripts: bool,
+        names: Optional[Sequence[Identifier]],
+        side: Optional[Callable[[Args], Any]] = None,
+        on_module: Optional[Callable[[], None]] = None,
     ) -> None:
         self.conn = conn
         #: The server runs the script (it has no module).
         self.scripts = scripts
+        #: In Cluster: the line resends a call after a redirection or a lost connection.
+        self.cluster = names is not None
         self._names = names  # in Cluster: the long form's names
+        self._side = side
+        self._on_module = on_module
 
     def _form(self, args: Args) -> Args:
         # The script names its 6 keys itself.
         return args if self._names is None or self.scripts else _long_form(args, self._names)
 
-    def send(self, args: Args) -> Any:
-        """A SEM.* command, as itself or through the script."""
-        return _send(self.conn, self.scripts, self._form(args))
+    def send(self, args: Args, first: bool = False) -> Any:
+        """A SEM.* command, as itself or through the script (``first``: its text for an acquire
+        that may take a new place)."""
+        return _send(self.conn, self.scripts, self._form(args), first)
 
     def blocking(self, args: Args, block: Optional[float]) -> Any:
         """A command that may block ``block`` seconds in the server (None: without limit)."""
         return _run_blocking(self.conn, self._form(args), block)
+
+    def side(self, args: Args) -> Any:
+        """A script operation on another connection to the same server, while this one blocks
+        (thread-safe)."""
+        if self._side is None:
+            return _send(self.conn, True, args)
+        return self._side(args)
+
+    def use_module(self) -> None:
+        """The server has the module after all (a script call said so): use it from now on."""
+        self.scripts = False
+        if self._on_module is not None:
+            self._on_module()
 
 
 class _Line:
@@ -486,12 +561,21 @@ class _PlainLine(_Line):
         if needs is not None and self.scripts:
             raise ModuleRequired(needs)
 
+    def _side(self, args: Args) -> Any:
+        # The client's pool lends another connection for the call.
+        return _send(self._client, True, args)
+
+    def _use_module(self) -> None:
+        _note_backend(self._client, True)
+        self.scripts = False
+
     def run(self, op: Callable[[_Hop], _T], until: Optional[float] = None) -> _T:
+        # Cached per pool; asked again while on the script, so a module loaded later is used.
+        self.scripts = not _has_module(self._client)
         if self._conn is None:
-            self.scripts = not _has_module(self._client)
             # client() is untyped in some redis-py releases.
             self._conn = cast(Any, self._client).client() if self._own else self._client
-        return op(_Hop(self._conn, self.scripts, None))
+        return op(_Hop(self._conn, self.scripts, None, self._side, self._use_module))
 
     def close(self) -> None:
         if self._own and self._conn is not None:
@@ -517,20 +601,21 @@ _NOT_RETRIED = tuple(
 _FIRST_PAUSE = 0.05
 _LONGEST_PAUSE = 1.0
 
-# What each cluster client's nodes answered to COMMAND INFO SEM.ACQUIRE (True: the module), by
-# node address: a cluster may get the module node by node.
-_node_backends: "weakref.WeakKeyDictionary[Any, Dict[str, bool]]" = weakref.WeakKeyDictionary()
+# What each cluster client's nodes answered to COMMAND INFO SEM.ACQUIRE (True: the module) and
+# when, by node address: a cluster may get the module node by node.
+_node_backends: "weakref.WeakKeyDictionary[Any, Dict[str, Tuple[bool, float]]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _known_node_backend(cluster: Any, node: str) -> Optional[bool]:
     with _backends_lock:
-        return _node_backends.get(cluster, {}).get(node)
+        return _fresh(_node_backends.get(cluster, {}).get(node))
 
 
-def _note_node_backend(cluster: Any, node: str, reply: Any) -> bool:
-    module = isinstance(reply, (list, tuple)) and len(reply) > 0 and reply[0] is not None
+def _note_node_backend(cluster: Any, node: str, module: bool) -> bool:
     with _backends_lock:
-        _node_backends.setdefault(cluster, {})[node] = module
+        _node_backends.setdefault(cluster, {})[node] = (module, time.monotonic())
     return module
 
 
@@ -589,6 +674,25 @@ class _NodeConnection:
             self._pool.release(self.connection)
 
 
+def _side_of(pool: Any) -> Callable[[Args], Any]:
+    """Script operations on another connection of a node's pool, while the line's blocks."""
+
+    def side(args: Args) -> Any:
+        conn = _NodeConnection(pool)
+        broken = True
+        try:
+            reply = _send(conn, True, args)
+            broken = False
+            return reply
+        except redis.exceptions.ResponseError:
+            broken = False
+            raise
+        finally:
+            conn.close(broken)
+
+    return side
+
+
 class _ClusterLine(_Line):
     """In Redis Cluster: a connection to the primary serving the names' slot, held from the first
     call to close(). Every call on it is resent through MOVED (the slot's owner learnt anew), ASK
@@ -603,28 +707,42 @@ class _ClusterLine(_Line):
         self._names = names
         self._retry_for = retry_for
         self._conn: Optional[_NodeConnection] = None
+        self._node = ""  # the name of the node of self._conn
         # A permit's refresh thread and its owner's calls take turns on the connection.
         self._lock = threading.RLock()
+
+    def _ask(self, conn: _NodeConnection, node: str) -> bool:
+        """Whether ``node`` has the module: cached per node, asked again while it has not."""
+        module = _known_node_backend(self._cluster, node)
+        if module is None:
+            reply = conn.execute_command("COMMAND INFO", "SEM.ACQUIRE")
+            module = _note_node_backend(self._cluster, node, _is_module_reply(reply))
+        return module
 
     def _connect(self, node: Any) -> Tuple[_NodeConnection, bool]:
         """A connection of ``node``'s pool, and whether the node runs the script."""
         conn = _NodeConnection(self._cluster.get_redis_connection(node).connection_pool)
         try:
-            module = _known_node_backend(self._cluster, node.name)
-            if module is None:
-                reply = conn.execute_command("COMMAND INFO", "SEM.ACQUIRE")
-                module = _note_node_backend(self._cluster, node.name, reply)
+            module = self._ask(conn, node.name)
         except BaseException:
             conn.close(broken=True)
             raise
         return conn, not module
+
+    def _hop(self, conn: _NodeConnection, scripts: bool, node: str, own: bool) -> _Hop:
+        def use_module() -> None:
+            _note_node_backend(self._cluster, node, True)
+            if own:
+                self.scripts = False
+
+        return _Hop(conn, scripts, self._names, _side_of(conn._pool), use_module)
 
     def _on_own(self, op: Callable[[_Hop], _T]) -> _T:
         """``op`` on the line's connection, closed when it failed other than by an answer."""
         conn = self._conn
         assert conn is not None
         try:
-            return op(_Hop(conn, self.scripts, self._names))
+            return op(self._hop(conn, self.scripts, self._node, True))
         except redis.exceptions.ResponseError:
             raise
         except BaseException:
@@ -644,7 +762,7 @@ class _ClusterLine(_Line):
                         broken = True
                         try:
                             conn.execute_command("ASKING")
-                            reply = op(_Hop(conn, scripts, self._names))
+                            reply = op(self._hop(conn, scripts, node.name, False))
                             broken = False
                             return reply
                         except redis.exceptions.ResponseError:
@@ -655,6 +773,9 @@ class _ClusterLine(_Line):
                     if self._conn is None:
                         node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
                         self._conn, self.scripts = self._connect(node)
+                        self._node = node.name
+                    elif self.scripts:  # a module loaded since is used
+                        self.scripts = not self._ask(self._conn, self._node)
                     return self._on_own(op)
                 except redis.exceptions.MovedError as err:
                     self._close()
@@ -750,21 +871,39 @@ class _AsyncHop:
     """As _Hop, for redis.asyncio."""
 
     def __init__(
-        self, conn: _AsyncConn, scripts: bool, names: Optional[Sequence[Identifier]]
+        self,
+        conn: _AsyncConn,
+        scripts: bool,
+        names: Optional[Sequence[Identifier]],
+        side: Optional[Callable[[Args], Awaitable[Any]]] = None,
+        on_module: Optional[Callable[[], None]] = None,
     ) -> None:
         self.conn = conn
         self.scripts = scripts
+        self.cluster = names is not None
         self._names = names
+        self._side = side
+        self._on_module = on_module
 
     def _form(self, args: Args) -> Args:
         # The script names its 6 keys itself.
         return args if self._names is None or self.scripts else _long_form(args, self._names)
 
-    async def send(self, args: Args) -> Any:
-        return await _send_async(self.conn, self.scripts, self._form(args))
+    async def send(self, args: Args, first: bool = False) -> Any:
+        return await _send_async(self.conn, self.scripts, self._form(args), first)
 
     async def blocking(self, args: Args, block: Optional[float]) -> Any:
         return await _run_blocking_async(self.conn, self._form(args), block)
+
+    async def side(self, args: Args) -> Any:
+        if self._side is None:
+            return await _send_async(self.conn, True, args)
+        return await self._side(args)
+
+    def use_module(self) -> None:
+        self.scripts = False
+        if self._on_module is not None:
+            self._on_module()
 
 
 class _AsyncLine:
@@ -802,13 +941,20 @@ class _AsyncPlainLine(_AsyncLine):
         if needs is not None and self.scripts:
             raise ModuleRequired(needs)
 
+    async def _side(self, args: Args) -> Any:
+        return await _send_async(self._client, True, args)
+
+    def _use_module(self) -> None:
+        _note_backend(self._client, True)
+        self.scripts = False
+
     async def run(
         self, op: Callable[[_AsyncHop], Awaitable[_T]], until: Optional[float] = None
     ) -> _T:
+        self.scripts = not await _has_module_async(self._client)
         if self._conn is None:
-            self.scripts = not await _has_module_async(self._client)
             self._conn = self._client.client() if self._own else self._client
-        return await op(_AsyncHop(self._conn, self.scripts, None))
+        return await op(_AsyncHop(self._conn, self.scripts, None, self._side, self._use_module))
 
     async def close(self) -> None:
         if self._own and self._conn is not None:
@@ -831,19 +977,46 @@ class _AsyncClusterLine(_AsyncLine):
         self._names = names
         self._retry_for = retry_for
         self._conn: Optional[_AsyncNodeConnection] = None
+        self._node: Any = None  # the node of self._conn
         self._lock = asyncio.Lock()
+
+    async def _ask(self, conn: _AsyncNodeConnection, node: str) -> bool:
+        """As _ClusterLine._ask."""
+        module = _known_node_backend(self._cluster, node)
+        if module is None:
+            reply = await conn.execute_command("COMMAND INFO", "SEM.ACQUIRE")
+            module = _note_node_backend(self._cluster, node, _is_module_reply(reply))
+        return module
 
     async def _connect(self, node: Any, own: bool) -> Tuple[_AsyncNodeConnection, bool]:
         conn = _AsyncNodeConnection(node, own)
         try:
-            module = _known_node_backend(self._cluster, node.name)
-            if module is None:
-                reply = await conn.execute_command("COMMAND INFO", "SEM.ACQUIRE")
-                module = _note_node_backend(self._cluster, node.name, reply)
+            module = await self._ask(conn, node.name)
         except BaseException:
             await conn.aclose(broken=True)
             raise
         return conn, not module
+
+    def _hop(self, conn: _AsyncNodeConnection, scripts: bool, node: Any, own: bool) -> _AsyncHop:
+        async def side(args: Args) -> Any:
+            other = _AsyncNodeConnection(node, False)
+            broken = True
+            try:
+                reply = await _send_async(other, True, args)
+                broken = False
+                return reply
+            except redis.exceptions.ResponseError:
+                broken = False
+                raise
+            finally:
+                await other.aclose(broken)
+
+        def use_module() -> None:
+            _note_node_backend(self._cluster, node.name, True)
+            if own:
+                self.scripts = False
+
+        return _AsyncHop(conn, scripts, self._names, side, use_module)
 
     async def run(
         self, op: Callable[[_AsyncHop], Awaitable[_T]], until: Optional[float] = None
@@ -860,7 +1033,7 @@ class _AsyncClusterLine(_AsyncLine):
                         broken = True
                         try:
                             await conn.execute_command("ASKING")
-                            reply = await op(_AsyncHop(conn, scripts, self._names))
+                            reply = await op(self._hop(conn, scripts, node, False))
                             broken = False
                             return reply
                         except redis.exceptions.ResponseError:
@@ -871,6 +1044,9 @@ class _AsyncClusterLine(_AsyncLine):
                     if self._conn is None:
                         node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
                         self._conn, self.scripts = await self._connect(node, self._bound)
+                        self._node = node
+                    elif self.scripts:  # a module loaded since is used
+                        self.scripts = not await self._ask(self._conn, self._node.name)
                     return await self._on_own(op)
                 except redis.exceptions.MovedError as err:
                     await self._close()
@@ -902,7 +1078,7 @@ class _AsyncClusterLine(_AsyncLine):
         conn = self._conn
         assert conn is not None
         try:
-            return await op(_AsyncHop(conn, self.scripts, self._names))
+            return await op(self._hop(conn, self.scripts, self._node, True))
         except redis.exceptions.ResponseError:
             raise
         except BaseException:
@@ -933,40 +1109,238 @@ def _async_line(
     return _AsyncPlainLine(client, own)
 
 
+class _Ticker:
+    """TICK for the first in line, sent on another connection when the lease that keeps it
+    waiting ends, while its BLPOP blocks: nothing in the server serves the line at a lease's end,
+    and the waiter's next attempt may be up to _NUDGE away. Each TICK answers when the next lease
+    ends; the ticker goes on until stopped."""
+
+    def __init__(self, hop: _Hop, name: Identifier, delay: float) -> None:
+        self._hop = hop
+        self._name = name
+        self._lock = threading.Lock()
+        self._pending = True
+        self._timer: Optional[threading.Timer] = None
+        self._arm(delay)
+
+    def _arm(self, delay: float) -> None:
+        timer = threading.Timer(delay + _TICK_LATE, self._fire)
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if not self._pending:
+                return
+        try:
+            retry_ms = int(self._hop.side(["SEM.TICK", self._name]) or 0)
+        except Exception:  # the waiter's next attempt serves the line anyway
+            return
+        with self._lock:
+            if self._pending and retry_ms > 0:
+                self._arm(retry_ms / 1000)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._pending = False
+            if self._timer is not None:
+                self._timer.cancel()
+
+
+def _leave(hop: _Hop, options: "_Options", identifier: Identifier) -> None:
+    """Best effort, for a waiter interrupted in line: it leaves the line, and a grant made to it
+    meanwhile is given back (its caller will never see it)."""
+    try:
+        told = hop.side(["SEM.LEAVE", options.name, identifier])
+        if told and _text(told).startswith("G"):
+            hop.side(["SEM.RELEASE", options.name, identifier])
+    except Exception:  # its place runs out 6 s after its last attempt
+        pass
+
+
+def _with_module(
+    hop: _Hop, options: "_Options", identifier: Identifier, deadline: float
+) -> Tuple[Any, float]:
+    """The module was found loaded while waiting: wait with it for the time left."""
+    hop.use_module()
+    sent = time.monotonic()
+    wait = _wait_left(options.wait, deadline)
+    if not wait:
+        return None, sent
+    command = options.acquire_command(identifier, wait)
+    return hop.blocking(command, _blocks_for(wait)), sent
+
+
 def _acquire_by_script(
     hop: _Hop, options: "_Options", identifier: Identifier, deadline: float
 ) -> Tuple[Any, float]:
-    """Acquires through the script, waiting until ``deadline`` (monotonic) on <name>:wake
-    between attempts, on the permit's own connection. Returns the module's reply (None: not
-    granted) and the monotonic time the granting attempt was sent."""
+    """Acquires through the script, waiting until ``deadline`` (monotonic) in the script's line
+    (see above), on the permit's own connection. Returns the module's reply (None: not granted)
+    and the monotonic time of the last attempt before the grant (the lease started later)."""
+    waits = bool(options.wait)
     command = options.acquire_command(identifier, in_server=False)
-    while True:
-        sent = time.monotonic()
-        granted, retry = _attempt(hop.send(command))
-        if granted is not None:
-            return granted, sent
-        block = _block_for(deadline, retry)
-        if block is None:
-            return None, sent
-        seconds = _seconds(block)
-        hop.blocking(["BLPOP", _wake_key(options.name), seconds], float(seconds))
+    if waits:
+        command.append("LINE")
+    key = _wake_key(options.name, identifier)
+    first, in_line = True, False
+    try:
+        while True:
+            sent = time.monotonic()
+            # The first attempt may take a new place: the server refuses it when memory is full.
+            granted, retry, ahead = _attempt(hop.send(command, first))
+            first = False
+            if ahead == -1:  # the module is loaded: its reply, or a wait with it
+                in_line = False
+                if granted is not None:
+                    hop.use_module()
+                    return granted, sent
+                return _with_module(hop, options, identifier, deadline)
+            if granted is not None or not waits:
+                return granted, sent
+            in_line = True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                told = hop.send(["SEM.LEAVE", options.name, identifier])
+                in_line = False
+                return (_told(options, identifier, _text(told)) if told else None), sent
+            seconds = _seconds(min(left, _NUDGE))
+            ticker = None
+            if ahead == 0 and 0 < retry < float(seconds):
+                ticker = _Ticker(hop, options.name, retry)
+            try:
+                popped = hop.blocking(["BLPOP", key, seconds], float(seconds))
+            finally:
+                if ticker is not None:
+                    ticker.stop()
+            if not popped:
+                continue  # the next attempt renews the place
+            message = _text(popped[1])
+            if message.startswith(("G", "E")):
+                in_line = False
+                return _told(options, identifier, message), sent
+            if message == "M":
+                in_line = False
+                return _with_module(hop, options, identifier, deadline)
+            # "H": first in line, and a lease ends soon: the next attempt says when.
+    except BaseException as err:
+        # In Cluster a redirection or a lost node is resent on the slot's owner, where the same
+        # identifier keeps or takes the place.
+        if in_line and not (hop.cluster and isinstance(err, redis.RedisError)):
+            _leave(hop, options, identifier)
+        raise
+
+
+class _AsyncTicker:
+    """As _Ticker, for redis.asyncio: a timer of the event loop, the TICK a task."""
+
+    def __init__(self, hop: _AsyncHop, name: Identifier, delay: float) -> None:
+        self._hop = hop
+        self._name = name
+        self._loop = asyncio.get_running_loop()
+        self._pending = True
+        self._handle: Optional[asyncio.TimerHandle] = None
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._arm(delay)
+
+    def _arm(self, delay: float) -> None:
+        self._handle = self._loop.call_later(delay + _TICK_LATE, self._fire)
+
+    def _fire(self) -> None:
+        if self._pending:
+            self._task = self._loop.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        try:
+            retry_ms = int(await self._hop.side(["SEM.TICK", self._name]) or 0)
+        except Exception:
+            return
+        if self._pending and retry_ms > 0:
+            self._arm(retry_ms / 1000)
+
+    async def stop(self) -> None:
+        self._pending = False
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._task is not None:
+            # Let a TICK under way finish: cancelled, it would close its pooled connection.
+            await asyncio.wait([self._task])
+
+
+async def _leave_async(hop: _AsyncHop, options: "_Options", identifier: Identifier) -> None:
+    """As _leave, for redis.asyncio."""
+    try:
+        told = await hop.side(["SEM.LEAVE", options.name, identifier])
+        if told and _text(told).startswith("G"):
+            await hop.side(["SEM.RELEASE", options.name, identifier])
+    except Exception:
+        pass
+
+
+async def _with_module_async(
+    hop: _AsyncHop, options: "_Options", identifier: Identifier, deadline: float
+) -> Tuple[Any, float]:
+    """As _with_module, for redis.asyncio."""
+    hop.use_module()
+    sent = time.monotonic()
+    wait = _wait_left(options.wait, deadline)
+    if not wait:
+        return None, sent
+    command = options.acquire_command(identifier, wait)
+    return await hop.blocking(command, _blocks_for(wait)), sent
 
 
 async def _acquire_by_script_async(
     hop: _AsyncHop, options: "_Options", identifier: Identifier, deadline: float
 ) -> Tuple[Any, float]:
     """As _acquire_by_script, for redis.asyncio."""
+    waits = bool(options.wait)
     command = options.acquire_command(identifier, in_server=False)
-    while True:
-        sent = time.monotonic()
-        granted, retry = _attempt(await hop.send(command))
-        if granted is not None:
-            return granted, sent
-        block = _block_for(deadline, retry)
-        if block is None:
-            return None, sent
-        seconds = _seconds(block)
-        await hop.blocking(["BLPOP", _wake_key(options.name), seconds], float(seconds))
+    if waits:
+        command.append("LINE")
+    key = _wake_key(options.name, identifier)
+    first, in_line = True, False
+    try:
+        while True:
+            sent = time.monotonic()
+            granted, retry, ahead = _attempt(await hop.send(command, first))
+            first = False
+            if ahead == -1:
+                in_line = False
+                if granted is not None:
+                    hop.use_module()
+                    return granted, sent
+                return await _with_module_async(hop, options, identifier, deadline)
+            if granted is not None or not waits:
+                return granted, sent
+            in_line = True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                told = await hop.send(["SEM.LEAVE", options.name, identifier])
+                in_line = False
+                return (_told(options, identifier, _text(told)) if told else None), sent
+            seconds = _seconds(min(left, _NUDGE))
+            ticker = None
+            if ahead == 0 and 0 < retry < float(seconds):
+                ticker = _AsyncTicker(hop, options.name, retry)
+            try:
+                popped = await hop.blocking(["BLPOP", key, seconds], float(seconds))
+            finally:
+                if ticker is not None:
+                    await ticker.stop()
+            if not popped:
+                continue
+            message = _text(popped[1])
+            if message.startswith(("G", "E")):
+                in_line = False
+                return _told(options, identifier, message), sent
+            if message == "M":
+                in_line = False
+                return await _with_module_async(hop, options, identifier, deadline)
+    except BaseException as err:
+        if in_line and not (hop.cluster and isinstance(err, redis.RedisError)):
+            await _leave_async(hop, options, identifier)
+        raise
 
 
 def _is_number(value: object) -> bool:
@@ -1583,9 +1957,10 @@ class Semaphore:
         Cluster the name needs a hash tag (``"{jobs}"``, ``"app:{jobs}"``): without one,
         acquire() raises ValueError before sending anything.
     wait: seconds to wait inside the server for a permit; None or 0 do not wait, math.inf
-        waits without limit. Without the module the package waits: it tries again whenever a
-        release wakes it (BLPOP on ``<name>:wake``), when the earliest lease ends, and at
-        least every second; a newcomer may then take a freed permit ahead of the waiters.
+        waits without limit. Without the module the script keeps the line in the server, first
+        come first served, and hands a freed permit to the first waiter itself; the package
+        blocks on the waiter's own list (``<name>:wake:<id>``) and tries again at least every
+        2.5 s.
     fair: use SEM.ACQUIREFAIR (first come, first served; ``permit.ticket`` is a fencing token).
     count: take this many permits at once (COUNT), all or none.
     bound: BOUND; the permit is given back when its connection closes (the process dies).

@@ -1,26 +1,43 @@
+#!lua flags=allow-oom
 -- redsem.lua: the redsem semaphore operations as one server-side Lua script, for servers that
--- cannot load the redsem module (managed Redis services). It keeps the very same keys as the
--- module, with the module's rules (src/semaphore.rs), so a semaphore started with this script
--- goes on unchanged once the module is loaded. The Python, Node and Rust packages all load this
--- one file.
+-- cannot load the redsem module (managed Redis services; Redis 7.0 or later, Valkey). It keeps
+-- the very same keys as the module, with the module's rules (src/semaphore.rs), so a semaphore
+-- started with this script goes on unchanged once the module is loaded. Every package (Python,
+-- Node, Rust, Java, Go) ships a copy of this one file.
+--
+-- Two texts of it are loaded: this file as it is (first line `#!lua flags=allow-oom`), which
+-- runs when memory is full, and the same with that first line replaced by `#!lua`, which the
+-- server refuses at `maxmemory` with its own OOM error, changing nothing. A package sends an
+-- acquire that may take a new place (its first attempt) with the second and every other call
+-- with the first, so a refresh, a release and a waiter already in line work when memory is
+-- full, as the module's do, and a newcomer is refused there with the module's error.
 --
 -- Call (OP is case-insensitive):
 --
---   EVALSHA <sha1 of this file> 6 <name> <name>:owner <name>:counter <name>:permits
+--   EVALSHA <sha1 of the text> 6 <name> <name>:owner <name>:counter <name>:permits
 --           <name>:limit <name>:wake <OP> [args...]
 --
--- (on NOSCRIPT, `EVAL <this file> 6 ...` once, which also loads it).
+-- (on NOSCRIPT, `EVAL <the text> 6 ...` once, which also loads it).
 --
---   ACQUIRE <limit> <lease> ID <id> [COUNT <n>]
---   ACQUIREFAIR <limit> <lease> ID <id> [COUNT <n>] [WITHTICKET]
---       SEM.ACQUIRE / SEM.ACQUIREFAIR without WAIT and BOUND. Replies [reply, retry_ms]: reply
---       is the module's reply (the id; [id, ticket] with WITHTICKET; nil when refused);
---       retry_ms, when refused, is the milliseconds until the earliest live holder's deadline
---       (0 when no holder is live, e.g. a paused semaphore; 0 when granted).
+--   ACQUIRE <limit> <lease> ID <id> [COUNT <n>] [LINE]
+--   ACQUIREFAIR <limit> <lease> ID <id> [COUNT <n>] [WITHTICKET] [LINE]
+--       SEM.ACQUIRE / SEM.ACQUIREFAIR without WAIT and BOUND. Replies [reply, retry_ms, ahead]:
+--       reply is the module's reply (the id; [id, ticket] with WITHTICKET; nil when refused);
+--       when refused, retry_ms is the milliseconds until the earliest live holder's deadline
+--       (0 when no holder is live) and ahead the number of waiters in line before the caller
+--       (with LINE) or in the line (without); ahead = -1: the module is loaded, the reply is
+--       its own (SEM.ACQUIRE's, without WAIT), and the caller should use the module from now on.
+--       LINE: a refused caller takes (or keeps) its place at the end of the semaphore's line,
+--       held for PLACE_MS from this call; see "The line" below.
 --   REFRESH <id> <lease>         -> integer, as SEM.REFRESH
 --   RELEASE <id> [COUNT <k>]     -> integer, as SEM.RELEASE
 --   GET                          -> integer, as SEM.GET (permits in use)
 --   LIMIT | LIMIT <n> | LIMIT CLEAR -> as SEM.LIMIT (nil or n; OK; 1 or 0)
+--   TICK                         -> integer: serves the line at the server's clock now (a lease
+--                                   that ran out frees its permits), then the milliseconds
+--                                   until the earliest live holder's deadline (0: none)
+--   LEAVE <id>                   -> the caller leaves the line: nil, or the message of a grant
+--                                   made to it before it left (see below), which it now holds
 --
 -- Keys, as the module keeps them: <name> (sorted set: id -> deadline, Unix ms), <name>:owner
 -- (fair: id -> ticket), <name>:counter (fair: the last ticket), <name>:permits (hash: the
@@ -30,33 +47,54 @@
 -- texts are the module's (sem.max-lease at its default, one year). The clock is the server's
 -- (TIME). Fair tickets are max(counter + 1, now_ms * 1000), as the module's fencing floor.
 --
--- <name>:wake is this script's own: every call that may free permits (a release, a call that
--- removes expired holders, a stored limit raised or cleared) pushes one token per freed permit
--- (at most WAKE_MAX), trims the list to WAKE_MAX entries and gives it a WAKE_TTL_MS expiry. A
--- package waits with `BLPOP <name>:wake min(time left, retry_ms, 1 s)` and then tries again.
--- (A <name>:wake of another type than a list makes every call answer WRONGTYPE.)
+-- The line (this script's own keys, all in the name's slot): <name>:line (sorted set: waiter
+-- id -> arrival number), <name>:places (hash: waiter id -> "deadline kind limit lease_ms count",
+-- its place's deadline and what it asked for) and <name>:wake:<id> (a list per waiter). Every
+-- call that may free permits (a release, a refresh or acquire that finds expired holders, a
+-- stored limit raised or cleared, TICK, LEAVE) first serves the line: the first waiter whose
+-- place is still held is granted, if it fits, with its own limit, lease (starting then, by the
+-- server's clock), count and kind, and leaves the line; then the next, and so on; nobody behind
+-- a waiter that does not fit is served before it. A waiter whose place ran out (it stopped
+-- renewing: it died) is dropped when it reaches the head. The grant is pushed to the waiter's
+-- list as a message, which it takes with `BLPOP <name>:wake:<id>`:
+--   "G"          a plain grant;             "G<ticket>"   a fair grant and its ticket;
+--   "E<error>"   its grant failed with that error (it is out of the line);
+--   "H"          it is now first in line and a holder's lease ends within NUDGE_MS: try again
+--                (to learn when, and call TICK then);
+--   "M"          the module is loaded: use it (the line is given up).
+-- A refused ACQUIRE without LINE changes nothing but the expired holders it removes; a plain one
+-- may take a free permit ahead of the line (as SEM.ACQUIRE without WAIT does), a fair one is
+-- refused while anyone waits. A caller that holds a live permit renews it, waiting or not.
+-- Lists and the line expire PLACE_MS after their last write: nothing lingers.
+--
+-- The module loaded later: every call first asks the server whether SEM.ACQUIRE exists; when it
+-- does, the call is the module's command (long form), so a release or refresh sent through the
+-- script serves the module's waiters at once, and the line's waiters are told "M".
 --
 -- What scripts do not do, unlike the module:
---   - WAIT: waiting is the package's BLPOP loop. Redis serves BLPOP clients in the order they
---     blocked, but a newcomer may take a freed permit ahead of them (no FIFO line, no
---     "no barging" for the fair kind), and a lease that ends wakes nobody: waiters find out
---     when their BLPOP times out (at most retry_ms, or 1 s).
+--   - WAIT inside the server: the packages wait with LINE, BLPOP and TICK.
 --   - BOUND (permits that end with the connection), SEM.ACQUIREALL / RELEASEALL / REFRESHALL,
 --     SEM.WAITEMPTY, SEM.GET JSON, and identifiers made by the server (ID is required).
 --   - sem.* configuration (max-lease, waiter limits), INFO sem, sem.* keyspace events, the
 --     fencing floor kept across failovers (the floor here is the clock at each grant).
---   - Redis Cluster: the six keys must share a slot, so the name needs a hash tag ({name}).
+--   - Redis Cluster: the keys must share a slot, so the name needs a hash tag ({name}).
 
 local MAX_LIMIT = 4294967295
 local MAX_LEASE_MS = 31536000000 -- one year, the module's default sem.max-lease
 local MAX_TICKET = 9007199254740992 -- 2^53: sorted-set scores hold integers exactly up to it
 local MAX_TICKET_TEXT = '9007199254740992'
 local TICKETS_PER_MS = 1000
-local WAKE_MAX = 8
-local WAKE_TTL_MS = 2000
+-- A waiter's place in line is held this long after its last attempt; the packages try again
+-- at least every NUDGE_MS (their longest BLPOP), so a live waiter never loses its place.
+local PLACE_MS = 6000
+local NUDGE_MS = 2500
+-- The most waiters one call serves or drops, and tells of the module (the rest: the next call).
+local SERVE_MAX = 100
+local FLUSH_MAX = 1000
 
 local NAME, OWNER, COUNTER, PERMITS, LIMIT, WAKE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
+local LINE, PLACES = NAME .. ':line', NAME .. ':places'
 
 -- The module's error texts (src/error.rs).
 local ERR = {
@@ -246,6 +284,8 @@ local function open()
   expect_type(OWNER, 'zset')
   expect_type(PERMITS, 'hash')
   expect_type(WAKE, 'list')
+  expect_type(LINE, 'zset')
+  expect_type(PLACES, 'hash')
   store.created = not exists(NAME)
 end
 
@@ -447,20 +487,6 @@ local function settle_expiry()
   end
 end
 
--- Wake-up tokens for the packages' BLPOP waiters: one per freed permit, at most WAKE_MAX.
-local function wake(tokens)
-  if tokens < 1 then
-    return
-  end
-  local list = {}
-  for i = 1, math.min(tokens, WAKE_MAX) do
-    list[i] = '1'
-  end
-  redis.call('RPUSH', WAKE, unpack(list))
-  redis.call('LTRIM', WAKE, -WAKE_MAX, -1)
-  redis.call('PEXPIRE', WAKE, WAKE_TTL_MS)
-end
-
 ------------------------------------------------------------------------------------------------
 -- The rules (src/semaphore.rs)
 
@@ -645,6 +671,154 @@ local function acquire_rule(now, id, kind, limit, lease_ms, count)
 end
 
 ------------------------------------------------------------------------------------------------
+-- The line (this script's own: the module keeps its line in memory)
+
+local function wake_key(id)
+  return WAKE .. ':' .. id
+end
+
+-- Tells waiter `id` `message` on its list; a list another client made another type is skipped
+-- (the waiter finds its grant at its next attempt, which renews it).
+local function tell(id, message)
+  local key = wake_key(id)
+  if type(redis.pcall('RPUSH', key, message)) == 'number' then
+    redis.call('PEXPIRE', key, PLACE_MS)
+  end
+end
+
+local function drop(id)
+  redis.call('ZREM', LINE, id)
+  redis.call('HDEL', PLACES, id)
+end
+
+local function place_text(deadline_at, kind, limit, lease_ms, count)
+  return int(deadline_at) .. ' ' .. kind .. ' ' .. int(limit) .. ' ' .. int(lease_ms) .. ' '
+    .. int(count or 0)
+end
+
+-- A place as the script wrote it; nil for anything else (another client wrote it: dropped).
+local function parse_place(text)
+  if not text then
+    return nil
+  end
+  local at, kind, limit, lease_ms, count = text:match('^(%d+) (%a+) (%d+) (%d+) (%d+)$')
+  if not at or (kind ~= 'plain' and kind ~= 'fair') then
+    return nil
+  end
+  limit, lease_ms, count = tonumber(limit), tonumber(lease_ms), tonumber(count)
+  if limit < 1 or limit > MAX_LIMIT or lease_ms < 1 or lease_ms > MAX_LEASE_MS
+    or count > limit then
+    return nil
+  end
+  return { deadline = tonumber(at), kind = kind, limit = limit, lease_ms = lease_ms,
+    count = count > 0 and count or nil }
+end
+
+-- Takes (or keeps) `id`'s place at the end of the line, held until now + PLACE_MS; returns how
+-- many wait before it.
+local function take_place(now, id, kind, limit, lease_ms, count)
+  local rank = redis.call('ZRANK', LINE, id)
+  if not rank then
+    local last = redis.call('ZRANGE', LINE, -1, -1, 'WITHSCORES')
+    local number = (#last > 0 and tonumber(last[2]) or 0) + 1
+    redis.call('ZADD', LINE, int(number), id)
+    rank = redis.call('ZCARD', LINE) - 1
+  end
+  redis.call('HSET', PLACES, id, place_text(now + PLACE_MS, kind, limit, lease_ms, count))
+  redis.call('PEXPIRE', LINE, PLACE_MS)
+  redis.call('PEXPIRE', PLACES, PLACE_MS)
+  return rank
+end
+
+-- Milliseconds until the earliest live holder's deadline; 0 when none is live.
+local function retry_after(now)
+  local first = redis.call('ZRANGEBYSCORE', NAME, '(' .. int(now), '+inf', 'WITHSCORES',
+    'LIMIT', 0, 1)
+  if #first == 0 then
+    return 0
+  end
+  return math.max(deadline_of(first[2]) - now, 0)
+end
+
+local function kind_error(message)
+  return message == ERR.fair_held or message == ERR.plain_held
+end
+
+-- Serves the line at `now`: grants its first waiters, in order, while they fit. A grant to
+-- `caller` is returned rather than told. A new first waiter that a lease end may serve before
+-- its next attempt is told "H", so that it watches that deadline.
+local function serve_line(now, caller)
+  if not exists(LINE) then
+    return nil
+  end
+  local mine, moved = nil, false
+  for _ = 1, SERVE_MAX do
+    local head = redis.call('ZRANGE', LINE, 0, 0)[1]
+    if not head then
+      break
+    end
+    local place = parse_place(redis.call('HGET', PLACES, head))
+    if not place or place.deadline <= now then
+      drop(head)
+      moved = true
+    else
+      local ok, grant = pcall(acquire_rule, now, head, place.kind, place.limit, place.lease_ms,
+        place.count)
+      if not ok then
+        local message = type(grant) == 'table' and (grant.redsem_error or grant.err)
+        if kind_error(message) then
+          break -- holders of the other kind: the head waits until they are gone
+        end
+        drop(head)
+        moved = true
+        tell(head, 'E' .. tostring(message or grant))
+      elseif not grant then
+        break
+      else
+        drop(head)
+        moved = true
+        if head == caller then
+          mine = grant
+        else
+          tell(head, 'G' .. (grant.ticket and int(grant.ticket) or ''))
+        end
+      end
+    end
+  end
+  if moved then
+    local head = redis.call('ZRANGE', LINE, 0, 0)[1]
+    if head and head ~= caller then
+      local wait = retry_after(now)
+      if wait > 0 and wait < NUDGE_MS then
+        tell(head, 'H')
+      end
+    end
+  end
+  return mine
+end
+
+-- The module is loaded: every waiter in line is told "M" and the line goes.
+local function module_loaded()
+  return redis.call('COMMAND', 'INFO', 'SEM.ACQUIRE')[1] and true or false
+end
+
+local function give_up_line()
+  if redis.call('TYPE', LINE).ok ~= 'zset' then
+    return
+  end
+  for _, id in ipairs(redis.call('ZRANGE', LINE, 0, FLUSH_MAX - 1)) do
+    tell(id, 'M')
+  end
+  redis.call('DEL', LINE, PLACES)
+end
+
+-- The module's command for this call, in the long form (every key named).
+local function module_call(command, args)
+  give_up_line()
+  return redis.call(command, NAME, OWNER, COUNTER, PERMITS, LIMIT, unpack(args))
+end
+
+------------------------------------------------------------------------------------------------
 -- The operations (src/commands.rs)
 
 local function acquire(kind, args)
@@ -654,7 +828,8 @@ local function acquire(kind, args)
   end
   local limit = parse_limit(args[1])
   local lease_ms = parse_lease_ms(args[2])
-  local id, with_ticket, count
+  local id, with_ticket, count, line
+  local module_args = { args[1], args[2] }
   local i = 3
   while i <= #args do
     local option = string.upper(args[i])
@@ -672,6 +847,9 @@ local function acquire(kind, args)
       end
       count = n
       i = i + 2
+    elseif option == 'LINE' and not line then
+      line = true
+      i = i + 1
     elseif option == 'WAIT' then
       fail(module_required('WAIT') .. ': without it the client packages wait themselves')
     elseif option == 'BOUND' then
@@ -679,34 +857,62 @@ local function acquire(kind, args)
     else
       fail(ERR.syntax)
     end
+    if option ~= 'LINE' then
+      table.insert(module_args, args[i - (option == 'WITHTICKET' and 1 or 2)])
+      if option ~= 'WITHTICKET' then
+        table.insert(module_args, value)
+      end
+    end
   end
   if not id then
     fail('ERR ID <identifier> is required: only the redsem module makes identifiers')
   end
+  if module_loaded() then
+    if redis.call('TYPE', LINE).ok == 'zset' then
+      drop(id)
+    end
+    redis.call('DEL', wake_key(id))
+    return { module_call(string.upper(command), module_args), 0, -1 }
+  end
   open()
   local now = now_ms()
-  local grant, s, in_force = acquire_rule(now, id, kind, limit, lease_ms, count)
-  settle_expiry()
-  local in_use = s.in_use
-  local reply, retry_ms = false, 0
-  if grant then
-    if not grant.renewed then
-      in_use = in_use + (count or 1)
-    end
-    reply = id
+  local reply = function(grant)
     if with_ticket and grant.ticket then
-      reply = { id, grant.ticket }
+      return { { id, grant.ticket }, 0, 0 }
     end
-  else
-    local next_deadline = redis.call('ZRANGEBYSCORE', NAME, '(' .. int(now), '+inf',
-      'WITHSCORES', 'LIMIT', 0, 1)
-    if #next_deadline > 0 then
-      retry_ms = math.max(deadline_of(next_deadline[2]) - now, 0)
-    end
+    return { id, 0, 0 }
   end
-  -- Expired holders removed may have freed permits for others, as far as the limit allows.
-  wake(math.min(s.freed, in_force - in_use))
-  return { reply, retry_ms }
+  -- The line first: the caller may be its head, and then it is granted here.
+  local grant = serve_line(now, id)
+  local queued = exists(LINE)
+  local held_until = deadline(id)
+  if not grant and ((held_until and held_until > now) or not queued
+    or (kind == 'plain' and not line)) then
+    grant = acquire_rule(now, id, kind, limit, lease_ms, count)
+  end
+  if grant then
+    if queued then
+      drop(id)
+      redis.call('DEL', wake_key(id))
+    end
+    settle_expiry()
+    return reply(grant)
+  end
+  local ahead
+  if line then
+    ahead = take_place(now, id, kind, limit, lease_ms, count)
+  else
+    ahead = redis.call('ZCARD', LINE)
+  end
+  settle_expiry()
+  return { false, retry_after(now), ahead }
+end
+
+-- The end of every call that may have freed permits: the line is served, the expiry settled.
+local function served(now, result)
+  serve_line(now, nil)
+  settle_expiry()
+  return result
 end
 
 local function refresh(args)
@@ -715,6 +921,9 @@ local function refresh(args)
   end
   local id = identifier(args[1])
   local lease_ms = parse_lease_ms(args[2])
+  if module_loaded() then
+    return module_call('SEM.REFRESH', args)
+  end
   open()
   local now = now_ms()
   local s = survey(now)
@@ -724,9 +933,7 @@ local function refresh(args)
     remove({ id })
     result = LOST
   end
-  settle_expiry()
-  wake(s.freed)
-  return result
+  return served(now, result)
 end
 
 local function release(args)
@@ -749,16 +956,19 @@ local function release(args)
     end
   end
   local id = identifier(args[1])
+  if module_loaded() then
+    return module_call('SEM.RELEASE', args)
+  end
   open()
   local now = now_ms()
   local s = survey(now)
-  local result, given = LOST, 0
+  local result = LOST
   local held_until = deadline(id)
   if not count and not has_weights() then
     -- An expired `id` goes with the others, so what is left of it here was live.
     prune(s)
     if remove({ id }) == 1 then
-      result, given = LIVE, 1
+      result = LIVE
     end
   elseif not held_until or held_until <= now then
     prune(s)
@@ -779,11 +989,9 @@ local function release(args)
     else
       put_weights(id, held - giving, {}, extra)
     end
-    result, given = LIVE, giving
+    result = LIVE
   end
-  settle_expiry()
-  wake(s.freed + given)
-  return result
+  return served(now, result)
 end
 
 local function get(args)
@@ -791,6 +999,9 @@ local function get(args)
     fail(module_required('SEM.GET JSON'))
   elseif #args > 0 then
     fail(ERR.syntax)
+  end
+  if module_loaded() then
+    return module_call('SEM.GET', args)
   end
   open()
   return survey(now_ms()).in_use
@@ -808,23 +1019,68 @@ local function limit(args)
   elseif #args > 1 then
     fail(arity('sem.limit'))
   end
+  if module_loaded() then
+    return module_call('SEM.LIMIT', args)
+  end
   open()
   local current = stored_limit()
   if change == nil then
     return current or false
   end
+  local now = now_ms()
   if change == false then
     if current then
       redis.call('DEL', LIMIT)
-      wake(WAKE_MAX) -- the callers' own limits apply again: unknown here
     end
-    return current and 1 or 0
+    return served(now, current and 1 or 0)
   end
   if current ~= change then
     redis.call('SET', LIMIT, int(change))
-    wake(change - (current or 0))
   end
-  return redis.status_reply('OK')
+  return served(now, redis.status_reply('OK'))
+end
+
+local function tick(args)
+  if #args > 0 then
+    fail(ERR.syntax)
+  end
+  if module_loaded() then
+    give_up_line()
+    return 0
+  end
+  open()
+  local now = now_ms()
+  serve_line(now, nil)
+  settle_expiry()
+  return retry_after(now)
+end
+
+local function leave(args)
+  if #args ~= 1 then
+    fail(ERR.syntax)
+  end
+  local id = identifier(args[1])
+  open()
+  local key = wake_key(id)
+  local got = false
+  if redis.call('TYPE', key).ok == 'list' then
+    for _, message in ipairs(redis.call('LRANGE', key, 0, -1)) do
+      local first = message:sub(1, 1)
+      if not got and (first == 'G' or first == 'E') then
+        got = message
+      end
+    end
+    redis.call('DEL', key)
+  end
+  if not exists(LINE) then
+    return got
+  end
+  drop(id)
+  if module_loaded() then
+    give_up_line()
+    return got
+  end
+  return served(now_ms(), got)
 end
 
 local OPERATIONS = {
@@ -834,6 +1090,8 @@ local OPERATIONS = {
   RELEASE = release,
   GET = get,
   LIMIT = limit,
+  TICK = tick,
+  LEAVE = leave,
 }
 
 local function main()
@@ -851,7 +1109,7 @@ local function main()
   local operation = ARGV[1] and OPERATIONS[string.upper(ARGV[1])]
   if not operation then
     fail('ERR unknown redsem script operation: use ACQUIRE, ACQUIREFAIR, REFRESH, RELEASE, '
-      .. 'GET or LIMIT')
+      .. 'GET, LIMIT, TICK or LEAVE')
   end
   local args = {}
   for i = 2, #ARGV do
