@@ -627,7 +627,7 @@ async function standaloneWaiting(client, conn, own, wait, build, blocks) {
     reply = await guarded(blocking.call(...args), limitMs, blocking);
   } catch (err) {
     // An error reply leaves the connection as it was; anything else ends it.
-    if (isReply(err)) pool.give(blocking);
+    if (keepsConnection(err)) pool.give(blocking);
     else blocking.destroy();
     throw err;
   }
@@ -635,7 +635,14 @@ async function standaloneWaiting(client, conn, own, wait, build, blocks) {
   return { reply, sent };
 }
 
-/** An error the server answered (the connection is fine), not a lost or timed-out one. */
+/**
+ * An error the server answered before blocking (the connection is as it was), not a lost,
+ * timed-out or unblocked one.
+ */
+function keepsConnection(err) {
+  return isReply(err) && !/^UNBLOCKED/.test(err.message);
+}
+
 function isReply(err) {
   // ioredis's ReplyError; node-redis's ErrorReply and its subclasses.
   for (let proto = err && Object.getPrototypeOf(err); proto; proto = Object.getPrototypeOf(proto)) {
@@ -1116,7 +1123,7 @@ class SlotLink {
     } catch (err) {
       const trouble = clusterTrouble(err);
       if (conn) {
-        if (isReply(err)) pool.give(conn);
+        if (keepsConnection(err)) pool.give(conn);
         else conn.destroy(); // interrupted mid-block: never reused
       }
       if (!trouble) throw err;
@@ -1196,7 +1203,7 @@ class SlotLink {
             reply = await send(askAt ? asking(conn) : conn, address);
           } catch (err) {
             // An answer (an error, a redirection) leaves the connection as it was.
-            if (isReply(err)) pool.give(conn);
+            if (keepsConnection(err)) pool.give(conn);
             else conn.destroy();
             throw err;
           }

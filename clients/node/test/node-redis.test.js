@@ -226,3 +226,25 @@ test("node-redis: an operator's limit is read, stored, used and cleared", async 
   assert.equal(await clearLimit(redis, "jobs"), false);
   assert.equal(await live("jobs"), 0);
 });
+
+test("node-redis: 50 waits that block open at most the pool's size of connections", async () => {
+  const client = await createClient({ url: `redis://127.0.0.1:${server.port}` }).connect();
+  const connections = async () => {
+    return Number(/total_connections_received:(\d+)/.exec(await redis.info("stats"))[1]);
+  };
+  const blocked = async () => Number(/blocked_clients:(\d+)/.exec(await redis.info("clients"))[1]);
+  try {
+    const before = await connections();
+    for (let i = 0; i < 50; i++) {
+      const holder = await acquire(client, "jobs", { limit: 1, lease: 30 });
+      const waiting = acquire(client, "jobs", { limit: 1, lease: 30, wait: 10 });
+      await waitUntil("the waiter blocks", async () => (await blocked()) === 1);
+      assert.equal(await holder.release(), true);
+      assert.equal(await (await waiting).release(), true);
+    }
+    const opened = (await connections()) - before;
+    assert.ok(opened >= 1 && opened <= 8, `${opened} connections opened for 50 waits`);
+  } finally {
+    await client.close();
+  }
+});

@@ -531,3 +531,59 @@ test("the backend is asked once per client; then only its own commands are sent"
     await client.quit();
   }
 });
+
+test("waits reuse pooled connections: 50 waits that block open at most the pool's size", async () => {
+  const client = new Redis({ port: server.port }); // its own pool, empty
+  const connections = async () => {
+    return Number(/total_connections_received:(\d+)/.exec(await redis.info("stats"))[1]);
+  };
+  const blocked = async () => Number(/blocked_clients:(\d+)/.exec(await redis.info("clients"))[1]);
+  try {
+    await client.ping();
+    const before = await connections();
+    for (let i = 0; i < 50; i++) {
+      const holder = await acquire(client, "jobs", { limit: 1, lease: 30 });
+      const waiting = acquire(client, "jobs", { limit: 1, lease: 30, wait: 10 });
+      await waitUntil("the waiter blocks", async () => (await blocked()) === 1);
+      assert.equal(await holder.release(), true);
+      assert.equal(await (await waiting).release(), true);
+    }
+    const opened = (await connections()) - before;
+    assert.ok(opened >= 1 && opened <= 8, `${opened} connections opened for 50 waits`);
+  } finally {
+    await client.quit();
+  }
+});
+
+test("a wait interrupted mid-block closes its connection; a dead idle one is not reused", async () => {
+  const client = new Redis({ port: server.port });
+  const ids = async () => {
+    const list = await redis.client("LIST");
+    return new Set([...list.matchAll(/^id=(\d+)/gm)].map((match) => match[1]));
+  };
+  try {
+    await client.ping();
+    const holder = await acquire(client, "jobs", { limit: 1, lease: 30 });
+    const first = await ids();
+    const waiting = acquire(client, "jobs", { limit: 1, lease: 30, wait: 10 });
+    let blocking;
+    await waitUntil("the waiter blocks", async () => {
+      [blocking] = [...(await ids())].filter((id) => !first.has(id));
+      return blocking && /blocked_clients:1/.test(await redis.info("clients"));
+    });
+    assert.equal(await redis.client("UNBLOCK", blocking, "ERROR"), 1);
+    await assert.rejects(waiting, /UNBLOCKED/);
+    await waitUntil("its connection closes", async () => !(await ids()).has(blocking));
+    assert.equal(await live("jobs"), 1); // it left, holding nothing
+    // The next wait has a new connection, kept in the pool; killed while idle, it is not
+    // handed out again.
+    await assert.rejects(acquire(client, "jobs", { limit: 1, lease: 30, wait: 0.3 }), NotAcquired);
+    const [pooled] = [...(await ids())].filter((id) => !first.has(id));
+    assert.ok(pooled && pooled !== blocking, "a new pooled connection");
+    await redis.client("KILL", "ID", pooled);
+    await assert.rejects(acquire(client, "jobs", { limit: 1, lease: 30, wait: 0.3 }), NotAcquired);
+    assert.equal(await holder.release(), true);
+  } finally {
+    await client.quit();
+  }
+});

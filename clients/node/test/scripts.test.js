@@ -16,7 +16,15 @@ const { acquire, setLimit, NotAcquired } = require("redsem-client");
 const { moduleLoadArgs, startServerWithoutModule } = require("./server");
 const helpers = require("./helpers");
 
-const { SCRIPT_SHA, assertModuleRequired, callsSince, commandCalls, semArgs } = helpers;
+const { SCRIPTS, SCRIPT_SHA, assertModuleRequired, callsSince, commandCalls, semArgs } = helpers;
+
+async function waitUntil(what, condition, limitMs = 5000) {
+  const deadline = Date.now() + limitMs;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
+    await sleep(10);
+  }
+}
 
 // The two client libraries, as these tests use them: connect, send a command, close.
 const libraries = {
@@ -219,5 +227,158 @@ for (const [library, lib] of Object.entries(libraries)) {
         await own.stop();
       }
     });
+
+    for (const fair of [true, false]) {
+      const kind = fair ? "fair" : "plain";
+      test(`first come, first served (${kind}): waiters are granted in the order they came`, async () => {
+        const opts = { limit: 1, lease: 30, fair };
+        const holder = await acquire(redis, "jobs", opts);
+        const order = [];
+        const waiters = [];
+        for (let i = 0; i < 6; i++) {
+          const waiter = acquire(redis, "jobs", { ...opts, wait: 20 }).then(async (permit) => {
+            order.push(i);
+            assert.equal(await permit.release(), true); // the next one's turn, at once
+          });
+          waiters.push(waiter);
+          await sleep(30);
+        }
+        assert.equal(await holder.release(), true);
+        await Promise.all(waiters);
+        assert.deepEqual(order, [0, 1, 2, 3, 4, 5]);
+        // Nothing is left of the line and the lists; a fair name keeps its counter.
+        assert.deepEqual(await call("KEYS", "jobs*"), fair ? ["jobs:counter"] : []);
+      });
+    }
+
+    test("at hz 1 a lease's end serves the first waiter at once (TICK), and so does a release", async () => {
+      const [, hz] = await call("CONFIG", "GET", "hz");
+      await call("CONFIG", "SET", "hz", "1");
+      try {
+        // The lease ends 300 ms after the holder's acquire was sent, or a little later.
+        const sent = performance.now();
+        const holder = await acquire(redis, "jobs", { limit: 1, lease: 0.3, autoRefresh: false });
+        const permit = await acquire(redis, "jobs", { limit: 1, lease: 30, wait: 5 });
+        const late = performance.now() - (sent + 300);
+        assert.ok(late < 150, `granted ${Math.round(late)} ms after the lease's end`);
+        assert.equal(await holder.release(), false);
+        const waiting = acquire(redis, "jobs", { limit: 1, lease: 30, wait: 5 });
+        await sleep(300);
+        assert.equal(await permit.release(), true);
+        const released = performance.now();
+        const next = await waiting;
+        const after = performance.now() - released;
+        assert.ok(after < 50, `granted ${Math.round(after)} ms after the release's reply`);
+        assert.equal(await next.release(), true);
+      } finally {
+        await call("CONFIG", "SET", "hz", hz);
+      }
+    });
+
+    test("memory full: refresh and release work; an acquire gets the server's OOM error and changes nothing", async () => {
+      const holder = await acquire(redis, "jobs", { limit: 3, lease: 30, fair: true });
+      const [, policy] = await call("CONFIG", "GET", "maxmemory-policy");
+      const [, maxmemory] = await call("CONFIG", "GET", "maxmemory");
+      // Every key's type and contents.
+      const snapshot = async () => {
+        const keys = (await call("KEYS", "*")).sort();
+        const read = {
+          zset: (key) => call("ZRANGE", key, 0, -1, "WITHSCORES"),
+          hash: (key) => call("HGETALL", key),
+          string: (key) => call("GET", key),
+          list: (key) => call("LRANGE", key, 0, -1),
+        };
+        const contents = [];
+        for (const key of keys) {
+          const type = String(await call("TYPE", key));
+          contents.push([key, type, await read[type](key)]);
+        }
+        return contents;
+      };
+      await call("CONFIG", "SET", "maxmemory-policy", "noeviction");
+      await call("CONFIG", "SET", "maxmemory", "1");
+      try {
+        const before = await snapshot();
+        const oom = (err) => /^OOM command not allowed when used memory > 'maxmemory'/.test(err.message);
+        for (const wait of [null, 1]) {
+          const opts = { limit: 3, lease: 30, fair: true, wait };
+          await assert.rejects(acquire(redis, "jobs", opts), oom);
+        }
+        await assert.rejects(acquire(redis, "other", { limit: 1, wait: 1 }), oom);
+        assert.deepEqual(await snapshot(), before);
+        assert.equal(await holder.refresh(), true);
+        assert.equal(await holder.release(), true);
+      } finally {
+        await call("CONFIG", "SET", "maxmemory", maxmemory);
+        await call("CONFIG", "SET", "maxmemory-policy", policy);
+      }
+      assert.deepEqual(await call("KEYS", "*"), ["jobs:counter"]);
+    });
+
+    test("the module loaded while a client waits through the script: it moves there at once", {
+      skip: SCRIPTS ? false : "once, with REDSEM_BACKEND=scripts",
+    }, async () => {
+      const own = await startServerWithoutModule();
+      const a = await lib.connect(own.port); // asks before the module is loaded: the script
+      const callA = (...args) => lib.call(a, args);
+      let b;
+      try {
+        const holder = await acquire(a, "jobs", { limit: 1, lease: 30 });
+        const waiterA = acquire(a, "jobs", { limit: 1, lease: 30, wait: 20 });
+        await waitUntil("A's waiter is in the script's line", async () => {
+          return Number(await callA("ZCARD", "jobs:line")) === 1;
+        });
+        await callA(...moduleLoadArgs());
+        // A client made after the load waits with the module; A's release, through the script
+        // (A asked less than 10 s ago), runs the module's and serves it at once.
+        b = await lib.connect(own.port);
+        const waiterB = acquire(b, "jobs", { limit: 1, lease: 30, wait: 20 });
+        await waitUntil("B waits in the module", async () => {
+          return /blocked_clients:2/.test(await callA("INFO", "clients"));
+        });
+        const released = performance.now();
+        assert.equal(await holder.release(), true);
+        const permitB = await waiterB;
+        const servedB = performance.now() - released;
+        assert.ok(servedB < 100, `B served ${Math.round(servedB)} ms after the release`);
+        // A's waiter was told M: it waits with the module now, and is served after B.
+        assert.equal(await callA("EXISTS", "jobs:line"), 0);
+        assert.equal(await permitB.release(), true);
+        const permitA = await waiterA;
+        assert.deepEqual(await callA("SEM.GET", "jobs"), 1);
+        // A is on the module: its calls are the module's own, no script; BOUND works.
+        const before = commandCalls(await callA("INFO", "commandstats"));
+        const more = await acquire(a, "other", { limit: 1, lease: 30, wait: 1 });
+        const bound = await acquire(a, "bound", { limit: 1, lease: 30, bound: true });
+        for (const permit of [permitA, more, bound]) assert.equal(await permit.release(), true);
+        const sent = callsSince(before, commandCalls(await callA("INFO", "commandstats")));
+        assert.ok(!sent.evalsha && !sent.eval, JSON.stringify(sent));
+        assert.ok(sent["sem.acquire"] === 2 && sent["sem.release"] === 3, JSON.stringify(sent));
+      } finally {
+        await lib.close(a);
+        if (b) await lib.close(b);
+        await own.stop();
+      }
+    });
+
+    if (library === "ioredis") {
+      test("a waiter that dies leaves the line when its place runs out: the next is served", async () => {
+        const holder = await acquire(redis, "jobs", { limit: 2, lease: 30 });
+        // A waiter for both permits takes its place first and never comes back: nobody behind
+        // it is served while its place is held (6 s from its last attempt).
+        const args = ["SEM.ACQUIRE", "jobs", 2, "30", "ID", "dead", "COUNT", 2, "LINE"];
+        const [reply, , ahead] = await call(...semArgs(args));
+        assert.deepEqual([reply, ahead], [null, 0]);
+        const started = performance.now();
+        const permit = await acquire(redis, "jobs", { limit: 2, lease: 30, wait: 15 });
+        const waited = performance.now() - started;
+        // The place runs out after 6 s; the waiter tries again at least every 2.5 s.
+        assert.ok(waited > 5500 && waited < 8500, `served after ${Math.round(waited)} ms`);
+        assert.deepEqual((await call("ZRANGE", "jobs", 0, -1)).sort(), [holder.id, permit.id].sort());
+        assert.equal(await call("EXISTS", "jobs:wake:dead"), 0);
+        assert.equal(await holder.release(), true);
+        assert.equal(await permit.release(), true);
+      });
+    }
   });
 }
