@@ -31,7 +31,7 @@
 //! runs out).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
@@ -43,8 +43,9 @@ use crate::cluster::{
     cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route, CONNECT_WITHIN,
 };
 use crate::core::{
-    connection_broken, deadline, durable_wait, identifier, left, lock, slot_of, wait_empty_op,
-    AcquireSpec, Backend, Error, Holder, Op, Request, Result, Retries, SetSpec, Step,
+    connection_broken, deadline, durable_wait, identifier, left, lock, next_tick, slot_of,
+    wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Op, Pool, Request,
+    Result, Retries, SetSpec, Wait,
 };
 
 /// A connection that several callers share: the redis crate's multiplexed connection, or its
@@ -64,11 +65,13 @@ impl Conn {
     }
 }
 
-/// One server: its client (for the connections of their own) and the connection shared.
+/// One server: its client (for the connections of their own), the connection shared, and the
+/// pool of the connections that waiting acquires block.
 #[derive(Clone)]
 pub struct Standalone {
     client: Client,
     shared: Arc<Mutex<Option<Conn>>>,
+    blocking: Arc<Pool<MultiplexedConnection>>,
 }
 
 impl fmt::Debug for Standalone {
@@ -104,6 +107,7 @@ impl Target {
         Target::Standalone(Standalone {
             client,
             shared: Arc::new(Mutex::new(shared)),
+            blocking: Arc::default(),
         })
     }
 
@@ -187,47 +191,99 @@ async fn owner(cluster: &Inner, slot: u16) -> RedisResult<String> {
     cluster.known_owner(slot).ok_or_else(|| no_owner(slot))
 }
 
-/// A connection to the node serving a slot (on one server: to the server): the shared one, or
-/// one of its own (`dedicated`), moved to the slot's new owner after a move or a failover.
+/// Which connection a link's calls take.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The connection shared by the calls that do not block.
+    Shared,
+    /// One of the pool of connections that waits block, taken for a call and given back.
+    Pooled,
+    /// One of its own, kept from call to call (`BOUND`, `WAIT numreplicas`).
+    Own,
+}
+
+/// A connection to the node serving a slot (on one server: to the server), as its [`Kind`]
+/// says, moved to the slot's new owner after a move or a failover.
 struct Link {
     target: Target,
     route: Route,
-    dedicated: bool,
+    kind: Kind,
     /// The node's address (empty on one server) and the connection in use.
     conn: Option<(String, Conn)>,
+    /// The connection in use came from the pool: it may have been closed while idle.
+    reused: bool,
+    /// The node of the last call.
+    addr: String,
 }
 
 impl Link {
-    fn new(target: Target, slot: Option<u16>, backend: Arc<OnceLock<Backend>>) -> Self {
+    fn new(target: Target, slot: Option<u16>, known: KnownCell) -> Self {
         let route = match (&target, slot) {
             (Target::Cluster(cluster), Some(slot)) => Route::Slot(cluster.inner.clone(), slot),
-            _ => Route::Standalone(backend),
+            _ => Route::Standalone(known),
         };
         Link {
             target,
             route,
-            dedicated: false,
+            kind: Kind::Shared,
             conn: None,
+            reused: false,
+            addr: String::new(),
         }
     }
 
-    fn dedicated(mut self, dedicated: bool) -> Self {
-        self.dedicated = dedicated;
+    fn kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
         self
+    }
+
+    /// Another link to the same node.
+    fn sibling(&self, kind: Kind) -> Link {
+        Link {
+            target: self.target.clone(),
+            route: self.route.clone(),
+            kind,
+            conn: None,
+            reused: false,
+            addr: String::new(),
+        }
     }
 
     fn is_cluster(&self) -> bool {
         self.route.is_cluster()
     }
 
+    fn blocking(&self) -> &Pool<MultiplexedConnection> {
+        match &self.target {
+            Target::Standalone(standalone) => &standalone.blocking,
+            Target::Cluster(cluster) => &cluster.inner.blocking,
+        }
+    }
+
     /// As the sync API's `Link::send`: to the slot's owner, following `MOVED` and `ASK`,
-    /// retrying after failures with the same call until the retry budget has passed.
+    /// retrying after failures with the same call until the retry budget has passed. A pooled
+    /// connection goes back to the pool after the call (not when the call is dropped midway:
+    /// then it closes).
     async fn send(
+        &mut self,
+        build: &mut (dyn FnMut(Backend) -> Result<Request> + Send),
+    ) -> Result<(Value, Backend)> {
+        let answer = self.send_on(build).await;
+        if self.kind == Kind::Pooled {
+            if let Some((addr, Conn::Multiplexed(conn))) = self.conn.take() {
+                self.blocking().give(&addr, conn);
+            }
+        }
+        answer
+    }
+
+    async fn send_on(
         &mut self,
         build: &mut (dyn FnMut(Backend) -> Result<Request> + Send),
     ) -> Result<(Value, Backend)> {
         let mut retries = Retries::new(self.route.budget());
         let mut ask = None;
+        let mut replaced = false;
         loop {
             let asked: Option<String> = ask.take();
             let err = match self.attempt(build, asked.as_deref()).await {
@@ -235,11 +291,16 @@ impl Link {
                 Err(Error::Redis(err)) => err,
                 Err(other) => return Err(other),
             };
-            if connection_broken(&err) {
+            let broken = connection_broken(&err);
+            if broken {
                 self.forget_connection();
             }
             if asked.is_some() {
                 self.conn = None;
+            }
+            if broken && self.reused && !replaced {
+                replaced = true;
+                continue;
             }
             let retry = self.route.recover(err, &mut retries)?;
             if retry.reconnect {
@@ -253,7 +314,7 @@ impl Link {
     /// Drops the connection in use, and the shared one too when it is broken.
     fn forget_connection(&mut self) {
         if let Some((addr, _)) = self.conn.take() {
-            if !self.dedicated {
+            if self.kind == Kind::Shared {
                 match &self.target {
                     Target::Cluster(cluster) => {
                         lock(&cluster.inner.shared).remove(&addr);
@@ -269,8 +330,16 @@ impl Link {
         }
     }
 
-    /// A connection to `addr`: one of its own, or the shared one.
-    async fn connect(&self, addr: &str, own: bool) -> RedisResult<Conn> {
+    /// A connection to `addr`: one of its own, one of the pool, or the shared one.
+    async fn connect(&mut self, addr: &str, kind: Kind) -> RedisResult<Conn> {
+        self.reused = false;
+        if kind == Kind::Pooled {
+            if let Some(conn) = self.blocking().take(addr) {
+                self.reused = true;
+                return Ok(Conn::Multiplexed(conn));
+            }
+        }
+        let own = kind != Kind::Shared;
         let client = match &self.target {
             Target::Standalone(standalone) => {
                 if !own {
@@ -331,9 +400,14 @@ impl Link {
             self.conn = None;
         }
         if self.conn.is_none() {
-            let conn = self.connect(&addr, self.dedicated || ask.is_some()).await?;
+            let kind = match (self.kind, ask) {
+                (Kind::Shared, Some(_)) => Kind::Own,
+                (kind, _) => kind,
+            };
+            let conn = self.connect(&addr, kind).await?;
             self.conn = Some((addr.clone(), conn));
         }
+        self.addr.clone_from(&addr);
         let mut conn = self.conn.as_ref().expect("connected above").1.clone();
         let backend = match self.route.backend(&addr) {
             Some(backend) => backend,
@@ -371,6 +445,89 @@ impl Link {
         let (value, _) = self.send(&mut |_| Ok(cmd.clone().into())).await?;
         Ok(T::from_redis_value(&value)?)
     }
+
+    /// As the sync API's `Link::acquire`: an acquire's steps until granted or refused.
+    async fn acquire(&mut self, waiting: &mut Waiting<'_>) -> Result<Option<u64>> {
+        let long = self.is_cluster();
+        let wait = &mut waiting.wait;
+        let mut action = wait.start();
+        loop {
+            let next = match action {
+                Action::Send(op) => {
+                    let (reply, backend) =
+                        self.send(&mut |backend| op.request(backend, long)).await?;
+                    wait.answered(backend, reply)
+                }
+                Action::Block { blpop, tick } => {
+                    let popped = self.block(&blpop, tick, &wait.tick_op()).await?;
+                    wait.popped(popped)
+                }
+                Action::Clear(del) => {
+                    let _ = self.plain::<Value>(&del).await;
+                    Ok(wait.cleared())
+                }
+                Action::Granted(ticket) => return Ok(ticket),
+            };
+            if wait.take_module() {
+                self.route.use_module(&self.addr);
+            }
+            action = next?;
+        }
+    }
+
+    /// `BLPOP` on a connection of the pool; with `tick`, `TICK` on the shared connection at
+    /// the earliest holder's deadline while it blocks (the server's own timeout would see that
+    /// deadline up to 100 ms late).
+    async fn block(
+        &mut self,
+        blpop: &Cmd,
+        tick: Option<Duration>,
+        tick_op: &Op,
+    ) -> Result<Option<(String, String)>> {
+        let Some(first) = tick else {
+            return self.plain(blpop).await;
+        };
+        let mut ticker = self.sibling(Kind::Shared);
+        let mut popping = std::pin::pin!(self.plain::<Option<(String, String)>>(blpop));
+        let mut at = Instant::now() + first;
+        loop {
+            match tokio::time::timeout_at(at.into(), popping.as_mut()).await {
+                Ok(popped) => return popped,
+                Err(_) => match ticker.op::<i64>(tick_op).await.ok().and_then(next_tick) {
+                    Some(next) => at = Instant::now() + next,
+                    None => return popping.await,
+                },
+            }
+        }
+    }
+}
+
+/// A waiting acquire's steps. Dropped while in the script's line (the acquire failed, or its
+/// future was dropped), it leaves the line from a task, and gives back a grant made meanwhile.
+struct Waiting<'a> {
+    wait: Wait<'a>,
+    /// Where `LEAVE` goes: the shared connection to the semaphore's node.
+    leaver: Link,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let Some(leave) = self.wait.abandon() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut link = self.leaver.sibling(Kind::Shared);
+        let release = self.wait.release_op();
+        runtime.spawn(async move {
+            if let Ok(Some(message)) = link.op::<Option<String>>(&leave).await {
+                if message.starts_with('G') {
+                    let _ = link.op::<i64>(&release).await;
+                }
+            }
+        });
+    }
 }
 
 /// A semaphore's settings; [`Semaphore::acquire`] takes a permit. The same settings and
@@ -382,7 +539,7 @@ pub struct Semaphore {
     id: Option<String>,
     durable: Option<(usize, Duration)>,
     auto_refresh: bool,
-    backend: Arc<OnceLock<Backend>>,
+    known: KnownCell,
 }
 
 impl Semaphore {
@@ -396,7 +553,7 @@ impl Semaphore {
             id: None,
             durable: None,
             auto_refresh: true,
-            backend: Arc::default(),
+            known: KnownCell::default(),
         }
     }
 
@@ -456,27 +613,23 @@ impl Semaphore {
 
     /// Takes a permit: [`Error::NotAcquired`] when none was granted.
     pub async fn acquire(&self) -> Result<Permit> {
+        self.spec.check()?;
         let slot = self.target.slot(std::slice::from_ref(&self.spec.name))?;
         let id = identifier(&self.id);
         let waits = !left(deadline(self.spec.wait)).is_zero();
-        let own = waits || self.spec.bound || self.durable.is_some();
-        let mut link = Link::new(self.target.clone(), slot, self.backend.clone()).dedicated(own);
-        let until = deadline(self.spec.wait);
-        let long = link.is_cluster();
-        let (sent, ticket) = loop {
-            let sent = Instant::now();
-            let spec = &self.spec;
-            let (reply, backend) = link
-                .send(&mut |backend| spec.op(&id, left(until)).request(backend, long))
-                .await?;
-            match self.spec.outcome(backend, reply, left(until))? {
-                Step::Granted(ticket) => break (sent, ticket),
-                Step::Refused => return Err(Error::NotAcquired),
-                Step::Block(blpop) => {
-                    link.plain::<Value>(&blpop).await?;
-                }
-            }
+        let kind = match (self.spec.bound || self.durable.is_some(), waits) {
+            (true, _) => Kind::Own,
+            (false, true) => Kind::Pooled,
+            (false, false) => Kind::Shared,
         };
+        let mut link = Link::new(self.target.clone(), slot, self.known.clone()).kind(kind);
+        let mut waiting = Waiting {
+            wait: Wait::new(&self.spec, &id),
+            leaver: link.sibling(Kind::Shared),
+        };
+        let ticket = link.acquire(&mut waiting).await?;
+        let sent = waiting.wait.attempted;
+        drop(waiting);
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
         if let Some((wanted, timeout)) = self.durable {
@@ -493,7 +646,7 @@ impl Semaphore {
         }
         if !self.spec.bound {
             // Granted: the permit's calls go on the shared connection.
-            link = Link::new(self.target.clone(), slot, self.backend.clone());
+            link = Link::new(self.target.clone(), slot, self.known.clone());
         }
         let mut permit = Permit {
             holding: Holding::new(holder, link),
@@ -520,7 +673,7 @@ pub struct SemaphoreSet {
     spec: SetSpec,
     id: Option<String>,
     auto_refresh: bool,
-    backend: Arc<OnceLock<Backend>>,
+    known: KnownCell,
 }
 
 impl SemaphoreSet {
@@ -530,7 +683,7 @@ impl SemaphoreSet {
             spec: SetSpec::new(),
             id: None,
             auto_refresh: true,
-            backend: Arc::default(),
+            known: KnownCell::default(),
         }
     }
 
@@ -578,19 +731,24 @@ impl SemaphoreSet {
 
     /// As [`crate::SemaphoreSet::acquire`].
     pub async fn acquire(&self) -> Result<PermitSet> {
+        self.spec.check()?;
         let names = self.spec.names();
         let slot = self.target.slot(&names)?;
         let id = identifier(&self.id);
         let until = deadline(self.spec.wait);
-        let own = !left(until).is_zero() || self.spec.bound;
-        let mut link = Link::new(self.target.clone(), slot, self.backend.clone()).dedicated(own);
+        let kind = match (self.spec.bound, !left(until).is_zero()) {
+            (true, _) => Kind::Own,
+            (false, true) => Kind::Pooled,
+            (false, false) => Kind::Shared,
+        };
+        let mut link = Link::new(self.target.clone(), slot, self.known.clone()).kind(kind);
         let sent = Instant::now();
         let reply: Value = link.op(&self.spec.op(&id, left(until))).await?;
         let tickets = self.spec.outcome(reply)?;
         let holder = Holder::new(names, true, id, self.spec.lease);
         holder.granted_at(sent);
         if !self.spec.bound {
-            link = Link::new(self.target.clone(), slot, self.backend.clone());
+            link = Link::new(self.target.clone(), slot, self.known.clone());
         }
         let mut permits = PermitSet {
             holding: Holding::new(holder, link),
@@ -610,8 +768,9 @@ impl SemaphoreSet {
 
 async fn once<T: FromRedisValue>(target: Target, op: &Op, own: bool) -> Result<T> {
     let slot = target.slot(&[op.name().to_string()])?;
-    Link::new(target, slot, Arc::default())
-        .dedicated(own)
+    let kind = if own { Kind::Own } else { Kind::Shared };
+    Link::new(target, slot, KnownCell::default())
+        .kind(kind)
         .op(op)
         .await
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterConnection};
@@ -11,7 +11,7 @@ use redis::{
     Client, ConnectionAddr, ConnectionInfo, RedisConnectionInfo, RedisError, RedisResult, Value,
 };
 
-use crate::core::{lock, next_step, Backend, Next, Retries, RETRY_BUDGET};
+use crate::core::{lock, next_step, Backend, Known, KnownCell, Next, Pool, Retries, RETRY_BUDGET};
 
 /// How long a connection to a node may take to open (a node that does not answer is then
 /// treated as down: the call pauses and finds the slot's owner again).
@@ -57,10 +57,15 @@ pub(crate) struct Inner {
     slots: Mutex<Vec<(u16, u16, String)>>,
     /// The owners that `MOVED` named since.
     moved: Mutex<HashMap<u16, String>>,
-    backends: Mutex<HashMap<String, Backend>>,
+    backends: Mutex<HashMap<String, Known>>,
+    /// The connections to each node that the sync calls take and give back.
+    pub(crate) pool: Arc<Pool<redis::Connection>>,
     /// The connection that calls of several permits share on each node (async).
     #[cfg(feature = "tokio")]
     pub(crate) shared: Mutex<HashMap<String, redis::aio::MultiplexedConnection>>,
+    /// The connections to each node that async waiting acquires block (taken, given back).
+    #[cfg(feature = "tokio")]
+    pub(crate) blocking: Arc<Pool<redis::aio::MultiplexedConnection>>,
 }
 
 impl fmt::Debug for Cluster {
@@ -120,8 +125,11 @@ impl Cluster {
                 slots: Mutex::new(Vec::new()),
                 moved: Mutex::new(HashMap::new()),
                 backends: Mutex::new(HashMap::new()),
+                pool: Arc::default(),
                 #[cfg(feature = "tokio")]
                 shared: Mutex::new(HashMap::new()),
+                #[cfg(feature = "tokio")]
+                blocking: Arc::default(),
             }),
         }
     }
@@ -238,11 +246,11 @@ impl Inner {
     }
 
     pub(crate) fn backend(&self, addr: &str) -> Option<Backend> {
-        lock(&self.backends).get(addr).copied()
+        lock(&self.backends).get(addr)?.current()
     }
 
     pub(crate) fn set_backend(&self, addr: &str, backend: Backend) {
-        lock(&self.backends).insert(addr.to_string(), backend);
+        lock(&self.backends).insert(addr.to_string(), Known::new(backend));
     }
 }
 
@@ -276,8 +284,9 @@ pub(crate) fn cluster_slots() -> redis::Cmd {
 /// async transports that is the same.
 #[derive(Clone)]
 pub(crate) enum Route {
-    /// One server: whether it has the module, asked once (shared by a semaphore's clones).
-    Standalone(Arc<OnceLock<Backend>>),
+    /// One server: whether it has the module (shared by a semaphore's clones), asked again
+    /// while it had none.
+    Standalone(KnownCell),
     /// The primary serving the slot; each node's backend is kept by the cluster.
     Slot(Arc<Inner>, u16),
 }
@@ -307,8 +316,16 @@ impl Route {
     /// The backend of the node at `addr`, if it is known.
     pub(crate) fn backend(&self, addr: &str) -> Option<Backend> {
         match self {
-            Route::Standalone(backend) => backend.get().copied(),
+            Route::Standalone(known) => lock(known).as_ref()?.current(),
             Route::Slot(cluster, _) => cluster.backend(addr),
+        }
+    }
+
+    /// The script found the module loaded on the node at `addr`: use it from now on.
+    pub(crate) fn use_module(&self, addr: &str) {
+        match self {
+            Route::Standalone(known) => *lock(known) = Some(Known::new(Backend::Module)),
+            Route::Slot(cluster, _) => cluster.set_backend(addr, Backend::Module),
         }
     }
 
@@ -316,7 +333,10 @@ impl Route {
     pub(crate) fn learn_backend(&self, addr: &str, info: Vec<Value>) -> Backend {
         let backend = Backend::from_answer(info);
         match self {
-            Route::Standalone(known) => *known.get_or_init(|| backend),
+            Route::Standalone(known) => {
+                *lock(known) = Some(Known::new(backend));
+                backend
+            }
             Route::Slot(cluster, _) => {
                 cluster.set_backend(addr, backend);
                 backend

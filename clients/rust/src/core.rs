@@ -33,6 +33,11 @@ pub enum Error {
     /// In Redis Cluster: the node serving the semaphore's slot did not answer (the slot was
     /// moving, its owner failing over or unreachable) until the retry budget ran out.
     Unavailable { budget: Duration, last: RedisError },
+    /// A setting no server takes (`name`: which one, e.g. `lease`); nothing was sent.
+    BadArgument {
+        name: &'static str,
+        problem: &'static str,
+    },
 }
 
 impl fmt::Display for Error {
@@ -57,6 +62,7 @@ impl fmt::Display for Error {
                 write!(f, "{what} needs the redsem module loaded in the server")
             }
             Error::BadName(text) => f.write_str(text),
+            Error::BadArgument { name, problem } => write!(f, "{name} {problem}"),
             Error::Unavailable { budget, last } => write!(
                 f,
                 "the node serving the semaphore's slot gave no answer within the retry budget \
@@ -96,13 +102,37 @@ pub(crate) fn seconds(duration: Duration) -> String {
 
 /// The script that runs the operations where the server has no module: the repository's
 /// `clients/scripts/redsem.lua` (`src/redsem.lua` is a symbolic link to it, which `cargo
-/// package` packages as the file itself).
+/// package` packages as the file itself). As it is (`#!lua flags=allow-oom`) it runs when
+/// memory is full: every call but a first attempt to acquire.
 const SCRIPT: &str = include_str!("redsem.lua");
 
-/// The SHA1 of [`SCRIPT`], as `EVALSHA` names it.
-fn script_sha() -> &'static str {
-    static SHA: OnceLock<String> = OnceLock::new();
-    SHA.get_or_init(|| redis::Script::new(SCRIPT).get_hash().to_string())
+/// The first line of [`SCRIPT`]; the text for first attempts replaces it by `#!lua`.
+const OOM_LINE: &str = "#!lua flags=allow-oom";
+
+/// The script's two texts: `(allow-oom, first attempts)`, whose first attempts the server
+/// refuses at `maxmemory` with its own OOM error, as `SEM.ACQUIRE`.
+fn texts() -> &'static (String, String) {
+    static TEXTS: OnceLock<(String, String)> = OnceLock::new();
+    TEXTS.get_or_init(|| {
+        let rest = SCRIPT
+            .strip_prefix(OOM_LINE)
+            .expect("redsem.lua begins with #!lua flags=allow-oom");
+        (SCRIPT.to_string(), format!("#!lua{rest}"))
+    })
+}
+
+/// A text of the script and its SHA1, as `EVALSHA` names it.
+fn script(first_attempt: bool) -> (&'static str, &'static str) {
+    static SHAS: OnceLock<(String, String)> = OnceLock::new();
+    let (oom, acq) = texts();
+    let shas = SHAS.get_or_init(|| {
+        let sha = |text: &str| redis::Script::new(text).get_hash().to_string();
+        (sha(oom), sha(acq))
+    });
+    match first_attempt {
+        true => (acq, &shas.1),
+        false => (oom, &shas.0),
+    }
 }
 
 /// What [`Error::ModuleRequired`] names for a semaphore set.
@@ -137,6 +167,84 @@ impl Backend {
     }
 }
 
+/// How long "no module" is believed: the module may be loaded at any time, and a client on the
+/// script asks again at its next call once the answer is this old.
+pub(crate) const RECHECK: Duration = Duration::from_secs(10);
+
+/// A server's answer whether it has the module, and when it was given.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Known {
+    backend: Backend,
+    at: Instant,
+}
+
+impl Known {
+    pub(crate) fn new(backend: Backend) -> Self {
+        Known {
+            backend,
+            at: Instant::now(),
+        }
+    }
+
+    /// The backend, unless it is the script and the answer is old enough to ask again (the
+    /// module is never unloaded while a semaphore uses it).
+    pub(crate) fn current(&self) -> Option<Backend> {
+        match self.backend {
+            Backend::Scripts if self.at.elapsed() >= RECHECK => None,
+            backend => Some(backend),
+        }
+    }
+}
+
+/// One server's answer, shared by a semaphore's clones.
+pub(crate) type KnownCell = std::sync::Arc<Mutex<Option<Known>>>;
+
+/// Idle connections to each node (`""` on one server), taken for a call and given back after:
+/// waiting acquires and permits reuse them rather than open one each.
+pub(crate) struct Pool<C> {
+    idle: Mutex<std::collections::HashMap<String, Vec<C>>>,
+}
+
+/// The idle connections a pool keeps per node; more are closed when given back.
+const POOL_IDLE: usize = 4;
+
+impl<C> Default for Pool<C> {
+    fn default() -> Self {
+        Pool {
+            idle: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Pool<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool").finish_non_exhaustive()
+    }
+}
+
+impl<C> Pool<C> {
+    pub(crate) fn take(&self, addr: &str) -> Option<C> {
+        lock(&self.idle).get_mut(addr)?.pop()
+    }
+
+    pub(crate) fn give(&self, addr: &str, conn: C) {
+        let mut idle = lock(&self.idle);
+        let conns = idle.entry(addr.to_string()).or_default();
+        if conns.len() < POOL_IDLE {
+            conns.push(conn);
+        }
+    }
+}
+
+/// A server's error as it would have answered it (`E<error>` of the script's line).
+pub(crate) fn server_error(text: &str) -> RedisError {
+    match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).and_then(Value::extract_error)
+    {
+        Err(err) => err,
+        Ok(_) => RedisError::from((ErrorKind::ResponseError, "", text.to_string())),
+    }
+}
+
 /// What a command is sent as: `cmd`, and when the server answers `NOSCRIPT`, `eval` (the
 /// script's source, which loads it).
 pub(crate) struct Request {
@@ -162,8 +270,15 @@ pub(crate) struct Op {
     args: Vec<Vec<u8>>,
     /// Arguments only the module takes (`WAIT`, `BOUND`): left out for the script.
     module_args: Vec<Vec<u8>>,
+    /// Arguments only the script takes (`LINE`).
+    script_args: Vec<Vec<u8>>,
     /// What [`Error::ModuleRequired`] names when the server has no module.
     needs_module: Option<&'static str>,
+    /// A first attempt to acquire: the script's text that memory full refuses.
+    first_attempt: bool,
+    /// The script's own operation (`TICK`, `LEAVE`): the script even with the module, which
+    /// it then calls itself.
+    script_only: bool,
 }
 
 impl Op {
@@ -174,7 +289,10 @@ impl Op {
             set: false,
             args: Vec::new(),
             module_args: Vec::new(),
+            script_args: Vec::new(),
             needs_module: None,
+            first_attempt: false,
+            script_only: false,
         }
     }
 
@@ -187,7 +305,10 @@ impl Op {
             set: true,
             args: Vec::new(),
             module_args: Vec::new(),
+            script_args: Vec::new(),
             needs_module: Some(SETS),
+            first_attempt: false,
+            script_only: false,
         }
     }
 
@@ -215,6 +336,11 @@ impl Op {
         self
     }
 
+    pub(crate) fn script_arg(mut self, arg: impl ToRedisArgs) -> Self {
+        arg.write_redis_args(&mut self.script_args);
+        self
+    }
+
     /// Refused without the module, naming `what`.
     pub(crate) fn needs_module(mut self, what: &'static str) -> Self {
         self.needs_module = Some(what);
@@ -228,13 +354,14 @@ impl Op {
 
     /// The command for `backend`; `long`: name every key (Redis Cluster).
     pub(crate) fn request(&self, backend: Backend, long: bool) -> Result<Request> {
+        let (text, sha) = script(self.first_attempt);
         match backend {
-            Backend::Module => Ok(self.module_command(long).into()),
-            Backend::Scripts => match self.needs_module {
+            Backend::Module if !self.script_only => Ok(self.module_command(long).into()),
+            _ => match self.needs_module {
                 Some(what) => Err(Error::ModuleRequired(what)),
                 None => Ok(Request {
-                    cmd: self.script_command("EVALSHA", script_sha()),
-                    eval: Some(self.script_command("EVAL", SCRIPT)),
+                    cmd: self.script_command("EVALSHA", sha),
+                    eval: Some(self.script_command("EVAL", text)),
                 }),
             },
         }
@@ -269,7 +396,7 @@ impl Op {
         for suffix in KEY_SUFFIXES.iter().chain([":wake"].iter()) {
             cmd.arg(format!("{name}{suffix}"));
         }
-        cmd.arg(self.op).arg(&self.args);
+        cmd.arg(self.op).arg(&self.args).arg(&self.script_args);
         cmd
     }
 }
@@ -496,9 +623,14 @@ impl AcquireSpec {
         }
     }
 
-    /// The acquire with what is left of the wait (the module waits in the server; the script
-    /// answers at once and the caller waits on `<name>:wake`).
-    pub(crate) fn op(&self, id: &str, left: Duration) -> Op {
+    /// Refuses what is no lease before anything is sent.
+    pub(crate) fn check(&self) -> Result<()> {
+        check_lease(self.lease)
+    }
+
+    /// The acquire with what is left of the wait: the module waits in the server; the script
+    /// answers at once, and `line` keeps the caller's place in its line.
+    fn op(&self, id: &str, left: Duration, line: bool, first_attempt: bool) -> Op {
         let mut op = Op::new(
             if self.fair { "ACQUIREFAIR" } else { "ACQUIRE" },
             &self.name,
@@ -514,41 +646,271 @@ impl AcquireSpec {
             op = op.arg("WITHTICKET");
         }
         op = op.module_arg(wait_args(left));
+        if line {
+            op = op.script_arg("LINE");
+        }
         if self.bound {
             op = op.module_arg("BOUND").needs_module("BOUND");
         }
+        op.first_attempt = first_attempt;
+        op
+    }
+}
+
+/// A lease the server could not take, refused before anything is sent (`Duration` has no NaN
+/// nor negative values; `Duration::MAX` stands for "no end" elsewhere in the API).
+pub(crate) fn check_lease(lease: Duration) -> Result<()> {
+    let problem = match lease {
+        lease if lease.is_zero() => "must be more than zero",
+        Duration::MAX => "must be finite (Duration::MAX is no lease)",
+        _ => return Ok(()),
+    };
+    Err(Error::BadArgument {
+        name: "lease",
+        problem,
+    })
+}
+
+/// The longest `BLPOP` of a waiter of the script: it tries again at least this often, which
+/// keeps its place in line (held 6 s from each attempt).
+const NUDGE: Duration = Duration::from_millis(2500);
+
+/// A `TICK` goes this long after the earliest holder's deadline, so that the server's clock
+/// has passed it too.
+const TICK_LATE: Duration = Duration::from_millis(2);
+
+/// When to send the next `TICK` after one answered `retry_ms` (0: no holder is live).
+pub(crate) fn next_tick(retry_ms: i64) -> Option<Duration> {
+    (retry_ms > 0).then(|| Duration::from_millis(retry_ms as u64) + TICK_LATE)
+}
+
+/// What a transport does next for an acquire.
+pub(crate) enum Action {
+    /// Send this (an attempt, or `LEAVE`) to the semaphore's node, then [`Wait::answered`].
+    Send(Op),
+    /// `BLPOP` the waiter's own list on a connection of the pool, then [`Wait::popped`].
+    /// With `tick`: while the `BLPOP` is pending, send [`Wait::tick_op`] on another connection
+    /// that long from now (a lease ends then, and the server's 10 Hz clock would see it late),
+    /// and again after [`next_tick`] of its answer.
+    Block { blpop: Cmd, tick: Option<Duration> },
+    /// Granted from a re-attempt: a message may still be on the waiter's list (a grant it met
+    /// on its way), which a later acquire with the same identifier must not read. Send this
+    /// `DEL`, then [`Wait::cleared`].
+    Clear(Cmd),
+    /// Granted: the ticket of a fair grant.
+    Granted(Option<u64>),
+}
+
+/// What the last [`Action::Send`] was.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Attempt,
+    Leave,
+}
+
+/// An acquire, waiting or not, as the steps of the module's `WAIT` or the script's line
+/// (clients/scripts/redsem.lua): attempts, the waiter's list, `TICK` and `LEAVE`.
+pub(crate) struct Wait<'a> {
+    spec: &'a AcquireSpec,
+    id: &'a str,
+    until: Option<Instant>,
+    attempts: u32,
+    sent: Sent,
+    /// When the last attempt was sent: the lease of its grant started later.
+    pub(crate) attempted: Instant,
+    /// The last attempt asked for a place in the script's line (`LINE`).
+    line_sent: bool,
+    /// In the script's line: a `LINE` attempt was refused, and no grant or `LEAVE` came since.
+    in_line: bool,
+    /// The module is loaded (`ahead == -1`, `M`): the transport switches to it.
+    module: bool,
+    ticket: Option<u64>,
+}
+
+impl<'a> Wait<'a> {
+    pub(crate) fn new(spec: &'a AcquireSpec, id: &'a str) -> Self {
+        Wait {
+            spec,
+            id,
+            until: deadline(spec.wait),
+            attempts: 0,
+            sent: Sent::Attempt,
+            attempted: Instant::now(),
+            line_sent: false,
+            in_line: false,
+            module: false,
+            ticket: None,
+        }
+    }
+
+    /// The first action: the first attempt.
+    pub(crate) fn start(&mut self) -> Action {
+        self.attempt()
+    }
+
+    fn attempt(&mut self) -> Action {
+        let left = left(self.until);
+        self.line_sent = !left.is_zero();
+        let op = self
+            .spec
+            .op(self.id, left, self.line_sent, self.attempts == 0);
+        self.attempts += 1;
+        self.sent = Sent::Attempt;
+        self.attempted = Instant::now();
+        Action::Send(op)
+    }
+
+    /// Whether the module turned out loaded since the last call (asked once).
+    pub(crate) fn take_module(&mut self) -> bool {
+        std::mem::take(&mut self.module)
+    }
+
+    /// `LEAVE` for a waiter that gives up (an error, a cancelled wait), while in line.
+    pub(crate) fn abandon(&mut self) -> Option<Op> {
+        std::mem::take(&mut self.in_line).then(|| self.leave_op())
+    }
+
+    fn leave_op(&self) -> Op {
+        let mut op = Op::new("LEAVE", &self.spec.name).arg(self.id);
+        op.script_only = true;
         op
     }
 
-    /// The answer to an acquire by `backend`.
-    pub(crate) fn outcome(&self, backend: Backend, reply: Value, left: Duration) -> Result<Step> {
-        let (granted, retry_ms) = match backend {
-            Backend::Module => (reply, 0),
-            // [the module's reply, retry_ms]: when refused, the milliseconds until the
-            // earliest live holder's deadline, or 0.
+    /// The script's `TICK` on this semaphore.
+    pub(crate) fn tick_op(&self) -> Op {
+        let mut op = Op::new("TICK", &self.spec.name);
+        op.script_only = true;
+        op
+    }
+
+    /// The release of a permit granted to a waiter that gave up (`LEAVE` answered its grant).
+    pub(crate) fn release_op(&self) -> Op {
+        let mut op = Op::new("RELEASE", &self.spec.name).arg(self.id);
+        op.script_only = true;
+        op
+    }
+
+    fn granted(&mut self, ticket: Option<u64>) -> Action {
+        self.in_line = false;
+        Action::Granted(ticket)
+    }
+
+    /// The answer to the last [`Action::Send`], by `backend`.
+    pub(crate) fn answered(&mut self, backend: Backend, reply: Value) -> Result<Action> {
+        if self.sent == Sent::Leave {
+            self.in_line = false;
+            let message: Option<String> = redis::from_redis_value(&reply)?;
+            return match message {
+                Some(message) if message.starts_with(['G', 'E']) => self.message(&message),
+                _ => Err(Error::NotAcquired),
+            };
+        }
+        let (granted, retry_ms, ahead) = match backend {
+            Backend::Module => (reply, 0, -1),
+            // [the module's reply, retry_ms, ahead]; ahead -1: the module is loaded, and the
+            // reply is its own.
             Backend::Scripts => {
                 let mut reply = Vec::<Value>::from_redis_value(&reply)?.into_iter();
                 let granted = reply.next().unwrap_or(Value::Nil);
-                let retry_ms = match reply.next() {
-                    Some(retry) => i64::from_redis_value(&retry)?,
-                    None => 0,
+                let mut number = || -> Result<i64> {
+                    Ok(reply.next().map_or(Ok(0), |n| i64::from_redis_value(&n))?)
                 };
-                (granted, retry_ms)
+                let retry_ms = number()?;
+                (granted, retry_ms, number()?)
             }
         };
+        if backend == Backend::Scripts && ahead < 0 {
+            self.module = true;
+            self.in_line = false;
+        }
         if granted != Value::Nil {
-            return Ok(Step::Granted(ticket(self.fair, granted)?));
+            let ticket = ticket(self.spec.fair, granted)?;
+            if self.in_line {
+                self.ticket = ticket;
+                self.in_line = false;
+                return Ok(Action::Clear(self.list_del()));
+            }
+            return Ok(self.granted(ticket));
         }
-        if backend == Backend::Module || left.is_zero() {
-            return Ok(Step::Refused);
+        let left = left(self.until);
+        if ahead < 0 {
+            // The module waited (or answered at once, out of time): nil is the end; else the
+            // script found the module loaded, and the next attempt waits with it.
+            return match backend == Backend::Module || left.is_zero() {
+                true => Err(Error::NotAcquired),
+                false => Ok(self.attempt()),
+            };
         }
-        let mut block = left.min(Duration::from_secs(1));
-        if retry_ms > 0 {
-            block = block.min(Duration::from_millis(retry_ms as u64));
+        self.in_line |= self.line_sent;
+        if left.is_zero() {
+            if !self.in_line {
+                return Err(Error::NotAcquired);
+            }
+            // Out of time in line: leave it, and take a grant made meanwhile.
+            self.sent = Sent::Leave;
+            return Ok(Action::Send(self.leave_op()));
         }
-        let mut cmd = redis::cmd("BLPOP");
-        cmd.arg(format!("{}:wake", self.name)).arg(seconds(block));
-        Ok(Step::Block(cmd))
+        let block = left.min(NUDGE);
+        let retry = Duration::from_millis(retry_ms.max(0) as u64);
+        let tick = (ahead == 0 && !retry.is_zero() && retry < block).then(|| retry + TICK_LATE);
+        let mut blpop = redis::cmd("BLPOP");
+        blpop.arg(self.list()).arg(seconds(block));
+        Ok(Action::Block { blpop, tick })
+    }
+
+    /// The waiter's own list: `<name>:wake:<id>`.
+    fn list(&self) -> String {
+        format!("{}:wake:{}", self.spec.name, self.id)
+    }
+
+    fn list_del(&self) -> Cmd {
+        let mut del = redis::cmd("DEL");
+        del.arg(self.list());
+        del
+    }
+
+    /// After [`Action::Clear`].
+    pub(crate) fn cleared(&mut self) -> Action {
+        let ticket = self.ticket;
+        self.granted(ticket)
+    }
+
+    /// What `BLPOP` took from the waiter's list (nil: its time ran out).
+    pub(crate) fn popped(&mut self, popped: Option<(String, String)>) -> Result<Action> {
+        match popped {
+            Some((_, message)) => self.message(&message),
+            None => Ok(self.attempt()),
+        }
+    }
+
+    /// A message of the script's line: `G[ticket]` granted, `E<error>` its grant failed, `H`
+    /// first in line with a lease ending soon (try again now), `M` the module is loaded.
+    fn message(&mut self, message: &str) -> Result<Action> {
+        match message.split_at(message.len().min(1)) {
+            ("G", ticket) => {
+                let ticket = match ticket {
+                    "" => None,
+                    ticket => Some(ticket.parse().map_err(|_| {
+                        RedisError::from((
+                            ErrorKind::TypeError,
+                            "a grant's ticket is no number",
+                            ticket.to_string(),
+                        ))
+                    })?),
+                };
+                Ok(self.granted(ticket.filter(|_| self.spec.fair)))
+            }
+            ("E", error) => {
+                self.in_line = false;
+                Err(server_error(error).into())
+            }
+            ("M", _) => {
+                self.module = true;
+                self.in_line = false;
+                Ok(self.attempt())
+            }
+            _ => Ok(self.attempt()),
+        }
     }
 }
 
@@ -559,14 +921,6 @@ fn ticket(fair: bool, granted: Value) -> Result<Option<u64>> {
     }
     let (_, ticket): (Value, u64) = redis::from_redis_value(&granted)?;
     Ok(Some(ticket))
-}
-
-/// After an acquire's answer.
-pub(crate) enum Step {
-    Granted(Option<u64>),
-    Refused,
-    /// The script refused: block on this `BLPOP <name>:wake`, then try again.
-    Block(Cmd),
 }
 
 /// A set's acquire, as the sync and async APIs describe it.
@@ -588,6 +942,11 @@ impl SetSpec {
             fair: false,
             bound: false,
         }
+    }
+
+    /// As [`AcquireSpec::check`].
+    pub(crate) fn check(&self) -> Result<()> {
+        check_lease(self.lease)
     }
 
     pub(crate) fn names(&self) -> Vec<String> {

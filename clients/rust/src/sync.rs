@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -10,8 +10,9 @@ use redis::{Client, Cmd, Connection, FromRedisValue, Value};
 
 use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
-    connection_broken, deadline, durable_wait, identifier, left, lock, slot_of, wait_empty_op,
-    AcquireSpec, Backend, Error, Holder, Op, Request, Result, Retries, SetSpec, Step,
+    connection_broken, deadline, durable_wait, identifier, left, lock, next_tick, slot_of,
+    wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Op, Pool, Request,
+    Result, Retries, SetSpec, Wait,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -60,38 +61,92 @@ impl Target {
     }
 }
 
-/// One connection to the node serving a slot (on one server: to the server), made again after
-/// a connection error, and moved to the slot's new owner after a move or a failover.
+/// The connections to the node serving a slot (on one server: to the server): each call takes
+/// one of the pool and gives it back, or with `own` keeps one from call to call (`BOUND` ties a
+/// permit to it, `WAIT numreplicas` covers its writes). Moved to the slot's new owner after a
+/// move or a failover.
 pub(crate) struct Link {
     target: Target,
     route: Route,
-    /// The node's address (empty on one server) and the connection.
+    pool: Arc<Pool<Connection>>,
+    own: bool,
+    /// The node's address (empty on one server) and the connection in use.
     conn: Option<(String, Connection)>,
+    /// The connection in use came from the pool: it may have been closed while idle.
+    reused: bool,
+    /// The node of the last call.
+    addr: String,
 }
 
 impl Link {
-    pub(crate) fn new(target: Target, slot: Option<u16>, backend: Arc<OnceLock<Backend>>) -> Self {
-        let route = match (&target, slot) {
-            (Target::Cluster(cluster), Some(slot)) => Route::Slot(cluster.inner.clone(), slot),
-            _ => Route::Standalone(backend),
+    pub(crate) fn new(
+        target: Target,
+        slot: Option<u16>,
+        known: KnownCell,
+        pool: Arc<Pool<Connection>>,
+    ) -> Self {
+        let (route, pool) = match (&target, slot) {
+            (Target::Cluster(cluster), Some(slot)) => (
+                Route::Slot(cluster.inner.clone(), slot),
+                cluster.inner.pool.clone(),
+            ),
+            _ => (Route::Standalone(known), pool),
         };
         Link {
             target,
             route,
+            pool,
+            own: false,
             conn: None,
+            reused: false,
+            addr: String::new(),
+        }
+    }
+
+    /// Keeps its connection from call to call.
+    pub(crate) fn own(mut self, own: bool) -> Self {
+        self.own = own;
+        self
+    }
+
+    /// Another link to the same node, on the same pool.
+    fn sibling(&self) -> Link {
+        Link {
+            target: self.target.clone(),
+            route: self.route.clone(),
+            pool: self.pool.clone(),
+            own: false,
+            conn: None,
+            reused: false,
+            addr: String::new(),
         }
     }
 
     /// Sends what `build` makes for the node's backend, to the node serving the slot: in Redis
     /// Cluster it follows `MOVED` and `ASK`, and after a failure (the slot moving, its owner
     /// failing over or unreachable) pauses and tries again, the same call, until the retry
-    /// budget has passed. On one server an error is the caller's at once.
+    /// budget has passed. On one server an error is the caller's at once (but for a pooled
+    /// connection found closed, replaced once).
     pub(crate) fn send(
+        &mut self,
+        build: &mut dyn FnMut(Backend) -> Result<Request>,
+    ) -> Result<(Value, Backend)> {
+        let answer = self.send_on(build);
+        if !self.own {
+            if let Some((addr, conn)) = self.conn.take() {
+                self.pool.give(&addr, conn);
+            }
+        }
+        answer
+    }
+
+    fn send_on(
         &mut self,
         build: &mut dyn FnMut(Backend) -> Result<Request>,
     ) -> Result<(Value, Backend)> {
         let mut retries = Retries::new(self.route.budget());
         let mut ask = None;
+        let mut replaced = false;
         loop {
             let asked: Option<String> = ask.take();
             let err = match self.attempt(build, asked.as_deref()) {
@@ -99,8 +154,13 @@ impl Link {
                 Err(Error::Redis(err)) => err,
                 Err(other) => return Err(other),
             };
-            if connection_broken(&err) || asked.is_some() {
+            let broken = connection_broken(&err);
+            if broken || asked.is_some() {
                 self.conn = None;
+            }
+            if broken && self.reused && !replaced {
+                replaced = true;
+                continue;
             }
             let retry = self.route.recover(err, &mut retries)?;
             if retry.reconnect {
@@ -126,15 +186,23 @@ impl Link {
             self.conn = None;
         }
         if self.conn.is_none() {
-            let conn = match &self.target {
-                Target::Standalone(client) => client.get_connection()?,
-                Target::Cluster(cluster) => cluster
-                    .inner
-                    .node(&addr)?
-                    .get_connection_with_timeout(CONNECT_WITHIN)?,
+            self.reused = false;
+            let conn = match self.pool.take(&addr) {
+                Some(conn) => {
+                    self.reused = true;
+                    conn
+                }
+                None => match &self.target {
+                    Target::Standalone(client) => client.get_connection()?,
+                    Target::Cluster(cluster) => cluster
+                        .inner
+                        .node(&addr)?
+                        .get_connection_with_timeout(CONNECT_WITHIN)?,
+                },
             };
             self.conn = Some((addr.clone(), conn));
         }
+        self.addr.clone_from(&addr);
         let conn = &mut self.conn.as_mut().expect("connected above").1;
         let backend = match self.route.backend(&addr) {
             Some(backend) => backend,
@@ -175,6 +243,74 @@ impl Link {
     pub(crate) fn is_cluster(&self) -> bool {
         self.route.is_cluster()
     }
+
+    /// An acquire's steps (core's [`Wait`]) until granted or refused.
+    fn acquire(&mut self, wait: &mut Wait) -> Result<Option<u64>> {
+        let long = self.is_cluster();
+        let mut action = wait.start();
+        loop {
+            let next = match action {
+                Action::Send(op) => {
+                    let (reply, backend) = self.send(&mut |backend| op.request(backend, long))?;
+                    wait.answered(backend, reply)
+                }
+                Action::Block { blpop, tick } => {
+                    let popped = self.block(&blpop, tick, &wait.tick_op())?;
+                    wait.popped(popped)
+                }
+                Action::Clear(del) => {
+                    let _ = self.plain::<Value>(&del);
+                    Ok(wait.cleared())
+                }
+                Action::Granted(ticket) => return Ok(ticket),
+            };
+            if wait.take_module() {
+                self.route.use_module(&self.addr);
+            }
+            action = next?;
+        }
+    }
+
+    /// `BLPOP` on a connection of the pool; with `tick`, a timer thread sends `TICK` on
+    /// another one at the earliest holder's deadline while it blocks (the server's own timeout
+    /// would see that deadline up to 100 ms late).
+    fn block(
+        &mut self,
+        blpop: &Cmd,
+        tick: Option<Duration>,
+        tick_op: &Op,
+    ) -> Result<Option<(String, String)>> {
+        let Some(first) = tick else {
+            return self.plain(blpop);
+        };
+        let mut ticker = self.sibling();
+        let (done, stopped) = mpsc::channel::<()>();
+        thread::scope(|scope| {
+            scope.spawn(move || {
+                let mut after = first;
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(after) {
+                    match ticker.op::<i64>(tick_op).ok().and_then(next_tick) {
+                        Some(next) => after = next,
+                        None => return,
+                    }
+                }
+            });
+            let popped = self.plain(blpop);
+            drop(done);
+            popped
+        })
+    }
+
+    /// A waiter that gives up while in line leaves it, and gives back a grant made meanwhile.
+    fn abandon(&mut self, wait: &mut Wait) {
+        if let Some(leave) = wait.abandon() {
+            if let Ok(Some(message)) = self.op::<Option<String>>(&leave) {
+                if message.starts_with('G') {
+                    let _ = self.op::<i64>(&wait.release_op());
+                }
+            }
+        }
+    }
 }
 
 /// A semaphore's settings; [`Semaphore::acquire`] takes a permit. Defaults: limit 1, lease 30
@@ -187,9 +323,12 @@ pub struct Semaphore {
     id: Option<String>,
     durable: Option<(usize, Duration)>,
     auto_refresh: bool,
-    /// Whether the server has the module, asked on the first acquire; shared by the clones
-    /// (in Redis Cluster the [`Cluster`] keeps it per node).
-    backend: Arc<OnceLock<Backend>>,
+    /// Whether the server has the module, asked on the first acquire and again while it had
+    /// none; shared by the clones (in Redis Cluster the [`Cluster`] keeps it per node).
+    known: KnownCell,
+    /// The connections its acquires, waits and permits take and give back, shared by the
+    /// clones (in Redis Cluster the [`Cluster`]'s, per node).
+    pool: Arc<Pool<Connection>>,
 }
 
 impl Semaphore {
@@ -202,7 +341,8 @@ impl Semaphore {
             id: None,
             durable: None,
             auto_refresh: true,
-            backend: Arc::default(),
+            known: KnownCell::default(),
+            pool: Arc::default(),
         }
     }
 
@@ -269,23 +409,26 @@ impl Semaphore {
 
     /// Takes a permit: [`Error::NotAcquired`] when none was granted.
     pub fn acquire(&self) -> Result<Permit> {
+        self.spec.check()?;
         let slot = self.target.slot(std::slice::from_ref(&self.spec.name))?;
         let id = identifier(&self.id);
-        let mut link = Link::new(self.target.clone(), slot, self.backend.clone());
-        let until = deadline(self.spec.wait);
-        let long = link.is_cluster();
-        let (sent, ticket) = loop {
-            let sent = Instant::now();
-            let (reply, backend) =
-                link.send(&mut |backend| self.spec.op(&id, left(until)).request(backend, long))?;
-            match self.spec.outcome(backend, reply, left(until))? {
-                Step::Granted(ticket) => break (sent, ticket),
-                Step::Refused => return Err(Error::NotAcquired),
-                Step::Block(blpop) => {
-                    link.plain::<Value>(&blpop)?;
-                }
+        let own = self.spec.bound || self.durable.is_some();
+        let mut link = Link::new(
+            self.target.clone(),
+            slot,
+            self.known.clone(),
+            self.pool.clone(),
+        )
+        .own(own);
+        let mut wait = Wait::new(&self.spec, &id);
+        let ticket = match link.acquire(&mut wait) {
+            Ok(ticket) => ticket,
+            Err(err) => {
+                link.abandon(&mut wait);
+                return Err(err);
             }
         };
+        let sent = wait.attempted;
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
         // From here on, an early return drops the permit, which gives it back.
@@ -324,8 +467,9 @@ pub struct SemaphoreSet {
     spec: SetSpec,
     id: Option<String>,
     auto_refresh: bool,
-    /// Whether the server has the module, asked on the first acquire; shared by the clones.
-    backend: Arc<OnceLock<Backend>>,
+    /// Whether the server has the module, as for [`Semaphore`].
+    known: KnownCell,
+    pool: Arc<Pool<Connection>>,
 }
 
 impl SemaphoreSet {
@@ -335,7 +479,8 @@ impl SemaphoreSet {
             spec: SetSpec::new(),
             id: None,
             auto_refresh: true,
-            backend: Arc::default(),
+            known: KnownCell::default(),
+            pool: Arc::default(),
         }
     }
 
@@ -387,10 +532,17 @@ impl SemaphoreSet {
     /// Takes every permit of the set: [`Error::NotAcquired`] when any one of them is full
     /// (then none is held); [`Error::ModuleRequired`] when the server has no module.
     pub fn acquire(&self) -> Result<PermitSet> {
+        self.spec.check()?;
         let names = self.spec.names();
         let slot = self.target.slot(&names)?;
         let id = identifier(&self.id);
-        let mut link = Link::new(self.target.clone(), slot, self.backend.clone());
+        let mut link = Link::new(
+            self.target.clone(),
+            slot,
+            self.known.clone(),
+            self.pool.clone(),
+        )
+        .own(self.spec.bound);
         let until = deadline(self.spec.wait);
         let sent = Instant::now();
         let reply: Value = link.op(&self.spec.op(&id, left(until)))?;
@@ -418,7 +570,7 @@ impl SemaphoreSet {
 /// has the module.
 fn once<T: FromRedisValue>(target: Target, op: &Op) -> Result<T> {
     let slot = target.slot(&[op.name().to_string()])?;
-    Link::new(target, slot, Arc::default()).op(op)
+    Link::new(target, slot, KnownCell::default(), Arc::default()).op(op)
 }
 
 /// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection of

@@ -34,7 +34,7 @@ async fn grant_release_and_the_limit() {
     assert_eq!(live(&mut conn, "jobs"), 0);
     assert_eq!(run::<i64>(&mut conn, &["EXISTS", "jobs"]), 0);
     // One question whether the server has the module for the three acquires.
-    assert_eq!(calls(&mut conn, "command|info"), 1);
+    assert_eq!(questions(&mut conn), 1);
     assert_eq!(
         calls(&mut conn, "sem.acquire"),
         if scripts() { 0 } else { 3 }

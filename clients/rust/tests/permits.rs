@@ -38,7 +38,7 @@ fn grant_release_and_the_limit() {
 
     // One question whether the server has the module for the three acquires; with the module,
     // its commands and nothing else; without it, the script and no SEM.* command.
-    assert_eq!(calls(&mut conn, "command|info"), 1);
+    assert_eq!(questions(&mut conn), 1);
     assert_eq!(
         calls(&mut conn, "sem.acquire"),
         if scripts() { 0 } else { 3 }
@@ -610,22 +610,23 @@ fn without_the_module_what_needs_it_fails_before_anything_is_sent() {
     let result = wait_empty(&client, "jobs", Duration::ZERO);
     assert_module_required(&mut conn, 0, result, "SEM.WAITEMPTY", &["jobs"]);
 
-    // The rest goes through the script, loaded once (EVAL after the first NOSCRIPT), and the
-    // semaphore's Semaphore asks whether the server has the module once.
+    // The rest goes through the script, each of its two texts loaded once (EVAL after the
+    // first NOSCRIPT: the acquires' and the others'), and the semaphore's Semaphore asks
+    // whether the server has the module once.
     let jobs = Semaphore::new(client.clone(), "jobs").limit(2);
-    let asked = calls(&mut conn, "command|info");
+    let asked = questions(&mut conn);
     let mut permits = Vec::new();
     for _ in 0..2 {
         permits.push(jobs.acquire().unwrap());
     }
     assert!(matches!(jobs.clone().acquire(), Err(Error::NotAcquired)));
-    assert_eq!(calls(&mut conn, "command|info"), asked + 1);
+    assert_eq!(questions(&mut conn), asked + 1);
     assert_eq!(in_use(&client, "jobs").unwrap(), 2);
     for permit in permits {
         assert!(permit.refresh().unwrap());
         assert!(permit.release().unwrap());
     }
-    assert_eq!(calls(&mut conn, "eval"), 1);
+    assert_eq!(calls(&mut conn, "eval"), 2);
     assert!(calls(&mut conn, "evalsha") >= 8);
     let stats: String = run(&mut conn, &["INFO", "commandstats"]);
     assert!(!stats.contains("cmdstat_sem."), "{stats}");

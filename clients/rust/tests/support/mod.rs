@@ -101,6 +101,23 @@ pub fn script_runs(conn: &mut redis::Connection) -> u64 {
     calls(conn, "evalsha") + calls(conn, "eval")
 }
 
+/// The errors of a kind the server answered so far (`INFO errorstats`).
+pub fn errors(conn: &mut redis::Connection, code: &str) -> u64 {
+    let stats: String = run(conn, &["INFO", "errorstats"]);
+    let prefix = format!("errorstat_{code}:count=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |count| count.trim().parse().expect("count"))
+}
+
+/// The questions whether the server has the module (`COMMAND INFO SEM.ACQUIRE`) the crate
+/// asked: the script asks it too at each run (but a run refused with NOSCRIPT).
+pub fn questions(conn: &mut redis::Connection) -> u64 {
+    let runs = script_runs(conn) - errors(conn, "NOSCRIPT");
+    calls(conn, "command|info") - runs
+}
+
 pub const SET_NEEDS: &str = "a semaphore set (SEM.ACQUIREALL)";
 
 /// `result` is `Error::ModuleRequired(what)`, and nothing but the question whether the server
