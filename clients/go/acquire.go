@@ -457,13 +457,14 @@ func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id strin
 		if err != nil {
 			return granted{}, false, err
 		}
+		// No message (the BLPOP's time is up) or H: try again, which renews the place or
+		// learns when the earliest lease ends.
 		switch {
-		case msg == "" || msg == "H": // try again: renews the place, or learns when to TICK
+		case strings.HasPrefix(msg, "G") || strings.HasPrefix(msg, "E"):
+			return fromMessage(msg, o, id, sent)
 		case msg == "M":
 			e.useModule()
 			return granted{}, true, nil
-		default:
-			return fromMessage(msg, o, id, sent)
 		}
 	}
 }

@@ -3,8 +3,8 @@
 //
 // Where the server has the module loaded it sends the module's commands; where it has not (a
 // managed service), it runs the same operations as one Lua script (redsem.lua, embedded) over
-// the same keys, found out once per client (per node in Redis Cluster) with COMMAND INFO
-// SEM.ACQUIRE. What only the module does (Bound, sets, WaitEmpty) returns ErrModuleRequired
+// the same keys, found out per client (per node in Redis Cluster) with COMMAND INFO
+// SEM.ACQUIRE, asked again every 10 s while the module is missing. What only the module does (Bound, sets, WaitEmpty) returns ErrModuleRequired
 // there, before anything is sent.
 //
 //	permit, err := redsem.Acquire(ctx, rdb, "jobs", redsem.Options{Limit: 3, Wait: 10 * time.Second})

@@ -390,6 +390,7 @@ func TestBadInputBeforeAnythingIsSent(t *testing.T) {
 		{"jobs", Options{Limit: 2, Count: -1}, "count"},
 		{"jobs", Options{Limit: 1, Wait: -time.Second}, "wait"},
 		{"jobs", Options{Limit: 1, DurableReplicas: -1}, "DurableReplicas"},
+		{"jobs", Options{Limit: 1, DurableTimeout: -time.Second}, "DurableTimeout"},
 		{"jobs", Options{Limit: 1, RetryFor: -1}, "RetryFor"},
 		{"", Options{Limit: 1}, "name"},
 	}
@@ -404,8 +405,15 @@ func TestBadInputBeforeAnythingIsSent(t *testing.T) {
 	assert.ErrorIs(t, err, ErrBadInput)
 	_, err = AcquireAll(bg, c, []Member{{Name: "a", Limit: 1, Count: 2}}, SetOptions{})
 	assert.ErrorIs(t, err, ErrBadInput)
+	for field, o := range map[string]SetOptions{"lease": {Lease: -time.Second},
+		"wait": {Wait: -time.Second}, "RetryFor": {RetryFor: -time.Second}} {
+		_, err = AcquireAll(bg, c, []Member{{Name: "a", Limit: 1}}, o)
+		require.ErrorIs(t, err, ErrBadInput)
+		assert.Contains(t, err.Error(), field)
+	}
 	_, err = WaitEmpty(bg, c, "a", -time.Second)
 	assert.ErrorIs(t, err, ErrBadInput)
+	assert.Contains(t, err.Error(), "timeout")
 	assert.ErrorIs(t, SetLimit(bg, c, "a", -1), ErrBadInput)
 	assert.ErrorIs(t, SetLimit(bg, c, "a", 1<<32), ErrBadInput)
 	_, err = Acquire(bg, redis.NewRing(&redis.RingOptions{}), "a", Options{Limit: 1})
