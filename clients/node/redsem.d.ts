@@ -211,7 +211,7 @@ export function withPermits<T>(
 ): Promise<T>;
 
 /**
- * Waits, on a connection of its own, until the semaphore `name` has no live holder: true once
+ * Waits, on a pooled connection, until the semaphore `name` has no live holder: true once
  * it has none, false when `timeout` seconds pass first (Infinity: no limit; 0 looks once).
  * Needs the module (else ModuleRequired).
  */
@@ -247,3 +247,10 @@ export function setLimit(
  * Removes the operator's limit of `name` (`SEM.LIMIT name CLEAR`): true if one was stored.
  */
 export function clearLimit(redis: Client, name: string, options?: CallOptions): Promise<boolean>;
+
+/**
+ * How many idle connections the package keeps for `redis` (per node for a cluster client) to
+ * reuse for calls that block (a wait, waitEmpty); default 8, 0 keeps none. More waits at once
+ * than that open more connections, closed after their wait. An integer of at least 0.
+ */
+export function setPoolSize(redis: Client, size: number): void;

@@ -12,9 +12,13 @@
 // acquire after a reconnection it renews the same holder rather than taking a second permit.
 //
 // Without the module (a managed Redis that loads none), the same operations run as the Lua
-// script redsem.lua over the very keys the module keeps: each client object asks the server
-// once (COMMAND INFO SEM.ACQUIRE) and remembers. BOUND, sets and waitEmpty need the module and
-// reject with ModuleRequired before anything is sent.
+// script redsem.lua (a copy shipped beside this file) over the very keys the module keeps: each
+// client object asks the server (COMMAND INFO SEM.ACQUIRE) and remembers, asking again every 10 s
+// while the answer is no; the script itself says when the module has been loaded. BOUND, sets
+// and waitEmpty need the module and reject with ModuleRequired before anything is sent.
+//
+// A call that blocks (a wait, waitEmpty) takes a connection from a small pool per client (per
+// node in Cluster) and gives it back after, so waiting opens no connection per wait.
 //
 // Through a cluster client every call goes to the primary serving the name's slot, in the long
 // form, and is resent through moves and failovers (see "Redis Cluster" below).
@@ -1532,10 +1536,11 @@ class PermitSet extends Held {
  * taking another, so never hold two permits with one id at once), durableReplicas and
  * durableTimeoutMs (WAIT for replicas after the grant), autoRefresh (default true).
  *
- * `redis` is an ioredis client or a connected node-redis client. A permit that waits, binds or
- * asks for replicas uses a connection of its own (`redis.duplicate()`), closed at its release;
- * the others use `redis`. Without the module the script does the same over the same keys, and
- * waits with BLPOP on `<name>:wake` on the permit's own connection; `bound` rejects with
+ * `redis` is an ioredis client or a connected node-redis client. A permit that binds or asks
+ * for replicas uses a connection of its own (`redis.duplicate()`), closed at its release; the
+ * others use `redis`, and a wait blocks on a pooled connection (setPoolSize), given back after
+ * it. Without the module the script does the same over the same keys, and a waiter waits in
+ * the script's line, told of its grant on its own list `<name>:wake:<id>`; `bound` rejects with
  * ModuleRequired.
  *
  * `redis` may be a cluster client (ioredis Cluster, node-redis createCluster): then `name`
@@ -1654,8 +1659,8 @@ function acquireAllArgs(sems, opts, id) {
  *
  * semaphores: [{ name, limit, count = 1 }, ...], 1 to 64 distinct names (in Redis Cluster,
  * sharing a slot). options: lease, wait, fair (every semaphore fair; `tickets` has one per
- * semaphore), bound, id, autoRefresh, as for acquire. A set that waits or binds uses a
- * connection of its own, closed at its release; the others use `redis`.
+ * semaphore), bound, id, autoRefresh, as for acquire. A set that binds uses a connection of its
+ * own, closed at its release; the others use `redis`, and a wait a pooled connection.
  */
 async function acquireAll(redis, semaphores, options = {}) {
   const { sems, opts } = checkSetOptions(semaphores, options);
@@ -1711,7 +1716,7 @@ async function withPermits(redis, semaphores, options, work) {
 /**
  * Waits until the semaphore `name` has no live holder (SEM.WAITEMPTY): true once it has none
  * (at once if it has none now), false when `timeout` seconds pass first (Infinity: no limit;
- * 0 looks once). It takes nothing. It blocks its connection, so it opens one of its own.
+ * 0 looks once). It takes nothing. It blocks its connection: a pooled one.
  * Without the module it rejects with ModuleRequired.
  */
 async function waitEmpty(redis, name, timeout, options = {}) {

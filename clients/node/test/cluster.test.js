@@ -225,6 +225,34 @@ function clusterTests() {
         assert.equal(await live(name), 0);
       });
 
+      test("waits reuse a pool of connections to the primary: 20 waits open at most its size", async () => {
+        const [primary] = await primaries();
+        const name = await nameOn(primary.port, `${tag}-pool`);
+        const node = new Redis({ port: primary.port });
+        const stat = async (section, field) => {
+          return Number(new RegExp(`${field}:(\\d+)`).exec(await node.info(section))[1]);
+        };
+        try {
+          await acquire(redis, name, { limit: 1, lease: 30 }).then((permit) => permit.release());
+          const before = await stat("stats", "total_connections_received");
+          for (let i = 0; i < 20; i++) {
+            const holder = await acquire(redis, name, { limit: 1, lease: 30 });
+            const waiting = acquire(redis, name, { limit: 1, lease: 30, wait: 10 });
+            const deadline = Date.now() + 5000;
+            while ((await stat("clients", "blocked_clients")) !== 1) {
+              assert.ok(Date.now() < deadline, "the waiter blocks");
+              await sleep(5);
+            }
+            assert.equal(await holder.release(), true);
+            assert.equal(await (await waiting).release(), true);
+          }
+          const opened = (await stat("stats", "total_connections_received")) - before;
+          assert.ok(opened >= 1 && opened <= 8, `${opened} connections opened for 20 waits`);
+        } finally {
+          node.disconnect();
+        }
+      });
+
       test("limits hold under concurrent acquirers over names in 3 slots", async () => {
         const names = [];
         for (const node of await primaries()) names.push(await nameOn(node.port, `${tag}-busy`));

@@ -7,6 +7,7 @@ import {
   acquireAll,
   clearLimit,
   setLimit,
+  setPoolSize,
   storedLimit,
   waitEmpty,
   withPermit,
@@ -63,6 +64,8 @@ export async function operatorsLimit(): Promise<number> {
   const done: void = await setLimit(client, "jobs", 5);
   const stored: number | null = await storedLimit(client, "jobs");
   const cleared: boolean = await clearLimit(redis, "jobs");
+  setPoolSize(redis, 16);
+  setPoolSize(client, 0);
   // @ts-expect-error the stored limit may be null
   const always: number = await storedLimit(redis, "jobs");
   return (stored ?? 0) + (cleared ? 1 : 0) + always + (done === undefined ? 0 : 1);
@@ -81,6 +84,7 @@ export async function withClusters(): Promise<number> {
   await setLimit(cluster, "{jobs}", 2, { retryFor: 0 });
   const stored: number | null = await storedLimit(nodeRedis, "{jobs}");
   const cleared: boolean = await clearLimit(nodeRedis, "{jobs}", {});
+  setPoolSize(cluster, 4);
   const id: string = await withPermits(nodeRedis, pair, {}, (held) => held.id);
   await permits.release();
   const released = await permit.release();
