@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,11 +65,20 @@ func configSet(t *testing.T, c *redis.Client, key, value string) {
 	t.Cleanup(func() { _ = c.ConfigSet(bg, key, old[key]).Err() })
 }
 
+// median of three or more durations: one round slowed by a busy machine does not decide.
+func median(ds []time.Duration) time.Duration {
+	sorted := append([]time.Duration(nil), ds...)
+	slices.Sort(sorted)
+	return sorted[len(sorted)/2]
+}
+
 // A lease that runs out serves the first waiter at once, though the server's expiry cycle
-// runs once a second (hz 1); a release serves it at once too.
+// runs once a second (hz 1); a release serves it at once too. Three rounds of each: the
+// median is within the bound, and none is as late as the expiry cycle or a re-attempt.
 func TestWaiterServedAtLeaseEndAndRelease(t *testing.T) {
 	_, c := testServer(t)
 	configSet(t, c, "hz", "1")
+	var late []time.Duration
 	for round := 0; round < 3; round++ {
 		name := "lease-end-" + strconv.Itoa(round)
 		sent := time.Now()
@@ -80,30 +90,39 @@ func TestWaiterServedAtLeaseEndAndRelease(t *testing.T) {
 		require.NoError(t, err)
 		granted := time.Now()
 		assert.GreaterOrEqual(t, granted.Sub(sent), 300*time.Millisecond)
-		assert.Less(t, granted.Sub(answered.Add(300*time.Millisecond)), 150*time.Millisecond,
-			"granted within 150 ms of the lease's end")
+		late = append(late, granted.Sub(answered.Add(300*time.Millisecond)))
 		require.NoError(t, p.Release(bg))
 	}
+	t.Logf("granted after the lease's end: %v", late)
+	assert.Less(t, median(late), 150*time.Millisecond, "granted within 150 ms of the lease's end")
+	assert.Less(t, slices.Max(late), time.Second)
 
-	holder, err := Acquire(bg, c, "on-release", Options{Limit: 1})
-	require.NoError(t, err)
 	type result struct {
 		p   *Permit
 		err error
 		at  time.Time
 	}
-	got := make(chan result, 1)
-	go func() {
-		p, err := Acquire(bg, c, "on-release", Options{Limit: 1, Wait: 5 * time.Second})
-		got <- result{p, err, time.Now()}
-	}()
-	time.Sleep(300 * time.Millisecond)
-	require.NoError(t, holder.Release(bg))
-	released := time.Now()
-	r := <-got
-	require.NoError(t, r.err)
-	assert.Less(t, r.at.Sub(released), 50*time.Millisecond, "granted at the release")
-	require.NoError(t, r.p.Release(bg))
+	late = nil
+	for round := 0; round < 3; round++ {
+		name := "on-release-" + strconv.Itoa(round)
+		holder, err := Acquire(bg, c, name, Options{Limit: 1})
+		require.NoError(t, err)
+		got := make(chan result, 1)
+		go func() {
+			p, err := Acquire(bg, c, name, Options{Limit: 1, Wait: 5 * time.Second})
+			got <- result{p, err, time.Now()}
+		}()
+		time.Sleep(300 * time.Millisecond)
+		require.NoError(t, holder.Release(bg))
+		released := time.Now()
+		r := <-got
+		require.NoError(t, r.err)
+		late = append(late, r.at.Sub(released))
+		require.NoError(t, r.p.Release(bg))
+	}
+	t.Logf("granted after the release's reply: %v", late)
+	assert.Less(t, median(late), 50*time.Millisecond, "granted at the release")
+	assert.Less(t, slices.Max(late), time.Second)
 }
 
 // When memory is full, a refresh and a release work and serve a waiter already in line; a
