@@ -18,13 +18,14 @@
 //! ```
 //!
 //! Connections: the calls that do not block (an acquire that does not wait, refresh, release,
-//! the limit, `in_use`) share one multiplexed connection per server (the one given with
-//! [`Target::with_connection`] or [`Target::with_manager`], else one made on the first call;
-//! in Redis Cluster one per node). A waiting acquire, a `BOUND` or durable one and
-//! [`wait_empty`] block a connection or are tied to it: each gets a connection of its own,
-//! a new multiplexed connection (`Client::get_multiplexed_async_connection`) that nothing else
-//! uses. A bound permit keeps it until its release; a waiting one goes back to the shared
-//! connection once granted.
+//! the limit, `in_use`, a waiter's `TICK`) share one multiplexed connection per server (the one
+//! given with [`Target::with_connection`] or [`Target::with_manager`], else one made on the
+//! first call; in Redis Cluster one per node). A waiting acquire blocks a connection: it takes
+//! one from the target's small pool (per node in Redis Cluster) and gives it back once granted
+//! or refused (dropped midway, it closes it instead, and leaves the script's line from a task).
+//! A `BOUND` or durable acquire and [`wait_empty`] each get a connection of their own, a new
+//! multiplexed connection (`Client::get_multiplexed_async_connection`) that nothing else uses;
+//! a bound permit keeps it until its release.
 //!
 //! A [`Permit`] dropped without [`Permit::release`] stops its refresh at once and, inside a
 //! tokio runtime, gives the permit back from a task spawned on it (outside one, the lease
@@ -212,6 +213,8 @@ struct Link {
     conn: Option<(String, Conn)>,
     /// The connection in use came from the pool: it may have been closed while idle.
     reused: bool,
+    /// A failed call is the caller's at once, without retries.
+    once: bool,
     /// The node of the last call.
     addr: String,
 }
@@ -228,6 +231,7 @@ impl Link {
             kind: Kind::Shared,
             conn: None,
             reused: false,
+            once: false,
             addr: String::new(),
         }
     }
@@ -245,6 +249,7 @@ impl Link {
             kind,
             conn: None,
             reused: false,
+            once: false,
             addr: String::new(),
         }
     }
@@ -301,6 +306,9 @@ impl Link {
             if broken && self.reused && !replaced {
                 replaced = true;
                 continue;
+            }
+            if self.once {
+                return Err(err.into());
             }
             let retry = self.route.recover(err, &mut retries)?;
             if retry.reconnect {
@@ -459,8 +467,15 @@ impl Link {
                     wait.answered(backend, reply)
                 }
                 Action::Block { blpop, tick } => {
-                    let popped = self.block(&blpop, tick, &wait.tick_op()).await?;
-                    wait.popped(popped)
+                    // In Redis Cluster a move or a failover met while blocked: the next
+                    // attempt, with its retries, finds the slot's owner (same id, time left).
+                    self.once = long;
+                    let popped = self.block(&blpop, tick, &wait.tick_op()).await;
+                    self.once = false;
+                    match popped {
+                        Err(Error::Redis(_)) if long => wait.popped(None),
+                        popped => wait.popped(popped?),
+                    }
                 }
                 Action::Clear(del) => {
                     let _ = self.plain::<Value>(&del).await;
@@ -512,7 +527,7 @@ struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let Some(leave) = self.wait.abandon() else {
+        let Some((leave, unknown)) = self.wait.abandon() else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -521,10 +536,9 @@ impl Drop for Waiting<'_> {
         let mut link = self.leaver.sibling(Kind::Shared);
         let release = self.wait.release_op();
         runtime.spawn(async move {
-            if let Ok(Some(message)) = link.op::<Option<String>>(&leave).await {
-                if message.starts_with('G') {
-                    let _ = link.op::<i64>(&release).await;
-                }
+            let left = link.op::<Option<String>>(&leave).await;
+            if unknown || matches!(left, Ok(Some(message)) if message.starts_with('G')) {
+                let _ = link.op::<i64>(&release).await;
             }
         });
     }
@@ -569,7 +583,7 @@ impl Semaphore {
         self
     }
 
-    /// As [`crate::Semaphore::wait`]: a waiting acquire gets a connection of its own.
+    /// As [`crate::Semaphore::wait`]: a waiting acquire blocks a connection of the pool.
     pub fn wait(mut self, wait: Option<Duration>) -> Self {
         self.spec.wait = wait;
         self

@@ -722,6 +722,8 @@ pub(crate) struct Wait<'a> {
     line_sent: bool,
     /// In the script's line: a `LINE` attempt was refused, and no grant or `LEAVE` came since.
     in_line: bool,
+    /// An attempt was sent and its answer not seen yet.
+    unanswered: bool,
     /// The module is loaded (`ahead == -1`, `M`): the transport switches to it.
     module: bool,
     ticket: Option<u64>,
@@ -738,6 +740,7 @@ impl<'a> Wait<'a> {
             attempted: Instant::now(),
             line_sent: false,
             in_line: false,
+            unanswered: false,
             module: false,
             ticket: None,
         }
@@ -755,6 +758,7 @@ impl<'a> Wait<'a> {
             .spec
             .op(self.id, left, self.line_sent, self.attempts == 0);
         self.attempts += 1;
+        self.unanswered = true;
         self.sent = Sent::Attempt;
         self.attempted = Instant::now();
         Action::Send(op)
@@ -765,9 +769,12 @@ impl<'a> Wait<'a> {
         std::mem::take(&mut self.module)
     }
 
-    /// `LEAVE` for a waiter that gives up (an error, a cancelled wait), while in line.
-    pub(crate) fn abandon(&mut self) -> Option<Op> {
-        std::mem::take(&mut self.in_line).then(|| self.leave_op())
+    /// `LEAVE` for a waiter that gives up (an error, a cancelled wait) while it may be in
+    /// line, and whether the last attempt's answer is unknown (then it may hold a permit:
+    /// released too, as any grant `LEAVE` answers).
+    pub(crate) fn abandon(&mut self) -> Option<(Op, bool)> {
+        let unknown = std::mem::take(&mut self.unanswered) && self.line_sent;
+        (std::mem::take(&mut self.in_line) || unknown).then(|| (self.leave_op(), unknown))
     }
 
     fn leave_op(&self) -> Op {
@@ -797,6 +804,7 @@ impl<'a> Wait<'a> {
 
     /// The answer to the last [`Action::Send`], by `backend`.
     pub(crate) fn answered(&mut self, backend: Backend, reply: Value) -> Result<Action> {
+        self.unanswered = false;
         if self.sent == Sent::Leave {
             self.in_line = false;
             let message: Option<String> = redis::from_redis_value(&reply)?;

@@ -19,10 +19,12 @@
 //! # }
 //! ```
 //!
-//! A [`Permit`] holds a connection of its own from the acquire to the release (`WAIT` blocks the
-//! connection it is sent on, `BOUND` ties the permit to it, and `WAIT numreplicas` covers its
-//! writes), refreshes the lease from a background thread every lease/3, and gives the permit
-//! back when dropped. The identifier is made here (a UUID v4) unless [`Semaphore::id`] gives
+//! Connections: a [`Semaphore`] (and its clones; in Redis Cluster the [`Cluster`], per node)
+//! keeps a small pool of connections that its acquires, waits and permits take for a call and
+//! give back, so waits reuse connections rather than open one each. A bound or durable
+//! [`Permit`] holds a connection of its own from the acquire to the release (`BOUND` ties the
+//! permit to it, and `WAIT numreplicas` covers its writes). A permit's lease is refreshed from a
+//! background thread every lease/3, and the permit given back when dropped. The identifier is made here (a UUID v4) unless [`Semaphore::id`] gives
 //! one, so an acquire retried after a lost reply renews the same holder.
 //!
 //! A [`PermitSet`] ([`SemaphoreSet::acquire`]) holds permits of several semaphores taken all
@@ -45,14 +47,16 @@
 //! Where the server has no module (a managed service), the crate runs the same operations as a
 //! Lua script (`clients/scripts/redsem.lua` of the repository, shipped in the crate) over the
 //! very same keys, so the module can be loaded later without changing code or keys. A
-//! [`Semaphore`] (and its clones) asks the server once, on its first acquire, whether it has the
-//! module (`COMMAND INFO SEM.ACQUIRE`), and keeps the answer (in Redis Cluster, the [`Cluster`]
-//! keeps it per node); the functions that take a target ask on the connection they open.
-//! Without the module, a permit waits for a grant by `BLPOP` on `<name>:wake` (a release, a
-//! lease end found by another call, or a raised limit pushes a token there) and tries again at
-//! least every second and at the earliest holder's deadline; waiters are served first come
-//! first served, but a newcomer may take a freed permit ahead of them. What a script cannot do
-//! fails with [`Error::ModuleRequired`] before anything is sent: [`Semaphore::bound`],
+//! [`Semaphore`] (and its clones) asks the server on its first acquire whether it has the
+//! module (`COMMAND INFO SEM.ACQUIRE`), keeps the answer, and while it is "no" asks again once
+//! it is 10 s old (in Redis Cluster, the [`Cluster`] keeps it per node); the functions that take
+//! a target ask on the connection they open. Without the module, waiters wait in the script's
+//! line, kept in the server and served in arrival order as the module's: a waiter blocks by
+//! `BLPOP` on its own list `<name>:wake:<id>`, where the script tells it of its grant, tries
+//! again at least every 2.5 s (which holds its place), sends `TICK` from a timer when a lease
+//! ends before its `BLPOP` would, and leaves the line (`LEAVE`) when its time is up. What a
+//! script cannot do fails with [`Error::ModuleRequired`] before anything is sent:
+//! [`Semaphore::bound`],
 //! [`SemaphoreSet`], [`wait_empty`].
 
 mod cluster;

@@ -74,6 +74,8 @@ pub(crate) struct Link {
     conn: Option<(String, Connection)>,
     /// The connection in use came from the pool: it may have been closed while idle.
     reused: bool,
+    /// A failed call is the caller's at once, without retries.
+    once: bool,
     /// The node of the last call.
     addr: String,
 }
@@ -99,6 +101,7 @@ impl Link {
             own: false,
             conn: None,
             reused: false,
+            once: false,
             addr: String::new(),
         }
     }
@@ -118,6 +121,7 @@ impl Link {
             own: false,
             conn: None,
             reused: false,
+            once: false,
             addr: String::new(),
         }
     }
@@ -161,6 +165,9 @@ impl Link {
             if broken && self.reused && !replaced {
                 replaced = true;
                 continue;
+            }
+            if self.once {
+                return Err(err.into());
             }
             let retry = self.route.recover(err, &mut retries)?;
             if retry.reconnect {
@@ -255,8 +262,15 @@ impl Link {
                     wait.answered(backend, reply)
                 }
                 Action::Block { blpop, tick } => {
-                    let popped = self.block(&blpop, tick, &wait.tick_op())?;
-                    wait.popped(popped)
+                    // In Redis Cluster a move or a failover met while blocked: the next
+                    // attempt, with its retries, finds the slot's owner (same id, time left).
+                    self.once = long;
+                    let popped = self.block(&blpop, tick, &wait.tick_op());
+                    self.once = false;
+                    match popped {
+                        Err(Error::Redis(_)) if long => wait.popped(None),
+                        popped => wait.popped(popped?),
+                    }
                 }
                 Action::Clear(del) => {
                     let _ = self.plain::<Value>(&del);
@@ -303,11 +317,10 @@ impl Link {
 
     /// A waiter that gives up while in line leaves it, and gives back a grant made meanwhile.
     fn abandon(&mut self, wait: &mut Wait) {
-        if let Some(leave) = wait.abandon() {
-            if let Ok(Some(message)) = self.op::<Option<String>>(&leave) {
-                if message.starts_with('G') {
-                    let _ = self.op::<i64>(&wait.release_op());
-                }
+        if let Some((leave, unknown)) = wait.abandon() {
+            let left = self.op::<Option<String>>(&leave);
+            if unknown || matches!(left, Ok(Some(message)) if message.starts_with('G')) {
+                let _ = self.op::<i64>(&wait.release_op());
             }
         }
     }
@@ -353,13 +366,14 @@ impl Semaphore {
     }
 
     /// How long a permit lives unless refreshed (millisecond precision); refreshed every
-    /// lease/3 while held.
+    /// lease/3 while held. Zero and `Duration::MAX` are refused ([`Error::BadArgument`]).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.spec.lease = lease;
         self
     }
 
-    /// How long to wait inside the server for a permit: `None` or zero do not wait,
+    /// How long to wait for a permit (inside the server with the module, in the script's line
+    /// without it): `None` or zero do not wait,
     /// `Some(Duration::MAX)` waits without limit.
     pub fn wait(mut self, wait: Option<Duration>) -> Self {
         self.spec.wait = wait;

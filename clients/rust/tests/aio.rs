@@ -46,8 +46,8 @@ async fn grant_release_and_the_limit() {
 async fn readme_async_example(url: &str) -> Result<(), Error> {
     // README async example begins
     let client = redis::Client::open(url)?;
-    // The calls that do not block share this connection; a waiting or bound acquire gets one
-    // of its own.
+    // The calls that do not block share this connection; a waiting acquire blocks one of a
+    // small pool, a bound acquire one of its own.
     let target = redsem_client::aio::Target::with_manager(
         client.clone(),
         client.get_connection_manager().await?,
