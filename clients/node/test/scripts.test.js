@@ -367,7 +367,7 @@ for (const [library, lib] of Object.entries(libraries)) {
         // A waiter for both permits takes its place first and never comes back: nobody behind
         // it is served while its place is held (6 s from its last attempt).
         const args = ["SEM.ACQUIRE", "jobs", 2, "30", "ID", "dead", "COUNT", 2, "LINE"];
-        const [reply, , ahead] = await call(...semArgs(args));
+        const [reply, , ahead] = await call(...semArgs(args, true));
         assert.deepEqual([reply, ahead], [null, 0]);
         const started = performance.now();
         const permit = await acquire(redis, "jobs", { limit: 2, lease: 30, wait: 15 });
