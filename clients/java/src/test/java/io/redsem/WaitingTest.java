@@ -77,6 +77,10 @@ class WaitingTest {
               return null;
             }));
             Thread.sleep(30);
+            if (SCRIPTS) { // arrived: in the script's line (a loaded machine may lag a thread)
+              int in = i + 1;
+              until(() -> Long.valueOf(in).equals(raw("ZCARD", jobs + ":line")), "waiter " + i);
+            }
           }
           Thread.sleep(200);
           assertTrue(order.isEmpty(), "nobody is granted while the permit is held");
@@ -228,7 +232,8 @@ class WaitingTest {
         Permit holder = a.redsem.semaphore(jobs).limit(1).acquire();
         Future<Permit> scriptWaiter = pool.submit(
             () -> a.redsem.semaphore(jobs).limit(1).waitFor(Duration.ofSeconds(20)).acquire());
-        Thread.sleep(100);
+        until(() -> Long.valueOf(1).equals(
+            SemaphoreTest.raw(plain.port, "ZCARD", jobs + ":line")), "A's waiter in the line");
         assertEquals("OK", Commands.text(
             SemaphoreTest.raw(plain.port, "MODULE", "LOAD", RedisServer.module())));
         try (Kind.Client b = kind.connect(plain.port)) {
@@ -240,8 +245,9 @@ class WaitingTest {
             permit.release();
             return at;
           });
-          Thread.sleep(200);
-          assertEquals(1L, commandCalls(plain.port, "sem.acquire"), "B waits in the module");
+          // B blocks in the module (a client whose last command is SEM.ACQUIRE, blocked).
+          until(() -> Commands.text(SemaphoreTest.raw(plain.port, "CLIENT", "LIST"))
+              .contains("cmd=sem.acquire"), "B's wait in the module");
           // (a) A's release goes through the script (A asked less than 10 s ago) and serves
           // B's wait in the module at once.
           long releases = commandCalls(plain.port, "evalsha");
@@ -262,6 +268,16 @@ class WaitingTest {
       } finally {
         pool.shutdownNow();
       }
+    }
+  }
+
+  /** Waits (up to 5 s) until {@code done}. */
+  private static void until(java.util.function.BooleanSupplier done, String what)
+      throws InterruptedException {
+    long end = System.nanoTime() + 5_000_000_000L;
+    while (!done.getAsBoolean()) {
+      assertTrue(System.nanoTime() < end, "not within 5 s: " + what);
+      Thread.sleep(5);
     }
   }
 
