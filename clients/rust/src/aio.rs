@@ -462,8 +462,8 @@ impl Link {
         loop {
             let next = match action {
                 Action::Send(op) => {
-                    let (reply, backend) =
-                        self.send(&mut |backend| op.request(backend, long)).await?;
+                    let answer = self.send(&mut |backend| op.request(backend, long)).await;
+                    let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }
                 Action::Block { blpop, tick } => {

@@ -764,6 +764,17 @@ impl<'a> Wait<'a> {
         Action::Send(op)
     }
 
+    /// What the last [`Action::Send`] got, passed on: a failure the server answered (an error
+    /// reply) tells that nothing was granted; one of the connection leaves it unknown.
+    pub(crate) fn sent(&mut self, answer: Result<(Value, Backend)>) -> Result<(Value, Backend)> {
+        match &answer {
+            Err(Error::Redis(err)) if connection_broken(err) => {}
+            Err(Error::Unavailable { .. }) => {}
+            _ => self.unanswered = false,
+        }
+        answer
+    }
+
     /// Whether the module turned out loaded since the last call (asked once).
     pub(crate) fn take_module(&mut self) -> bool {
         std::mem::take(&mut self.module)
@@ -894,8 +905,9 @@ impl<'a> Wait<'a> {
     /// A message of the script's line: `G[ticket]` granted, `E<error>` its grant failed, `H`
     /// first in line with a lease ending soon (try again now), `M` the module is loaded.
     fn message(&mut self, message: &str) -> Result<Action> {
-        match message.split_at(message.len().min(1)) {
-            ("G", ticket) => {
+        let kind = message.chars().next().unwrap_or(' ');
+        match (kind, &message[kind.len_utf8().min(message.len())..]) {
+            ('G', ticket) => {
                 let ticket = match ticket {
                     "" => None,
                     ticket => Some(ticket.parse().map_err(|_| {
@@ -908,11 +920,11 @@ impl<'a> Wait<'a> {
                 };
                 Ok(self.granted(ticket.filter(|_| self.spec.fair)))
             }
-            ("E", error) => {
+            ('E', error) => {
                 self.in_line = false;
                 Err(server_error(error).into())
             }
-            ("M", _) => {
+            ('M', _) => {
                 self.module = true;
                 self.in_line = false;
                 Ok(self.attempt())
@@ -1203,6 +1215,125 @@ mod tests {
             next_step(&err(ErrorKind::ResponseError, "syntax"), true),
             Next::Fail
         );
+    }
+
+    fn refused(retry_ms: i64, ahead: i64) -> Value {
+        Value::Array(vec![Value::Nil, Value::Int(retry_ms), Value::Int(ahead)])
+    }
+
+    fn script_args(action: &Action) -> Vec<String> {
+        let Action::Send(op) = action else {
+            panic!("not a send");
+        };
+        let cmd = op.request(Backend::Scripts, false).unwrap().cmd;
+        cmd.args_iter()
+            .skip(9) // EVALSHA sha 6 and the six keys
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                redis::Arg::Cursor => unreachable!(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_waiting_loop_of_the_script() {
+        let mut spec = AcquireSpec::new("{j}".into());
+        spec.fair = true;
+        spec.wait = Some(Duration::from_secs(60));
+        let mut wait = Wait::new(&spec, "w1");
+        let first = wait.start();
+        let Action::Send(op) = &first else { panic!() };
+        assert!(op.first_attempt);
+        assert_eq!(
+            script_args(&first),
+            [
+                "ACQUIREFAIR",
+                "1",
+                "30.000",
+                "ID",
+                "w1",
+                "WITHTICKET",
+                "LINE"
+            ]
+        );
+        // First in line, a lease ends in 300 ms: BLPOP its own list, TICK then.
+        let Action::Block { blpop, tick } =
+            wait.answered(Backend::Scripts, refused(300, 0)).unwrap()
+        else {
+            panic!("no block");
+        };
+        assert_eq!(tick, Some(Duration::from_millis(302)));
+        let args: Vec<String> = blpop
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                redis::Arg::Cursor => unreachable!(),
+            })
+            .collect();
+        assert_eq!(args, ["BLPOP", "{j}:wake:w1", "2.500"]);
+        // H: try again at once, with the text that memory full allows.
+        let again = wait.popped(Some(("k".into(), "H".into()))).unwrap();
+        let Action::Send(op) = &again else { panic!() };
+        assert!(!op.first_attempt);
+        // Not first, or the lease ends after the BLPOP would: no TICK.
+        let Action::Block { tick, .. } = wait.answered(Backend::Scripts, refused(300, 1)).unwrap()
+        else {
+            panic!("no block");
+        };
+        assert_eq!(tick, None);
+        // A fair grant and its ticket; E is the server's error.
+        assert!(matches!(
+            wait.popped(Some(("k".into(), "G17".into()))).unwrap(),
+            Action::Granted(Some(17))
+        ));
+        let mut wait = Wait::new(&spec, "w2");
+        wait.start();
+        wait.answered(Backend::Scripts, refused(0, 2)).unwrap();
+        match wait.popped(Some(("k".into(), "EWRONGTYPE no".into()))) {
+            Err(Error::Redis(err)) => assert_eq!(err.code(), Some("WRONGTYPE")),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        // M: the module is loaded; the next attempt waits with it.
+        let mut wait = Wait::new(&spec, "w3");
+        wait.start();
+        wait.answered(Backend::Scripts, refused(0, 0)).unwrap();
+        assert!(matches!(
+            wait.popped(Some(("k".into(), "M".into()))).unwrap(),
+            Action::Send(_)
+        ));
+        assert!(wait.take_module() && !wait.take_module());
+        // Out of time in line: LEAVE, and a grant it answers is the caller's.
+        let mut spec = AcquireSpec::new("{j}".into());
+        spec.wait = Some(Duration::from_millis(1));
+        let mut wait = Wait::new(&spec, "w4");
+        wait.start();
+        std::thread::sleep(Duration::from_millis(5));
+        let leave = wait.answered(Backend::Scripts, refused(0, 0)).unwrap();
+        assert_eq!(script_args(&leave), ["LEAVE", "w4"]);
+        assert!(matches!(
+            wait.answered(Backend::Scripts, Value::BulkString(b"G".to_vec())),
+            Ok(Action::Granted(None))
+        ));
+        // Not waiting: no LINE, and a refusal is the end.
+        let spec = AcquireSpec::new("{j}".into());
+        let mut wait = Wait::new(&spec, "w5");
+        let first = wait.start();
+        assert_eq!(script_args(&first), ["ACQUIRE", "1", "30.000", "ID", "w5"]);
+        assert!(matches!(
+            wait.answered(Backend::Scripts, refused(0, 0)),
+            Err(Error::NotAcquired)
+        ));
+        assert!(wait.abandon().is_none());
+    }
+
+    #[test]
+    fn the_two_texts_of_the_script() {
+        let (oom, _) = script(false);
+        let (acq, _) = script(true);
+        assert!(oom.starts_with("#!lua flags=allow-oom\n"));
+        assert!(acq.starts_with("#!lua\n"));
+        assert_eq!(&oom[OOM_LINE.len()..], &acq["#!lua".len()..]);
+        assert_ne!(script(false).1, script(true).1);
     }
 
     #[test]

@@ -258,7 +258,8 @@ impl Link {
         loop {
             let next = match action {
                 Action::Send(op) => {
-                    let (reply, backend) = self.send(&mut |backend| op.request(backend, long))?;
+                    let answer = self.send(&mut |backend| op.request(backend, long));
+                    let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }
                 Action::Block { blpop, tick } => {
