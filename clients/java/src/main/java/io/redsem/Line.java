@@ -98,9 +98,9 @@ final class Line implements AutoCloseable {
   }
 
   private <T> T runCluster(Op<T> op, long until) {
-    long start = System.nanoTime();
-    long giveUp = until == Long.MAX_VALUE ? start + retryForNanos
-        : Math.min(start + retryForNanos, until);
+    // The budget runs from the first failure: a wait may have gone on long before it.
+    long giveUp = 0;
+    boolean failed = false;
     long pause = FIRST_PAUSE_MS;
     String asked = null;
     int redirections = 0; // in a row: nodes that disagree for a moment send a call back and forth
@@ -141,6 +141,12 @@ final class Line implements AutoCloseable {
         if (e instanceof WaitInterrupted) {
           closeConn(true);
           throw e;
+        }
+        if (!failed) {
+          failed = true;
+          long now = System.nanoTime();
+          giveUp = until == Long.MAX_VALUE ? now + retryForNanos
+              : Math.min(now + retryForNanos, until);
         }
         Transport.Failure failure = transport.classify(e);
         switch (failure.kind) {

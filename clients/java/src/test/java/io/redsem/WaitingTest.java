@@ -16,6 +16,7 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.params.ParameterizedTest;
@@ -309,6 +310,46 @@ class WaitingTest {
       long made = connectionsReceived() - before - 1;
       assertTrue(made <= 8, made + " connections made for 50 waits");
       assertTrue(holder.release());
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(Kind.class)
+  void anInterruptedWaiterLeavesTheLine(Kind kind) throws Exception {
+    assumeTrue(SCRIPTS, "the script's line");
+    String jobs = name("interrupted");
+    try (Kind.Client c = kind.connect(server.port)) {
+      Permit holder = c.redsem.semaphore(jobs).limit(1).acquire();
+      AtomicReference<Throwable> failure = new AtomicReference<>();
+      Thread waiter = new Thread(() -> {
+        try {
+          c.redsem.semaphore(jobs).limit(1).waitFor(Duration.ofSeconds(20)).acquire();
+        } catch (Throwable e) {
+          failure.set(e);
+        }
+      });
+      waiter.start();
+      until(() -> Long.valueOf(1).equals(raw("ZCARD", jobs + ":line")), "the waiter in line");
+      waiter.interrupt();
+      waiter.join(10_000); // Jedis reads on until its BLPOP ends (2.5 s at most)
+      assertFalse(waiter.isAlive());
+      assertTrue(failure.get() instanceof RedsemException, "the acquire says so: " + failure);
+      assertTrue(failure.get().getMessage().contains("interrupted"), failure.get().getMessage());
+      assertEquals(0L, raw("EXISTS", jobs + ":line"), "it left the line");
+      // The next waiter is served at the release, not after a dead place.
+      ExecutorService pool = Executors.newSingleThreadExecutor();
+      try {
+        Future<Long> next = grantTime(pool,
+            c.redsem.semaphore(jobs).limit(1).waitFor(Duration.ofSeconds(10)).build());
+        until(() -> Long.valueOf(1).equals(raw("ZCARD", jobs + ":line")), "the next in line");
+        assertTrue(holder.release());
+        long released = System.nanoTime();
+        long late = next.get(10, TimeUnit.SECONDS) - released;
+        assertTrue(late < 100_000_000L, "granted " + ms(late) + " ms after the release");
+      } finally {
+        pool.shutdownNow();
+      }
+      assertEquals(0L, raw("EXISTS", jobs), "nobody holds a permit");
     }
   }
 
