@@ -50,8 +50,12 @@ const HELP = `usage: node bench/clients/waiting.js --server PATH --module PATH [
   --lease-ms MS         the lease that runs out in the lease-end cell (default 300)
   --lease-waiters N     waiters in the lease-end cell (default 10)
   --lease-seconds S     seconds of the lease-end cell (default 2 x --seconds)
+  --fair-clients N      clients in the fair cell (default 32)
+  --fair-limit N        the fair cell's limit (default 3)
+  --fair-hold-ms MS     how long a fair-cell holder holds (default 30)
+  --fair-seconds S      seconds of the fair cell (default 2 x --seconds)
   --contenders LIST     scripts,rs-sem,rs-mutex,module (default: all)
-  --cells LIST          handoff,idle,lease (default: all)
+  --cells LIST          handoff,idle,lease,fair (default: all)
   --out PATH            also write the Markdown here
   --command TEXT        the command line to print (bench/clients/run passes its own)`;
 
@@ -65,8 +69,12 @@ function parseArgs(argv) {
     leaseMs: 300,
     leaseWaiters: 10,
     leaseSeconds: null,
+    fairClients: 32,
+    fairLimit: 3,
+    fairHoldMs: 30,
+    fairSeconds: null,
     contenders: ["scripts", "rs-sem", "rs-mutex", "module"],
-    cells: ["handoff", "idle", "lease"],
+    cells: ["handoff", "idle", "lease", "fair"],
     server: "redis-server",
     module: null,
     out: null,
@@ -86,6 +94,10 @@ function parseArgs(argv) {
       case "--lease-ms": o.leaseMs = Number(value()); break;
       case "--lease-waiters": o.leaseWaiters = Number(value()); break;
       case "--lease-seconds": o.leaseSeconds = Number(value()); break;
+      case "--fair-clients": o.fairClients = Number(value()); break;
+      case "--fair-limit": o.fairLimit = Number(value()); break;
+      case "--fair-hold-ms": o.fairHoldMs = Number(value()); break;
+      case "--fair-seconds": o.fairSeconds = Number(value()); break;
       case "--contenders": o.contenders = list(value()); break;
       case "--cells": o.cells = list(value()); break;
       case "--server": o.server = value(); break;
@@ -100,6 +112,7 @@ function parseArgs(argv) {
   if (o.clients == null) o.clients = o.smoke ? [1, 10] : [1, 10, 100];
   if (o.restMs == null) o.restMs = o.holdMs / 2;
   if (o.leaseSeconds == null) o.leaseSeconds = 2 * o.seconds;
+  if (o.fairSeconds == null) o.fairSeconds = 2 * o.seconds;
   for (const c of o.contenders) {
     if (!CONTENDERS[c]) throw new Error(`unknown contender ${c}`);
   }
@@ -204,22 +217,27 @@ class StampingRedis extends Redis {
     if (slot) {
       const command = String(args[0]).toUpperCase();
       let kind = null;
-      if (command === "SEM.ACQUIRE") kind = "acquire";
+      if (command === "SEM.ACQUIRE" || command === "SEM.ACQUIREFAIR") kind = "acquire";
       else if (command === "SEM.RELEASE") kind = "release";
       else if (command === "SEM.REFRESH") kind = "refresh";
       else if (command === "EVALSHA" || command === "EVAL") {
         // EVALSHA sha numkeys key... OP args...
         const op = String(args[3 + Number(args[2])]).toUpperCase();
-        if (op === "ACQUIRE") kind = "script-acquire";
+        if (op === "ACQUIRE" || op === "ACQUIREFAIR") kind = "script-acquire";
         else if (op === "RELEASE") kind = "release";
         else if (op === "REFRESH") kind = "refresh";
+        else if (op === "LEAVE") kind = "script-message";
+      } else if (command === "BLPOP") {
+        kind = "script-wake";
       }
       if (kind) {
         reply.then((r) => {
           const t = now();
           if (kind === "release") slot.released = t;
           else if (kind === "refresh") slot.renewed = t;
-          else if (kind === "acquire" ? r != null : Array.isArray(r) && r[0] != null) slot.granted = t;
+          else if (kind === "acquire" ? r != null : kind === "script-acquire" ? Array.isArray(r) && r[0] != null
+            : kind === "script-wake" ? Array.isArray(r) && String(r[1]).startsWith("G")
+              : r != null && String(r).startsWith("G")) slot.granted = t;
         }, () => {});
       }
     }
@@ -245,11 +263,11 @@ function redsemContender(port) {
       const p = await redsem.acquire(c, `${name}:warm`, { limit: 1000, lease: 10, autoRefresh: false });
       await p.release();
     },
-    async acquire(c, name, leaseMs, refresh) {
+    async acquire(c, name, leaseMs, refresh, { fair = false, limit = 1 } = {}) {
       c.slot.granted = null;
       c.slot.renewed = null;
       const permit = await redsem.acquire(c, name, {
-        limit: 1, lease: leaseMs / 1000, wait: 120, autoRefresh: refresh,
+        limit, lease: leaseMs / 1000, wait: 120, autoRefresh: refresh, fair,
       });
       const granted = c.slot.granted ?? now();
       // After a long wait the package confirms the lease with a refresh: it starts there.
@@ -273,11 +291,12 @@ function redisSemaphoreContender(port, Kind) {
       await lock.acquire();
       await lock.release();
     },
-    async acquire(c, name, leaseMs, refresh) {
+    async acquire(c, name, leaseMs, refresh, { limit = 1 } = {}) {
       // As shipped (retryInterval 10 ms), but with room to wait: 100 waiters take seconds.
+      // It has no fair kind: in the fair cell it is its Semaphore as it is.
       const options = { lockTimeout: leaseMs, acquireTimeout: 120000 };
       if (!refresh) options.refreshInterval = 0;
-      const lock = Kind === Mutex ? new Mutex(c, name, options) : new Semaphore(c, name, 1, options);
+      const lock = Kind === Mutex ? new Mutex(c, name, options) : new Semaphore(c, name, limit, options);
       await lock.acquire();
       const granted = now();
       return { lock, granted, leaseStart: granted };
@@ -420,6 +439,63 @@ async function idleCell(opts, server, contender, n) {
   return { kind: "idle", n, seconds: (t1 - t0) / 1000, server: delta(before, after), granted: 0, late: [], failures, lag };
 }
 
+/**
+ * First come, first served: --fair-clients clients on a fair semaphore of --fair-limit, each:
+ * acquire (waiting), hold --fair-hold-ms, release, again at once. Waits (call to grant), and
+ * the grants that overtook a client which had started waiting more than 1 ms before and was
+ * granted more than 2 ms after (an order violation).
+ */
+async function fairCell(opts, server, contender) {
+  const name = "{bench}";
+  const n = opts.fairClients;
+  const clients = await withClients(server, contender, n, name);
+  const grants = []; // { w: wait start, g: grant }
+  let failures = 0;
+  let stop = false;
+  const loop = async (c) => {
+    while (!stop) {
+      const w = now();
+      let h;
+      try {
+        h = await contender.acquire(c, name, 10000, true, { fair: true, limit: opts.fairLimit });
+      } catch (err) {
+        if (failures++ === 0) process.stderr.write(`(${err.message}) `);
+        await sleep(10);
+        continue;
+      }
+      grants.push({ w, g: h.granted });
+      if (!stop) await sleep(opts.fairHoldMs);
+      await contender.release(c, h);
+    }
+  };
+  const before = await snapshot(server.admin);
+  const lagged = watchLag();
+  const t0 = now();
+  const running = clients.map(loop);
+  await sleep(opts.fairSeconds * 1000);
+  const after = await snapshot(server.admin);
+  const lag = lagged();
+  const t1 = now();
+  stop = true;
+  await Promise.all(running);
+  await closeAll(clients);
+  // Waits that began after a warm-up of a second (the first arrivals all come at once).
+  const counted = grants.filter((x) => x.w >= t0 + 1000 && x.g <= t1);
+  const waits = counted.map((x) => x.g - x.w).sort((a, b) => a - b);
+  const byStart = grants.slice().sort((a, b) => a.w - b.w);
+  let violations = 0;
+  let latestBefore = -Infinity; // the latest grant among waits begun > 1 ms before
+  let k = 0;
+  for (const x of byStart) {
+    while (k < byStart.length && byStart[k].w < x.w - 1) latestBefore = Math.max(latestBefore, byStart[k++].g);
+    if (x.w >= t0 + 1000 && x.g <= t1 && latestBefore > x.g + 2) violations++;
+  }
+  const seconds = (t1 - t0) / 1000;
+  const granted = grants.filter((x) => x.g >= t0 && x.g <= t1).length;
+  return { kind: "fair", n, seconds, server: delta(before, after), granted, late: [], waits, violations,
+    failures, lag };
+}
+
 /** Holders never release: each lease runs out; lateness from its end to the next grant. */
 async function leaseCell(opts, server, contender) {
   const name = "bench";
@@ -490,6 +566,7 @@ async function runCell(opts, key, kind, n) {
     const contender = spec.make(server.port);
     if (kind === "handoff") return await handoffCell(opts, server, contender, n);
     if (kind === "idle") return await idleCell(opts, server, contender, n);
+    if (kind === "fair") return await fairCell(opts, server, contender);
     return await leaseCell(opts, server, contender);
   } finally {
     await server.stop();
@@ -579,7 +656,7 @@ function report(opts, results, command) {
   const ratioOf = (row, bf, v, b) => (row.key === "module" || !bf ? "" : ` (${ratio(v, b)})`);
   lines.push("| cell | contender | grants/s | late median | late p99 | n | sent/s/waiter | all/s/waiter | sent/grant | all/grant | CPU µs/grant | by command | lag max |");
   lines.push("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|");
-  for (const cell of results.cells.filter((c) => c.kind !== "idle")) {
+  for (const cell of results.cells.filter((c) => c.kind !== "idle" && c.kind !== "fair")) {
     const base = cell.rows.find((row) => row.key === "module");
     const bf = base ? figures(base.result, "module") : null;
     for (const row of cell.rows) {
@@ -617,6 +694,39 @@ function report(opts, results, command) {
       }
     }
   }
+  const fair = results.cells.filter((c) => c.kind === "fair");
+  if (fair.length) {
+    lines.push("");
+    lines.push(`First come, first served: ${opts.fairClients} clients on a fair semaphore of limit ` +
+      `${opts.fairLimit} (redis-semaphore: its Semaphore, which has no fair kind), each acquire ` +
+      `(waiting) → hold ${opts.fairHoldMs} ms → release → again, ${opts.fairSeconds} s; **wait**: ` +
+      "from the call to the grant reply, over the waits begun after the first second; " +
+      "**overtaken**: grants to a client that began waiting more than 1 ms after another client " +
+      "still waiting, which was granted more than 2 ms later.");
+    lines.push("");
+    lines.push("| contender | grants/s | wait p50 | wait p99 | wait max | n | overtaken | sent/grant | all/grant | CPU µs/grant | by command | lag max |");
+    lines.push("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|");
+    for (const cell of fair) {
+      const base = cell.rows.find((row) => row.key === "module");
+      const bf = base ? figures(base.result, "module") : null;
+      const bw = base ? base.result.waits : [];
+      for (const row of cell.rows) {
+        const f = figures(row.result, row.key);
+        const w = row.result.waits;
+        const x = (v, b) => ratioOf(row, bf, v, b);
+        const fail = row.result.failures ? ` (${row.result.failures} acquires failed)` : "";
+        lines.push(`| ${CONTENDERS[row.key].label}${fail} | ${fmt(f.grantsPerSec, 1)} | ` +
+          `${fmt(quantile(w, 0.5), 0)}${x(quantile(w, 0.5), quantile(bw, 0.5))} | ` +
+          `${fmt(quantile(w, 0.99), 0)}${x(quantile(w, 0.99), quantile(bw, 0.99))} | ` +
+          `${fmt(w[w.length - 1], 0)}${x(w[w.length - 1], bw[bw.length - 1])} | ${w.length} | ` +
+          `${row.result.violations} | ` +
+          `${fmt(f.sentPerGrant, 1)}${x(f.sentPerGrant, bf && bf.sentPerGrant)} | ` +
+          `${fmt(f.allPerGrant, 1)}${x(f.allPerGrant, bf && bf.allPerGrant)} | ` +
+          `${fmt(f.cpuPerGrant, 0)}${x(f.cpuPerGrant, bf && bf.cpuPerGrant)} | ` +
+          `${f.breakdown} | ${fmt(f.lag, 0)} |`);
+      }
+    }
+  }
   lines.push("");
   return lines.join("\n");
 }
@@ -630,6 +740,7 @@ async function main() {
   if (opts.cells.includes("handoff")) for (const n of opts.clients) plan.push({ kind: "handoff", n });
   if (opts.cells.includes("idle")) for (const n of opts.clients) plan.push({ kind: "idle", n });
   if (opts.cells.includes("lease")) plan.push({ kind: "lease", n: opts.leaseWaiters });
+  if (opts.cells.includes("fair")) plan.push({ kind: "fair", n: opts.fairClients });
   const results = { cells: [], version: "", rsVersion: require("redis-semaphore/package.json").version };
   for (const cell of plan) {
     const rows = [];
