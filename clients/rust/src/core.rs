@@ -1327,6 +1327,21 @@ mod tests {
     }
 
     #[test]
+    fn no_module_is_believed_for_10_s_the_module_for_good() {
+        let long_ago = Instant::now() - RECHECK;
+        let old = |backend| Known {
+            backend,
+            at: long_ago,
+        };
+        assert_eq!(old(Backend::Scripts).current(), None);
+        assert_eq!(old(Backend::Module).current(), Some(Backend::Module));
+        assert_eq!(
+            Known::new(Backend::Scripts).current(),
+            Some(Backend::Scripts)
+        );
+    }
+
+    #[test]
     fn the_two_texts_of_the_script() {
         let (oom, _) = script(false);
         let (acq, _) = script(true);
