@@ -240,6 +240,58 @@ class ClusterTest {
 
   @ParameterizedTest
   @EnumSource(ClusterKind.class)
+  @Order(3)
+  void theScriptsLineOnTheSlotsPrimary(ClusterKind kind) throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeTrue(SCRIPTS, "the script's line");
+    String jobs = name("line");
+    int owner = ownerOf(Commands.slot(jobs));
+    try (Kind.Client c = kind.connect()) {
+      ExecutorService pool = Executors.newFixedThreadPool(4);
+      try {
+        // First come, first served: the line and the waiters' lists on the slot's primary.
+        Permit holder = c.redsem.semaphore(jobs).limit(1).fair(true).acquire();
+        List<Integer> order = Collections.synchronizedList(new ArrayList<>());
+        List<Future<?>> done = new ArrayList<>();
+        for (int i = 0; i < 4; i++) {
+          int arrival = i;
+          done.add(pool.submit(() -> {
+            Permit p = c.redsem.semaphore(jobs).limit(1).fair(true).waitFor(20).acquire();
+            order.add(arrival);
+            assertTrue(p.release());
+            return null;
+          }));
+          long until = System.nanoTime() + 5_000_000_000L;
+          while (!Long.valueOf(i + 1).equals(SemaphoreTest.raw(owner, "ZCARD", jobs + ":line"))) {
+            assertTrue(System.nanoTime() < until, "waiter " + i + " not in line within 5 s");
+            Thread.sleep(5);
+          }
+        }
+        assertTrue(holder.release());
+        for (Future<?> f : done) {
+          f.get(30, TimeUnit.SECONDS);
+        }
+        assertEquals(List.of(0, 1, 2, 3), order, "granted in arrival order");
+
+        // A lease's end: the TICK goes to the slot's primary, on another connection.
+        String ends = name("lease-end");
+        c.redsem.semaphore(ends).limit(1).lease(0.3).autoRefresh(false).acquire();
+        long after = System.nanoTime();
+        Future<Long> waiter = pool.submit(() -> {
+          Permit p = c.redsem.semaphore(ends).limit(1).waitFor(5).acquire();
+          long at = System.nanoTime();
+          p.release();
+          return at;
+        });
+        long late = waiter.get(10, TimeUnit.SECONDS) - (after + 300_000_000L);
+        assertTrue(late < 150_000_000L, "granted " + late / 1_000_000 + " ms after the lease end");
+      } finally {
+        pool.shutdownNow();
+      }
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
   @Order(4)
   void aReshardUnderLoad(ClusterKind kind) throws Exception {
     String moving = name("move");
