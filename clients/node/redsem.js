@@ -151,8 +151,9 @@ function acquireArgs(name, opts, id) {
 }
 
 /**
- * The four things a permit does with a connection (send a command, open a connection of its
- * own, close it, drop it), over either client library.
+ * What a permit does with a connection (send a command, open a connection of its own, close
+ * it, drop it) and what the pool asks of one (is it open, hold the process for it, its end),
+ * over either client library.
  */
 function adapt(redis) {
   if (redis && typeof redis.call === "function" && typeof redis.duplicate === "function") {
@@ -170,7 +171,7 @@ function adapt(redis) {
         if (stream && typeof stream.ref === "function") (on ? stream.ref : stream.unref).call(stream);
       },
       quiet: () => redis.on("error", () => {}), // its commands report what goes wrong
-      onEnd: (fn) => redis.once("end", fn),
+      onEnd: (fn) => typeof redis.once === "function" && redis.once("end", fn),
       commandTimeout: redis.options && redis.options.commandTimeout,
       // ioredis prefixes the keys of the commands it knows (EVALSHA's, BLPOP's), not the names
       // passed to the module's commands.
@@ -218,7 +219,7 @@ function adapt(redis) {
         }
       },
       quiet: () => {},
-      onEnd: (fn) => redis.once("end", fn),
+      onEnd: (fn) => typeof redis.once === "function" && redis.once("end", fn),
       commandTimeout: undefined,
     };
   }
@@ -534,9 +535,11 @@ const POOL_SIZE = 8;
 const poolSizes = new WeakMap();
 
 class Pool {
-  constructor(raw, open) {
+  /** `open()` makes a connection; `serving()` is false once the client has closed. */
+  constructor(raw, open, serving = () => true) {
     this.raw = raw;
     this.open = open;
+    this.serving = serving;
     this.idle = [];
   }
 
@@ -560,7 +563,7 @@ class Pool {
 
   /** A connection back after a finished call: kept idle, or closed when the pool is full. */
   give(conn) {
-    if (this.idle.length >= this.size || !conn.alive() || this.ended) {
+    if (this.idle.length >= this.size || !conn.alive() || !this.serving()) {
       Promise.resolve(conn.close()).catch(() => {});
       return;
     }
@@ -580,11 +583,12 @@ const pools = new WeakMap();
 function poolOf(client) {
   let pool = pools.get(client.raw);
   if (!pool) {
-    pool = new Pool(client.raw, async () => {
+    const open = async () => {
       const conn = await ownConnection(client, Infinity);
       conn.quiet();
       return conn;
-    });
+    };
+    pool = new Pool(client.raw, open, () => client.alive());
     pools.set(client.raw, pool);
     client.onEnd(() => pool.drain());
   }
