@@ -282,6 +282,33 @@ class WaitingTest {
     }
   }
 
+  @org.junit.jupiter.api.Test
+  void aServerWithoutTheModuleIsAskedAgainAfter10s() throws Exception {
+    assumeTrue(SCRIPTS && System.getenv("REDSEM_MODULE") != null,
+        "the script's clients, with the module's .so at hand (REDSEM_MODULE)");
+    try (RedisServer plain = RedisServer.start(false, "--enable-module-command", "yes");
+        Kind.Client jedis = Kind.JEDIS.connect(plain.port);
+        Kind.Client lettuce = Kind.LETTUCE.connect(plain.port)) {
+      for (Kind.Client c : List.of(jedis, lettuce)) {
+        c.redsem.semaphore(name("asked")).acquire().close(); // asked: no module
+      }
+      long asked = System.nanoTime();
+      assertEquals("OK", Commands.text(
+          SemaphoreTest.raw(plain.port, "MODULE", "LOAD", RedisServer.module())));
+      for (Kind.Client c : List.of(jedis, lettuce)) {
+        // Within 10 s the answer stands (BOUND is the module's only).
+        assertThrows(ModuleRequired.class,
+            () -> c.redsem.semaphore(name("bound")).bound(true).acquire());
+      }
+      Thread.sleep(Math.max(0, 10_100 - ms(System.nanoTime() - asked)));
+      for (Kind.Client c : List.of(jedis, lettuce)) {
+        try (Permit bound = c.redsem.semaphore(name("bound")).bound(true).acquire()) {
+          assertFalse(bound.isLost());
+        }
+      }
+    }
+  }
+
   private static long connectionsReceived() {
     String stats = Commands.text(raw("INFO", "stats"));
     for (String line : stats.split("\r\n")) {
