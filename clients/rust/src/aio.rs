@@ -503,6 +503,7 @@ impl Link {
             return self.plain(blpop).await;
         };
         let mut ticker = self.sibling(Kind::Shared);
+        ticker.once = true; // a TICK that fails is skipped: the BLPOP ends in time anyway
         let mut popping = std::pin::pin!(self.plain::<Option<(String, String)>>(blpop));
         let mut at = Instant::now() + first;
         loop {

@@ -299,6 +299,7 @@ impl Link {
             return self.plain(blpop);
         };
         let mut ticker = self.sibling();
+        ticker.once = true; // a TICK that fails is skipped: the BLPOP ends in time anyway
         let (done, stopped) = mpsc::channel::<()>();
         thread::scope(|scope| {
             scope.spawn(move || {
