@@ -553,6 +553,97 @@ fn sets_and_limits(cluster: &Cluster, rt: &tokio::runtime::Runtime) {
     assert_eq!(redsem_client::stored_limit(cluster, "{lim}").unwrap(), None);
 }
 
+/// The waiters of `name` in line on its node: the module's, or the script's (`<name>:line`).
+fn in_line(conn: &mut redis::Connection, name: &str) -> u64 {
+    if scripts() {
+        return redis::cmd("ZCARD")
+            .arg(format!("{name}:line"))
+            .query(conn)
+            .unwrap();
+    }
+    let mut get = redis::cmd("SEM.GET");
+    get.arg(name);
+    for suffix in [":owner", ":counter", ":permits", ":limit"] {
+        get.arg(format!("{name}{suffix}"));
+    }
+    let json: String = get.arg("JSON").query(conn).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    json["waiters"].as_u64().unwrap()
+}
+
+/// On the slot's primary, the line as the module keeps it: fair waiters arriving 30 ms apart
+/// are granted in that order, and a lease's end is handed on within 150 ms (sync and async).
+fn the_line_on_the_slots_primary(nodes: &Nodes, cluster: &Cluster, rt: &tokio::runtime::Runtime) {
+    let name = "{line}";
+    let mut owner = nodes.conn(nodes.owner(slot(name)));
+    let sem = Semaphore::new(cluster, name)
+        .fair(true)
+        .wait(Some(Duration::from_secs(20)));
+    let holder = sem.clone().wait(None).acquire().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for n in 0..4 {
+        let (sem, order) = (sem.clone(), order.clone());
+        waiters.push(thread::spawn(move || {
+            let permit = sem.acquire().unwrap();
+            order.lock().unwrap().push(n);
+            assert!(permit.release().unwrap());
+        }));
+        let started = Instant::now();
+        while in_line(&mut owner, name) != n + 1 {
+            assert!(started.elapsed() < Duration::from_secs(10), "not in line");
+            thread::sleep(Duration::from_millis(5));
+        }
+        thread::sleep(Duration::from_millis(30));
+    }
+    assert!(holder.release().unwrap());
+    for waiter in waiters {
+        waiter.join().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
+
+    let lease = Duration::from_millis(300);
+    let holder = sem
+        .clone()
+        .wait(None)
+        .lease(lease)
+        .auto_refresh(false)
+        .acquire()
+        .unwrap();
+    let lease_end = Instant::now() + lease;
+    let permit = sem.acquire().unwrap();
+    let late = Instant::now().saturating_duration_since(lease_end);
+    assert!(
+        late < Duration::from_millis(150),
+        "{late:?} after the lease"
+    );
+    assert!(!holder.release().unwrap());
+    assert!(permit.release().unwrap());
+    rt.block_on(async {
+        let sem = aio::Semaphore::new(cluster, name).fair(true);
+        let holder = sem
+            .clone()
+            .lease(lease)
+            .auto_refresh(false)
+            .acquire()
+            .await
+            .unwrap();
+        let lease_end = Instant::now() + lease;
+        let permit = sem
+            .wait(Some(Duration::from_secs(5)))
+            .acquire()
+            .await
+            .unwrap();
+        let late = Instant::now().saturating_duration_since(lease_end);
+        assert!(
+            late < Duration::from_millis(150),
+            "async: {late:?} after the lease"
+        );
+        assert!(!holder.release().await.unwrap());
+        assert!(permit.release().await.unwrap());
+    });
+}
+
 /// What a load saw: the most holders of each name at once, each name's tickets in the order
 /// granted, and the calls that failed.
 #[derive(Default)]
@@ -754,6 +845,7 @@ fn calls_errors_load_and_a_reshard_under_load() {
     let mut owner = nodes.conn(nodes.owner(slot("{calls-async}")));
     rt.block_on(calls_async(&cluster, "{calls-async}", &mut owner));
     sets_and_limits(&cluster, &rt);
+    the_line_on_the_slots_primary(&nodes, &cluster, &rt);
     clusters_made_of_connections(&nodes, &rt);
 
     // Limits under concurrent acquirers over names in three slots (three primaries).
