@@ -444,3 +444,31 @@ fn a_zero_or_infinite_lease_is_refused_before_anything_is_sent() {
     assert_eq!(calls(&mut conn, "command|info"), before);
     assert_eq!(run::<i64>(&mut conn, &["DBSIZE"]), 0);
 }
+
+/// A client that found no module asks again once that answer is 10 s old: its permit's
+/// release, the first call after that, is the module's own command.
+#[test]
+fn without_the_module_a_client_asks_again_after_10_s() {
+    if std::env::var_os("REDSEM_MODULE").is_none() {
+        eprintln!("REDSEM_MODULE is not set: skipped");
+        return;
+    }
+    let server = server_without_module();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .lease(Duration::from_secs(60))
+        .auto_refresh(false)
+        .acquire()
+        .unwrap();
+    let asked = Instant::now();
+    let module = common::module_path();
+    let _: () = run(&mut conn, &["MODULE", "LOAD", module.to_str().unwrap()]);
+    assert!(permit.refresh().unwrap()); // within 10 s: by the script (which calls the module)
+    let runs = script_runs(&mut conn);
+    let asked_before = questions(&mut conn);
+    thread::sleep(Duration::from_secs(10).saturating_sub(asked.elapsed()));
+    assert!(permit.release().unwrap());
+    assert_eq!(script_runs(&mut conn), runs);
+    assert_eq!(calls(&mut conn, "sem.release"), 1);
+    assert_eq!(questions(&mut conn), asked_before + 1);
+}
