@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -121,6 +122,7 @@ func clusterModule() bool { return os.Getenv("REDSEM_CLUSTER") != "scripts" }
 func TestCluster(t *testing.T) {
 	tc, cc := startCluster(t)
 	t.Run("Basics", func(t *testing.T) { clusterBasics(t, cc) })
+	t.Run("Waits", func(t *testing.T) { clusterWaits(t, tc) })
 	t.Run("SlotMoveUnderLoad", func(t *testing.T) { clusterMove(t, tc, cc) })
 	t.Run("PrimaryKilledUnderAWaiter", func(t *testing.T) { clusterFailover(t, tc, cc) })
 }
@@ -301,4 +303,82 @@ func clusterFailover(t *testing.T, tc *testCluster, cc *redis.ClusterClient) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n, "one holder, never two")
 	require.NoError(t, r.p.Release(bg))
+}
+
+// clusterWaits: on the slot's primary, waiters are granted in arrival order, the first at a
+// lease's end (TICK from a timer, on the node's pool), and sequential waits reuse the node's
+// connections.
+func clusterWaits(t *testing.T, tc *testCluster) {
+	const name, poolSize = "{line}", 3
+	var addrs []string
+	for _, n := range tc.nodes {
+		if n.Primary && n.Alive {
+			addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", n.Port))
+		}
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: poolSize})
+	defer cc.Close()
+
+	holder, err := Acquire(bg, cc, name, Options{Limit: 1, Fair: true})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func(who int) {
+			defer wg.Done()
+			p, err := Acquire(bg, cc, name, Options{Limit: 1, Fair: true, Wait: 20 * time.Second})
+			if !assert.NoError(t, err) {
+				return
+			}
+			mu.Lock()
+			order = append(order, who)
+			mu.Unlock()
+			assert.NoError(t, p.Release(bg))
+		}(i)
+		time.Sleep(30 * time.Millisecond)
+	}
+	require.NoError(t, holder.Release(bg))
+	wg.Wait()
+	assert.Equal(t, []int{0, 1, 2, 3}, order, "first come, first served")
+
+	_, err = Acquire(bg, cc, name, Options{Limit: 1, Lease: 300 * time.Millisecond,
+		ManualRefresh: true}) // never refreshed nor released
+	require.NoError(t, err)
+	answered := time.Now()
+	p, err := Acquire(bg, cc, name, Options{Limit: 1, Wait: 5 * time.Second})
+	require.NoError(t, err)
+	assert.Less(t, time.Since(answered.Add(300*time.Millisecond)), 300*time.Millisecond,
+		"granted at the lease's end")
+	require.NoError(t, p.Release(bg))
+
+	node := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d",
+		tc.owner(t, keySlot(name)))})
+	defer node.Close()
+	received := func() int64 {
+		text, err := node.Info(bg, "stats").Result()
+		require.NoError(t, err)
+		for _, line := range strings.Split(text, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				require.NoError(t, err)
+				return n
+			}
+		}
+		t.Fatal("no total_connections_received in INFO stats")
+		return 0
+	}
+	before := received()
+	for i := 0; i < 20; i++ {
+		holder, err := Acquire(bg, cc, name, Options{Limit: 1})
+		require.NoError(t, err)
+		time.AfterFunc(20*time.Millisecond, func() { _ = holder.Release(bg) })
+		p, err := Acquire(bg, cc, name, Options{Limit: 1, Wait: 5 * time.Second})
+		require.NoError(t, err)
+		require.NoError(t, p.Release(bg))
+	}
+	grew := received() - before
+	t.Logf("20 waits: %d connections received by the slot's primary", grew)
+	assert.LessOrEqual(t, grew, int64(poolSize))
 }
