@@ -168,7 +168,9 @@ function adapt(redis) {
       // An idle pooled connection does not keep the process alive.
       hold: (on) => {
         const stream = redis.stream;
-        if (stream && typeof stream.ref === "function") (on ? stream.ref : stream.unref).call(stream);
+        if (!stream || typeof stream.ref !== "function") return;
+        if (on) stream.ref();
+        else stream.unref();
       },
       quiet: () => redis.on("error", () => {}), // its commands report what goes wrong
       onEnd: (fn) => typeof redis.once === "function" && redis.once("end", fn),
@@ -370,10 +372,10 @@ function granted(message, opts, id) {
  * every NUDGE_MS (which renews its place), and leaves the line when its time is up. The first in
  * line asks the server to serve the line (TICK) right after the next lease ends, as the
  * server's own timer at hz 10 would be late. `way` says where each call goes: script(opArgs,
- * first), tick(), blpop(key, ms). Resolves with { reply, sent } (reply null: not granted; sent:
- * when the last try before the grant was sent, before the lease started), or with { module:
- * true, reply, sent, left } when the server has the module now (left: seconds of the wait left,
- * null when none).
+ * first), tick(), blpop(key, ms), clear(key). Resolves with { reply, sent } (reply null: not
+ * granted; sent: when the last try before the grant was sent, before the lease started), or
+ * with { module: true, reply, sent, left } when the server has the module now (left: seconds
+ * of the wait left, null when none).
  */
 async function scriptAcquire(way, name, opts, id) {
   const args = [opts.fair ? "ACQUIREFAIR" : "ACQUIRE", opts.limit, seconds(opts.lease), "ID", id];
@@ -398,6 +400,12 @@ async function scriptAcquire(way, name, opts, id) {
       if (Number(ahead) === -1) {
         inLine = false; // the script gave up its line for the module
         return { module: true, reply, sent, left: waiting ? leftSeconds() : null };
+      }
+      if (reply != null && inLine) {
+        // Granted by this try while in line: a grant told on the list meanwhile (the try only
+        // renewed it) would be taken by a later wait with this id as its own.
+        inLine = false;
+        await way.clear(key).catch(() => {}); // best effort: the grant is held
       }
       if (reply != null || !waiting) return { reply, sent };
       inLine = true;
@@ -505,6 +513,7 @@ function standaloneWay(client, conn, name) {
   return {
     script: (opArgs, first) => runScript(conn, name, opArgs, first),
     tick: () => runScript(client, name, ["TICK"]),
+    clear: (key) => client.call("DEL", key),
     blpop: async (key, ms) => {
       const pool = poolOf(client);
       const blocking = await pool.take();
@@ -1102,6 +1111,7 @@ class SlotLink {
           this.own ? "ours" : "shared",
         ),
       tick: () => this._retry("TICK", (conn) => runScript(conn, name, ["TICK"]), "shared"),
+      clear: (key) => this._retry("DEL", (conn) => conn.call("DEL", key), "shared"),
       blpop: (key, ms) => this.blpop(key, ms),
     };
   }
@@ -1734,7 +1744,8 @@ async function waitEmpty(redis, name, timeout, options = {}) {
   const client = await reach(redis, [name], opts.retryFor);
   if (!client.module) throw moduleRequired("SEM.WAITEMPTY");
   // It blocks, even for a millisecond: on a pooled connection.
-  const { reply } = await sendWaiting(client, client, false, timeout > 0 ? timeout : null, build, true);
+  const wait = timeout > 0 ? timeout : null;
+  const { reply } = await sendWaiting(client, client, false, wait, build, true);
   return reply === 1;
 }
 
