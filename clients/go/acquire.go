@@ -271,7 +271,7 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	}
 	plan := planWait(ctx, o.Wait)
 	var g granted
-	first := true // the first attempt sends the text refused when memory is full
+	var sw scriptWait
 	_, err = l.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
 		var err error
 		if e.scripts {
@@ -279,7 +279,7 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 				return nil, moduleRequired("BOUND")
 			}
 			var toModule bool
-			g, toModule, err = acquireByScript(ctx, e, o, name, id, plan, &first)
+			g, toModule, err = acquireByScript(ctx, e, o, name, id, plan, &sw)
 			if err != nil || !toModule {
 				return nil, err
 			}
@@ -302,6 +302,16 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 		}
 		return nil, err
 	})
+	if err != nil && err != errCancelled && sw.lined {
+		// Given up while it may be in the script's line: out of it, and a permit granted
+		// meanwhile given back, rather than held by nobody until its lease ends.
+		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _ = l.run(lctx, time.Time{}, func(e *endpoint) (any, error) {
+			leaveAfterCancel(e, name, id, "")
+			return nil, nil
+		})
+		cancel()
+	}
 	if err == errCancelled || (err == nil && g.reply == nil && plan.byCtx) {
 		l.close()
 		return nil, ctxErr(ctx, what)
@@ -389,7 +399,7 @@ func (p *Permit) afterGrant(ctx context.Context, o Options, name string, sent ti
 // it leaves the line (LEAVE), which hands it a grant made at that moment. toModule: the
 // module was found loaded with the wait not over: wait with the module.
 func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id string,
-	plan waitPlan, first *bool,
+	plan waitPlan, sw *scriptWait,
 ) (g granted, toModule bool, err error) {
 	args := o.command(name, id, 0, false)
 	waiting := plan.forever || !plan.deadline.IsZero()
@@ -399,8 +409,9 @@ func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id strin
 	wake := name + ":wake:" + id
 	for {
 		sent := time.Now()
-		v, err := e.script(ctx, *first, args...)
-		*first = false
+		v, err := e.script(ctx, !sw.tried, args...)
+		sw.tried = true
+		sw.lined = sw.lined || waiting
 		if err != nil {
 			if waiting && ctx.Err() != nil { // the attempt may have taken a place
 				leaveAfterCancel(e, name, id, "")
@@ -467,6 +478,12 @@ func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id strin
 			return granted{}, true, nil
 		}
 	}
+}
+
+// scriptWait is what an acquire through the script did, across the nodes it was sent to.
+type scriptWait struct {
+	tried bool // an attempt was sent: the next is a re-attempt, which memory full allows
+	lined bool // an attempt with LINE was sent: the caller may hold a place
 }
 
 // popped is the message a BLPOP took ("" for none).

@@ -360,3 +360,32 @@ func TestCancelledWaitKilledWithoutReply(t *testing.T) {
 	require.NoError(t, err, "nobody else holds it")
 	require.NoError(t, p.Release(bg))
 }
+
+// A grant that fails in the server (here the fair counter was overwritten by another client)
+// is the waiter's error, raised as the server's errors are.
+func TestFailedGrantIsTheWaitersError(t *testing.T) {
+	_, c := testServer(t)
+	const name = "broken"
+	holder, err := Acquire(bg, c, name, Options{Limit: 1, Fair: true})
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		p, err := Acquire(bg, c, name, Options{Limit: 1, Fair: true, Wait: 10 * time.Second})
+		if err == nil {
+			_ = p.Release(bg)
+		}
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // in line
+	require.NoError(t, c.Set(bg, name+":counter", "not a ticket", 0).Err())
+	require.NoError(t, holder.Release(bg))
+	select {
+	case err = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter got no answer")
+	}
+	var server redis.Error
+	require.ErrorAs(t, err, &server)
+	assert.Contains(t, err.Error(), "counter key does not hold")
+	assert.Equal(t, int64(0), holders(t, c, name))
+}
