@@ -57,10 +57,24 @@ final class ScriptWait {
    * lease started at or after it).
    */
   Object[] run(Hop hop) {
+    try {
+      return attempts(hop);
+    } catch (RuntimeException e) {
+      // Whatever an interrupt cut short (Lettuce stops awaiting any reply): the connection may
+      // still answer, and the place is left.
+      if (!(e instanceof WaitInterrupted) && Thread.currentThread().isInterrupted()) {
+        throw new WaitInterrupted(interrupted(), e);
+      }
+      throw e;
+    }
+  }
+
+  private Object[] attempts(Hop hop) {
     node = hop.node;
     while (true) {
       long at = System.nanoTime();
       // A first attempt may take a new place: refused when memory is full, as SEM.ACQUIRE.
+      placed = waitNanos != 0; // it may be in line once the attempt is sent
       Object r = first ? hop.sendFirst(attempt) : hop.send(attempt);
       first = false;
       if (!(r instanceof List) || ((List<?>) r).size() != 3) {
@@ -81,7 +95,6 @@ final class ScriptWait {
         placed = false;
         return new Object[] {reply, at};
       }
-      placed = true;
       long left = left();
       if (left <= 0) {
         Object message = hop.send(List.of("SEM.LEAVE", name, id));
@@ -99,11 +112,6 @@ final class ScriptWait {
         popped = hop.blocking(
             List.of("BLPOP", name + Commands.WAKE + ":" + id, Commands.secondsOfNanos(block)),
             Commands.sentMillis(block));
-      } catch (RuntimeException e) {
-        if (Thread.currentThread().isInterrupted()) {
-          throw new WaitInterrupted(interrupted(), e);
-        }
-        throw e;
       } finally {
         pending.set(false);
         ScheduledFuture<?> armed = tick.get();
