@@ -44,9 +44,9 @@ use crate::cluster::{
     cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route, CONNECT_WITHIN,
 };
 use crate::core::{
-    connection_broken, deadline, durable_wait, identifier, left, lock, next_tick, slot_of,
-    wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Op, Pool, Request,
-    Result, Retries, SetSpec, Wait,
+    connection_broken, deadline, durable_wait, identifier, left, lock, next_step, next_tick,
+    slot_of, wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Next, Op, Pool,
+    Request, Result, Retries, SetSpec, Wait,
 };
 
 /// A connection that several callers share: the redis crate's multiplexed connection, or its
@@ -473,7 +473,9 @@ impl Link {
                     let popped = self.block(&blpop, tick, &wait.tick_op()).await;
                     self.once = false;
                     match popped {
-                        Err(Error::Redis(_)) if long => wait.popped(None),
+                        Err(Error::Redis(err)) if long && next_step(&err, true) != Next::Fail => {
+                            wait.popped(None)
+                        }
                         popped => wait.popped(popped?),
                     }
                 }

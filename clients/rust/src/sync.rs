@@ -10,9 +10,9 @@ use redis::{Client, Cmd, Connection, FromRedisValue, Value};
 
 use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
-    connection_broken, deadline, durable_wait, identifier, left, lock, next_tick, slot_of,
-    wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Op, Pool, Request,
-    Result, Retries, SetSpec, Wait,
+    connection_broken, deadline, durable_wait, identifier, left, lock, next_step, next_tick,
+    slot_of, wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Next, Op, Pool,
+    Request, Result, Retries, SetSpec, Wait,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -269,7 +269,9 @@ impl Link {
                     let popped = self.block(&blpop, tick, &wait.tick_op());
                     self.once = false;
                     match popped {
-                        Err(Error::Redis(_)) if long => wait.popped(None),
+                        Err(Error::Redis(err)) if long && next_step(&err, true) != Next::Fail => {
+                            wait.popped(None)
+                        }
                         popped => wait.popped(popped?),
                     }
                 }
