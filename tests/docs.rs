@@ -469,6 +469,7 @@ fn the_packages_copies_of_the_script_are_its_source() {
     for copy in [
         "clients/python/src/redsem/redsem.lua",
         "clients/go/redsem.lua",
+        "clients/node/redsem.lua",
     ] {
         let path = root().join(copy);
         assert!(

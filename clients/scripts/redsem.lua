@@ -991,6 +991,10 @@ function F.acquire(kind, args)
   if grant then
     if queued then
       F.drop(id)
+    end
+    if queued or line then
+      -- A grant told on the list before this attempt renewed it must not outlive it: a later
+      -- wait with the same identifier would take it for its own.
       redis.call('DEL', F.wake_key(id))
     end
     F.settle_expiry()
