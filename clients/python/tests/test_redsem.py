@@ -1401,7 +1401,8 @@ def test_a_cancelled_wait_leaves_the_line(server):
         r = redis.asyncio.Redis(port=server.port)
         await r.flushall()
         holder = await AsyncSemaphore(r, "gone", limit=1, lease=30).acquire()
-        task = asyncio.ensure_future(AsyncSemaphore(r, "gone", limit=1, lease=30, wait=20).acquire())
+        waiter = AsyncSemaphore(r, "gone", limit=1, lease=30, wait=20)
+        task = asyncio.ensure_future(waiter.acquire())
         while waiting(rs, "gone") != 1:
             await asyncio.sleep(0.01)
         task.cancel()
