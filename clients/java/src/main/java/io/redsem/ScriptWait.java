@@ -75,6 +75,7 @@ final class ScriptWait {
       long at = System.nanoTime();
       // A first attempt may take a new place: refused when memory is full, as SEM.ACQUIRE.
       placed = waitNanos != 0; // it may be in line once the attempt is sent
+      boolean again = !first;
       Object r = first ? hop.sendFirst(attempt) : hop.send(attempt);
       first = false;
       if (!(r instanceof List) || ((List<?>) r).size() != 3) {
@@ -93,6 +94,9 @@ final class ScriptWait {
       }
       if (reply != null || waitNanos == 0) {
         placed = false;
+        if (reply != null && again) {
+          forget(hop);
+        }
         return new Object[] {reply, at};
       }
       long left = left();
@@ -142,6 +146,19 @@ final class ScriptWait {
         return withModule(hop);
       }
       // nil: the next attempt renews the place; "H": first in line, a lease ends soon.
+    }
+  }
+
+  /**
+   * A waiter granted by its own attempt may have a grant told on its list as well (told just as
+   * its BLPOP ended, or behind an "H"): the script leaves that list when the line is gone, and a
+   * later wait with the same id would take the old "G" for its own (script-bugs.md). Best effort.
+   */
+  private void forget(Hop hop) {
+    try {
+      hop.blocking(List.of("DEL", name + Commands.WAKE + ":" + id), 0);
+    } catch (RuntimeException ignored) {
+      // it expires with its place (6 s)
     }
   }
 
