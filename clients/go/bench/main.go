@@ -7,8 +7,8 @@
 //   - pairs/s: limit 1,000,000, --pair-clients goroutines each looping acquire -> release.
 //
 // redsem runs on a server with the module (SEM.ACQUIRE ... WAIT), and on a second server
-// without it (the embedded script, waiting by BLPOP on <name>:wake); the polling recipe on the
-// server with the module. Each server is started here on a free loopback port.
+// without it (the embedded script, waiting in its line on <name>:wake:<id>); the polling
+// recipe on the server with the module. Each server is started here on a free loopback port.
 //
 //	go run ./bench --server redis-server --module ../../target/release/libredsem.so
 package main
@@ -80,7 +80,7 @@ func main() {
 		{"redsem, module, fair (SEM.ACQUIREFAIR ... WAIT)", func(d time.Duration) float64 {
 			return redsemHandoff(withModule.client(*clients), d, true)
 		}},
-		{"redsem, script (BLPOP <name>:wake)", func(d time.Duration) float64 {
+		{"redsem, script (LINE + BLPOP <name>:wake:<id>)", func(d time.Duration) float64 {
 			return redsemHandoff(without.client(*clients), d, false)
 		}},
 		{fmt.Sprintf("go-redis polling recipe, every %s", *pollEvery), func(d time.Duration) float64 {
