@@ -31,7 +31,7 @@ use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 use crate::types::Kind;
 use crate::waiting;
-use crate::write::{Ready, Write};
+use crate::write::{Step, Write};
 
 mod sets;
 
@@ -64,30 +64,31 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
         }
         let expanded = with_keys(ctx, args, command)?;
         let args = expanded.as_ref().map_or(args, Expanded::args);
-        // The lines of the semaphores written are served when `ready` goes, after the handler.
-        if command.set_step().is_some() {
-            let call = sets::SetCall::new(ctx, args, command)?;
-            let ready = Ready::new(ctx);
-            return match command {
-                Command::AcquireAll => sets::acquire_all(ctx, &ready, &call),
-                Command::ReleaseAll => sets::release_all(&ready, &call),
-                _ => sets::refresh_all(&ready, &call),
-            };
-        }
-        let call = Call::new(ctx, args, command)?;
-        let ready = Ready::new(ctx);
-        match command {
-            Command::Acquire => acquire(ctx, &ready, &call, Kind::Plain),
-            Command::AcquireFair => acquire(ctx, &ready, &call, Kind::Fair),
-            Command::Refresh => refresh(&ready, &call),
-            Command::Release => release(&ready, &call),
-            Command::Get => get(ctx, &call),
-            Command::WaitEmpty => wait_empty(ctx, &call),
-            Command::Limit => limit(ctx, &ready, &call),
-            Command::AcquireAll | Command::ReleaseAll | Command::RefreshAll => {
-                Err(SemError::Internal)
-            }
-        }
+        // The handler's writes end in `step`; the lines of the semaphores written are served
+        // once it returns, whatever it answers.
+        let step = Step::for_command(ctx);
+        let reply = if command.set_step().is_some() {
+            sets::SetCall::new(ctx, args, command).and_then(|call| match command {
+                Command::AcquireAll => sets::acquire_all(ctx, &step, &call),
+                Command::ReleaseAll => sets::release_all(&step, &call),
+                _ => sets::refresh_all(&step, &call),
+            })
+        } else {
+            Call::new(ctx, args, command).and_then(|call| match command {
+                Command::Acquire => acquire(ctx, &step, &call, Kind::Plain),
+                Command::AcquireFair => acquire(ctx, &step, &call, Kind::Fair),
+                Command::Refresh => refresh(&step, &call),
+                Command::Release => release(&step, &call),
+                Command::Get => get(ctx, &call),
+                Command::WaitEmpty => wait_empty(ctx, &call),
+                Command::Limit => limit(ctx, &step, &call),
+                Command::AcquireAll | Command::ReleaseAll | Command::RefreshAll => {
+                    Err(SemError::Internal)
+                }
+            })
+        };
+        step.serve();
+        reply
     };
     match catch_unwind(AssertUnwindSafe(run)) {
         Ok(result) => result.map_err(Into::into),
@@ -96,19 +97,19 @@ fn dispatch(ctx: &Context, args: &[Arg]) -> RedisResult {
 }
 
 /// `SEM.REFRESH name identifier lease`
-fn refresh<'a>(ready: &Ready<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
+fn refresh<'a>(step: &Step<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
     let [id, lease] = call.exact_args()?;
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut write = Write::open(ready, &call.keys())?;
-    let refreshed = semaphore::refresh(&mut *write, now_ms(), id, lease_ms)?;
-    ended(&mut write, refreshed, id, false);
+    let mut write = Write::open(step, &call.keys())?;
+    let refreshed = semaphore::refresh(write.store_mut(), now_ms(), id, lease_ms)?;
+    ended(write.store_mut(), refreshed, id, false);
     write.commit();
     Ok(RedisValue::Integer(refreshed.reply()))
 }
 
 /// `SEM.RELEASE name identifier [COUNT k]`
-fn release<'a>(ready: &Ready<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
+fn release<'a>(step: &Step<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
     let [id, options @ ..] = call.options() else {
         return Err(SemError::Arity(call.command.name()));
     };
@@ -123,9 +124,9 @@ fn release<'a>(ready: &Ready<'a>, call: &Call<'a>) -> Result<RedisValue, SemErro
         }
     }
     let id = identifier(id)?;
-    let mut write = Write::open(ready, &call.keys())?;
-    let released = semaphore::release(&mut *write, now_ms(), id, count)?;
-    ended(&mut write, released, id, true);
+    let mut write = Write::open(step, &call.keys())?;
+    let released = semaphore::release(write.store_mut(), now_ms(), id, count)?;
+    ended(write.store_mut(), released, id, true);
     write.commit();
     Ok(RedisValue::Integer(released.reply()))
 }
@@ -172,7 +173,7 @@ fn get(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 /// `SEM.LIMIT name [n | CLEAR]`: the operator's limit, which every acquire of `name` uses
 /// instead of its own while it is stored (0 pauses the semaphore). A raised limit serves the
 /// line at once; nobody loses a permit to a lowered one.
-fn limit<'a>(ctx: &Context, ready: &Ready<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
+fn limit<'a>(ctx: &Context, step: &Step<'a>, call: &Call<'a>) -> Result<RedisValue, SemError> {
     let change = match call.options() {
         [] => None,
         [arg] if arg.as_slice().eq_ignore_ascii_case(b"CLEAR") => Some(None),
@@ -186,10 +187,10 @@ fn limit<'a>(ctx: &Context, ready: &Ready<'a>, call: &Call<'a>) -> Result<RedisV
             None => RedisValue::Null,
         });
     };
-    let mut write = Write::open(ready, &call.keys())?;
-    let had = write.stored_limit()?.is_some();
+    let mut write = Write::open(step, &call.keys())?;
+    let had = write.store().stored_limit()?.is_some();
     // A limit set to what it was changes nothing, and ends nothing.
-    if write.set_stored_limit(limit)? {
+    if write.store_mut().set_stored_limit(limit)? {
         stats::count(&COUNTERS.limits_set);
         write.commit();
     }
@@ -228,7 +229,7 @@ fn wait_empty(ctx: &Context, call: &Call) -> Result<RedisValue, SemError> {
 /// [BOUND]`
 fn acquire<'a>(
     ctx: &Context,
-    ready: &Ready<'a>,
+    step: &Step<'a>,
     call: &Call<'a>,
     kind: Kind,
 ) -> Result<RedisValue, SemError> {
@@ -242,12 +243,12 @@ fn acquire<'a>(
     if options.bound && caller.in_script {
         return Err(SemError::BoundInScript);
     }
-    let mut write = Write::open(ready, &call.keys())?;
+    let mut write = Write::open(step, &call.keys())?;
     let made;
     let id = match options.id {
         Some(id) => &**id,
         None => {
-            made = write.id(new_identifier(&mut [0; 36]));
+            made = write.store().id(new_identifier(&mut [0; 36]));
             &made
         }
     };
@@ -277,13 +278,14 @@ fn acquire<'a>(
     };
     let bind_to = ask.bound.then_some(caller.client);
     let sem = write.sem();
-    let Some(granted) = grant::try_grant(&mut write, sem, &ask, id, now, how, bind_to)? else {
+    let Some(granted) = grant::try_grant(write.store_mut(), sem, &ask, id, now, how, bind_to)?
+    else {
         let Some(wait_ms) = wait_ms else {
             stats::count(&COUNTERS.refused);
             write.commit();
             return Ok(RedisValue::Null);
         };
-        let line = [(write.key(), write.next_deadline(now))];
+        let line = [(write.key(), write.store().next_deadline(now))];
         let ask = Ask {
             holder: id.as_slice().to_vec(),
             ..ask

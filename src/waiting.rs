@@ -1,7 +1,7 @@
 //! Waiting inside the server: the wait queue's rules (`queue.rs`) applied to Redis.
 //!
 //! A caller that waits is blocked here ([`block`]: permits, a set's permits, or an empty
-//! semaphore) and served after the next write to its semaphore (`write.rs`, `Ready`): a release
+//! semaphore) and served after the next write to its semaphore (`write.rs`, `Step::serve`): a release
 //! or a refresh inside its own command, so the grant is replicated with what freed it, in one
 //! MULTI/EXEC; and the module's timer for what happens outside any command of ours: a lease
 //! running out, a wait ending, a connection with BOUND permits closing, another client
@@ -35,7 +35,7 @@ pub use crate::state::{
 use crate::state::{defer, is_waited, with, GiveBack, Work};
 use crate::stats::{self, COUNTERS};
 use crate::store::SemKeys;
-use crate::write::{self, answer, binding, end_wait, Outcome, Ready, Slice, Write};
+use crate::write::{self, answer, binding, end_wait, Outcome, Slice, Step, Write};
 
 /// A permit was granted BOUND to the caller's connection: follow connections closing.
 pub fn follow_bound(ctx: &Context) {
@@ -475,13 +475,26 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
     let (sems, asks): (Vec<SemKey>, Vec<Ask>) = parts.into_iter().unzip();
     let names: Result<Vec<KeyNames>, SemError> =
         sems.iter().map(|sem| KeyNames::of(ctx, sem)).collect();
-    // Each write's end hands its line to `ready`, which serves it when it goes (below).
-    let ready = Ready::in_slice(ctx, slice);
+    // Each write's end hands its line to `step`, which serves it at the end (below).
+    let step = Step::for_timer(ctx, slice);
+    grant_set(&step, id, client, &names, sems, &asks);
+    step.serve();
+}
+
+/// The part of [`serve_set`] that writes, in `step`.
+fn grant_set<'a>(
+    step: &Step<'a>,
+    id: WaiterId,
+    client: u64,
+    names: &'a Result<Vec<KeyNames>, SemError>,
+    sems: Vec<SemKey>,
+    asks: &[Ask],
+) {
     let writes: Result<Vec<Write>, SemError> =
         names.as_ref().map_err(Clone::clone).and_then(|names| {
             names
                 .iter()
-                .map(|names| Write::open_to_serve(&ready, &names.keys()))
+                .map(|names| Write::open_to_serve(step, &names.keys()))
                 .collect()
         });
     let mut writes = match writes {
@@ -493,12 +506,19 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
         }
     };
     let now = clock_ms();
-    let holder = writes[0].id(&asks[0].holder);
-    let outcome = match grant::survey(&writes, &asks, &holder, now) {
+    let holder = writes[0].store().id(&asks[0].holder);
+    let outcome = match grant::survey(writes.iter().map(Write::store), asks, &holder, now) {
         Ok(fits) if fits.iter().all(|&(fits, _)| fits) => {
             let refs: Vec<(i32, &[u8])> = sems.iter().map(|s| (s.db, &*s.name)).collect();
             let bind_to = asks[0].bound.then_some(client);
-            match grant::grant_all(&mut writes, &refs, &asks, &holder, now, bind_to) {
+            match grant::grant_all(
+                writes.iter_mut().map(Write::store_mut),
+                &refs,
+                asks,
+                &holder,
+                now,
+                bind_to,
+            ) {
                 Ok(grants) => Outcome::GrantedSet {
                     grants: sems
                         .iter()
@@ -516,7 +536,8 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
             // in them ends.
             let due = with(|s| {
                 for (sem, write) in sems.iter().zip(&writes) {
-                    s.registry.set_lease_end(sem, write.next_deadline(now));
+                    s.registry
+                        .set_lease_end(sem, write.store().next_deadline(now));
                 }
                 s.registry.next_due_ms()
             });
@@ -529,7 +550,7 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
         Err(err) => Outcome::Failed(err),
     };
     answer(id, outcome);
-    // Whoever stood behind the set waiter may fit now: `ready` serves each line as it goes.
+    // Whoever stood behind the set waiter may fit now: the step serves each line at its end.
     drop(writes);
 }
 
@@ -540,8 +561,9 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: Slice) {
         return;
     }
     let opened = KeyNames::of(ctx, sem).and_then(|names| {
-        let ready = Ready::in_slice(ctx, slice);
-        let opened = Write::open_to_serve(&ready, &names.keys()).map(Write::commit);
+        let step = Step::for_timer(ctx, slice);
+        let opened = Write::open_to_serve(&step, &names.keys()).map(Write::commit);
+        step.serve();
         opened
     });
     if let Err(err) = opened {
@@ -566,24 +588,30 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: Slice) {
 }
 
 /// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
-/// grant never reached the client. The step's `Ready` serves the line after the write.
+/// grant never reached the client. The step serves the line after the write.
 fn give_back(ctx: &Context, binding: &Binding, why: GiveBack, slice: Slice) {
     write::gave_back();
     with(|s| s.registry.unbind(binding));
     let Ok(names) = KeyNames::of(ctx, &binding.sem) else {
         return;
     };
-    let ready = Ready::in_slice(ctx, slice);
-    let Ok(mut write) = Write::open_to_serve(&ready, &names.keys()) else {
-        return;
-    };
-    let holder = write.id(&binding.holder);
-    if let Ok(Holder::Live) = semaphore::release(&mut *write, clock_ms(), &holder, None) {
+    let step = Step::for_timer(ctx, slice);
+    if let Ok(write) = Write::open_to_serve(&step, &names.keys()) {
+        release_given_back(write, binding, why);
+    }
+    step.serve();
+}
+
+/// The write of [`give_back`].
+fn release_given_back(mut write: Write, binding: &Binding, why: GiveBack) {
+    let store = write.store_mut();
+    let holder = store.id(&binding.holder);
+    if let Ok(Holder::Live) = semaphore::release(store, clock_ms(), &holder, None) {
         if why == GiveBack::ConnectionClosed {
             stats::count(&COUNTERS.bound_released);
-            write.released(&binding.holder);
+            store.released(&binding.holder);
         }
-        write.notify(c"sem.release");
+        store.notify(c"sem.release");
     }
 }
 

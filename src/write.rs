@@ -1,16 +1,16 @@
-//! A write to one semaphore's keys, and what follows it. Every writer, the module's commands and
-//! its timer alike, changes a semaphore through a [`Write`] opened in a [`Ready`]: the writes of
-//! one command or timer step. A write's end, which no path can skip (it runs when the handle
-//! goes, `?` included), only hands its open keys to the `Ready`; when that goes, one place
-//! ([`Ready`]'s drop) forgets the bindings of permits that went, serves each written
-//! semaphore's line on the same open keys, and closes them, settling their expiry. So a grant
-//! made for a waiter is replicated with what freed it, in one MULTI/EXEC.
+//! A write to one semaphore's keys, and the step that follows it. Every writer, the module's
+//! commands and its timer alike, changes a semaphore through a [`Write`] opened in a [`Step`]:
+//! the writes of one command or timer step. A write's end, which no path can skip (it runs when
+//! the handle goes, `?` included), only hands its open keys back to the `Step`. Whoever made the
+//! step ends it with [`Step::serve`], as Redis calls `handleClientsBlockedOnKeys` after a
+//! command: the bindings of permits that went are forgotten, each written semaphore's line is
+//! served on the same open keys, and the keys close, settling their expiry. So a grant made for a
+//! waiter is replicated with what freed it, in one MULTI/EXEC.
 //!
 //! Serving a line ([`serve`]) grants its head while the acquire rule would, through the one
 //! grant (`grant.rs`), and answers it: the blocked client's reply is the grant's reply.
 
 use std::cell::RefCell;
-use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -29,12 +29,11 @@ use crate::stats::{self, COUNTERS};
 use crate::store::{RedisStore, SemKeys};
 
 /// The writes of one command, or of one step of the timer. A write's end hands its keys, still
-/// open, to the `Ready` it was opened in; when the `Ready` goes (right after the command's
-/// handler, or the timer's step), it serves the line of each semaphore written, on those keys,
-/// as Redis serves the keys its commands signalled ready once the command is done. No handler
-/// can skip it, and a grant made for a waiter is replicated with what freed it, in one
+/// open, back to its `Step`; whoever made the step calls [`Step::serve`] once the handler (or
+/// the timer's step) is done, as Redis serves the keys its commands signalled ready once the
+/// command is done. A grant made for a waiter is then replicated with what freed it, in one
 /// MULTI/EXEC.
-pub struct Ready<'a> {
+pub struct Step<'a> {
     ctx: &'a Context,
     /// The timer's slice of work, when the timer writes.
     slice: Option<Slice>,
@@ -51,10 +50,10 @@ struct Written<'a> {
     when: Serve,
 }
 
-impl<'a> Ready<'a> {
+impl<'a> Step<'a> {
     /// For a command.
-    pub fn new(ctx: &'a Context) -> Ready<'a> {
-        Ready {
+    pub fn for_command(ctx: &'a Context) -> Step<'a> {
+        Step {
             ctx,
             slice: None,
             first: RefCell::new(None),
@@ -63,8 +62,8 @@ impl<'a> Ready<'a> {
     }
 
     /// For a step of the timer, within its `slice`.
-    pub fn in_slice(ctx: &'a Context, slice: Slice) -> Ready<'a> {
-        Ready {
+    pub fn for_timer(ctx: &'a Context, slice: Slice) -> Step<'a> {
+        Step {
             ctx,
             slice: Some(slice),
             first: RefCell::new(None),
@@ -72,7 +71,7 @@ impl<'a> Ready<'a> {
         }
     }
 
-    /// Keeps a write that ended for the end of the command.
+    /// Keeps a write that ended for the end of the step.
     fn written(&self, written: Written<'a>) {
         let mut first = self.first.borrow_mut();
         if first.is_none() {
@@ -82,10 +81,20 @@ impl<'a> Ready<'a> {
         }
     }
 
-    /// What follows a write: the bindings of the permits it removed (or found gone with their
-    /// key) end; then the line is served, on the same open keys. The keys close after it,
-    /// settling their expiry after the line's grants.
-    fn follow(&self, written: &mut Written<'a>) {
+    /// The end of the step, once its writes have ended: for each written semaphore, the
+    /// bindings of the permits it lost end and its line is served, on the same open keys; the
+    /// keys close after it, settling their expiry after the line's grants.
+    pub fn serve(self) {
+        if let Some(written) = self.first.take() {
+            self.follow(written);
+            for written in self.more.take() {
+                self.follow(written);
+            }
+        }
+    }
+
+    /// What follows one write (see [`Step::serve`]).
+    fn follow(&self, mut written: Written<'a>) {
         let sem = || SemKey {
             db: selected_db(self.ctx),
             name: written.name.as_slice().into(),
@@ -108,25 +117,23 @@ impl<'a> Ready<'a> {
     }
 }
 
-impl Drop for Ready<'_> {
+impl Drop for Step<'_> {
+    /// Only checks that the step was served: a panic (a bug) unwinding through a command leaves
+    /// the lines to the next write or the timer, and nothing more runs on a state that may be
+    /// half changed.
     fn drop(&mut self) {
-        // A panic (a bug) unwinding through a command leaves the lines to the next write or
-        // the timer: nothing more runs on a state that may be half changed.
-        if self.first.get_mut().is_none() || std::thread::panicking() {
-            return;
-        }
-        if let Some(mut written) = self.first.take() {
-            self.follow(&mut written);
-        }
-        for mut written in self.more.take() {
-            self.follow(&mut written);
-        }
+        debug_assert!(
+            std::thread::panicking()
+                || (self.first.get_mut().is_none() && self.more.get_mut().is_empty()),
+            "a step with writes ended without Step::serve"
+        );
     }
 }
 
-/// One semaphore's keys, open for a write in a [`Ready`]; its end hands them back to it.
+/// One semaphore's keys, open for a write in a [`Step`]; its end hands them back to the step
+/// (a hand-over only: the step serves them when it is served).
 pub struct Write<'r, 'a> {
-    ready: &'r Ready<'a>,
+    step: &'r Step<'a>,
     store: Option<RedisStore<'a>>,
     name: &'a RedisString,
     when: Serve,
@@ -150,15 +157,15 @@ enum Serve {
 
 impl<'r, 'a> Write<'r, 'a> {
     /// Opens the keys for writing. A key of the wrong type is an error before anything changes.
-    pub fn open(ready: &'r Ready<'a>, keys: &SemKeys<'a>) -> Result<Write<'r, 'a>, SemError> {
-        let mut store = RedisStore::open(ready.ctx, keys, Access::Write)?;
+    pub fn open(step: &'r Step<'a>, keys: &SemKeys<'a>) -> Result<Write<'r, 'a>, SemError> {
+        let mut store = RedisStore::open(step.ctx, keys, Access::Write)?;
         // While some connection holds BOUND permits, the removed holders are kept so their
         // bindings can go too.
         if state::any_bindings() {
             store.keep_removed();
         }
         Ok(Write {
-            ready,
+            step,
             store: Some(store),
             name: keys.name,
             when: Serve::IfFreed,
@@ -168,11 +175,11 @@ impl<'r, 'a> Write<'r, 'a> {
 
     /// Opens the keys from the timer, to serve the line whatever the write.
     pub fn open_to_serve(
-        ready: &'r Ready<'a>,
+        step: &'r Step<'a>,
         keys: &SemKeys<'a>,
     ) -> Result<Write<'r, 'a>, SemError> {
-        let mut write = Write::open(ready, keys)?;
-        write.keep_removed();
+        let mut write = Write::open(step, keys)?;
+        write.store_mut().keep_removed();
         write.when = Serve::Always;
         write.committed = true;
         Ok(write)
@@ -180,18 +187,28 @@ impl<'r, 'a> Write<'r, 'a> {
 
     /// The semaphore, as the grant and the waiting side name it.
     pub fn sem(&self) -> (i32, &'a [u8]) {
-        (selected_db(self.ready.ctx), self.name.as_slice())
+        (selected_db(self.step.ctx), self.name.as_slice())
     }
 
     /// The semaphore, as the waiting side keys it.
     pub fn key(&self) -> SemKey {
         SemKey {
-            db: selected_db(self.ready.ctx),
+            db: selected_db(self.step.ctx),
             name: self.name.as_slice().into(),
         }
     }
 
-    /// Ends the write (see [`Ready`]).
+    /// The semaphore's keys, to read.
+    pub fn store(&self) -> &RedisStore<'a> {
+        self.store.as_ref().expect("open until the write's end")
+    }
+
+    /// The semaphore's keys, to change.
+    pub fn store_mut(&mut self) -> &mut RedisStore<'a> {
+        self.store.as_mut().expect("open until the write's end")
+    }
+
+    /// Ends the write, changed or not (see [`Step`]).
     pub fn commit(mut self) {
         self.committed = true;
     }
@@ -215,25 +232,12 @@ impl Drop for Write<'_, '_> {
             return;
         }
         if let Some(store) = self.store.take() {
-            self.ready.written(Written {
+            self.step.written(Written {
                 store,
                 name: self.name,
                 when: self.when,
             });
         }
-    }
-}
-
-impl<'a> Deref for Write<'_, 'a> {
-    type Target = RedisStore<'a>;
-    fn deref(&self) -> &RedisStore<'a> {
-        self.store.as_ref().expect("open until the write's end")
-    }
-}
-
-impl<'a> DerefMut for Write<'_, 'a> {
-    fn deref_mut(&mut self) -> &mut RedisStore<'a> {
-        self.store.as_mut().expect("open until the write's end")
     }
 }
 

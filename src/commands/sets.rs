@@ -22,7 +22,7 @@ use crate::stats::{self, COUNTERS};
 use crate::store::SemKeys;
 use crate::types::Kind;
 use crate::waiting;
-use crate::write::{Ready, Write};
+use crate::write::{Step, Write};
 
 /// A call on a set of semaphores, seen without the keys the filter appended.
 pub struct SetCall<'a> {
@@ -116,9 +116,9 @@ impl<'a> SetCall<'a> {
 
     /// Every semaphore's keys, opened for writing; a key of the wrong type is an error before
     /// anything changes.
-    fn open_all<'r>(&self, ready: &'r Ready<'a>) -> Result<Vec<Write<'r, 'a>>, SemError> {
+    fn open_all<'r>(&self, step: &'r Step<'a>) -> Result<Vec<Write<'r, 'a>>, SemError> {
         (0..self.names.len())
-            .map(|i| Write::open(ready, &self.keys(i)))
+            .map(|i| Write::open(step, &self.keys(i)))
             .collect()
     }
 }
@@ -177,7 +177,7 @@ pub fn report_keys(
 /// [FAIR] [WITHTICKET] [WAIT seconds] [BOUND]`
 pub fn acquire_all<'a>(
     ctx: &Context,
-    ready: &Ready<'a>,
+    step: &Step<'a>,
     call: &SetCall<'a>,
 ) -> Result<RedisValue, SemError> {
     let mut counts = Vec::with_capacity(call.names.len());
@@ -196,7 +196,7 @@ pub fn acquire_all<'a>(
         return Err(SemError::BoundInScript);
     }
     let kind = options.kind;
-    let mut writes = call.open_all(ready)?;
+    let mut writes = call.open_all(step)?;
     let made;
     let id: &RedisString = match options.id {
         Some(id) => id,
@@ -227,7 +227,7 @@ pub fn acquire_all<'a>(
     // others wait in a line, a waiting set joins the end of every line (unless it only
     // renews); one that does not wait gets into a fair line only where it renews (as
     // SEM.ACQUIREFAIR without WAIT), and may barge into a plain one.
-    let survey = grant::survey(&writes, &asks, id, now)?;
+    let survey = grant::survey(writes.iter().map(Write::store), &asks, id, now)?;
     let mut all = true;
     let mut lines_busy = false;
     let mut renews_all = true;
@@ -243,7 +243,7 @@ pub fn acquire_all<'a>(
             return Ok(RedisValue::Null);
         };
         let lines = (0..writes.len())
-            .map(|i| (call.sem(ctx, i), writes[i].next_deadline(now)))
+            .map(|i| (call.sem(ctx, i), writes[i].store().next_deadline(now)))
             .collect::<Vec<_>>();
         let parts = lines.iter().map(|(sem, _)| sem.clone()).zip(asks).collect();
         waiting::block(ctx, caller.client, Wants::Set(parts), &lines, now, wait_ms)?;
@@ -256,7 +256,14 @@ pub fn acquire_all<'a>(
         waiting::follow_bound(ctx);
     }
     let sems: Vec<(i32, &[u8])> = writes.iter().map(Write::sem).collect();
-    let grants = grant::grant_all(&mut writes, &sems, &asks, id, now, bind_to)?;
+    let grants = grant::grant_all(
+        writes.iter_mut().map(Write::store_mut),
+        &sems,
+        &asks,
+        id,
+        now,
+        bind_to,
+    )?;
     writes.into_iter().for_each(Write::commit);
     stats::count(&COUNTERS.set_acquired);
     let tickets = grants.iter().map(|g| g.ticket);
@@ -265,44 +272,44 @@ pub fn acquire_all<'a>(
 }
 
 /// `SEM.RELEASEALL numsems name [name ...] identifier`
-pub fn release_all<'a>(ready: &Ready<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
+pub fn release_all<'a>(step: &Step<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
     let [id] = call.rest() else {
         return Err(SemError::Arity(call.command.name()));
     };
     let id = identifier(id)?;
-    let mut writes = call.open_all(ready)?;
+    let mut writes = call.open_all(step)?;
     let now = now_ms();
     // Every semaphore is surveyed before the first change: an error changes none of them.
     for write in &writes {
-        semaphore::check_release(&**write, now, id)?;
+        semaphore::check_release(write.store(), now, id)?;
     }
     let mut held = 0;
     for write in &mut writes {
-        let found = semaphore::release(&mut **write, now, id, None)?;
+        let found = semaphore::release(write.store_mut(), now, id, None)?;
         held += i64::from(found == Holder::Live);
-        ended(write, found, id, true);
+        ended(write.store_mut(), found, id, true);
     }
     writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))
 }
 
 /// `SEM.REFRESHALL numsems name [name ...] identifier lease`
-pub fn refresh_all<'a>(ready: &Ready<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
+pub fn refresh_all<'a>(step: &Step<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
     let [id, lease] = call.rest() else {
         return Err(SemError::Arity(call.command.name()));
     };
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut writes = call.open_all(ready)?;
+    let mut writes = call.open_all(step)?;
     let now = now_ms();
     for write in &writes {
-        semaphore::check_refresh(&**write, now)?;
+        semaphore::check_refresh(write.store(), now)?;
     }
     let mut held = 0;
     for write in &mut writes {
-        let found = semaphore::refresh(&mut **write, now, id, lease_ms)?;
+        let found = semaphore::refresh(write.store_mut(), now, id, lease_ms)?;
         held += i64::from(found == Holder::Live);
-        ended(write, found, id, false);
+        ended(write.store_mut(), found, id, false);
     }
     writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))
