@@ -88,9 +88,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
 /// What the server's callbacks (server/) hand on, and to whom.
 fn hooks() -> Hooks {
     Hooks {
-        timer_fired: waiting::on_timer,
-        reply: waiting::reply_hook,
-        free: waiting::free_hook,
+        timer_fired: waiting::timer::on_timer,
+        reply: waiting::outcome::reply_hook,
+        free: waiting::outcome::free_hook,
         left: waiting::left,
         // This node's data may be behind what clients were told: fair tickets go on from a
         // floor taken from the clock (fencing.rs).

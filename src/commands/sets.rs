@@ -7,7 +7,8 @@
 
 use redis_module::{Context, RedisString, RedisValue};
 
-use super::{ended, identifier, new_identifier, Arg};
+use super::call::{identifier, new_identifier};
+use super::release::ended;
 use crate::args::{parse_count, parse_lease_ms, parse_limit};
 use crate::config;
 use crate::error::SemError;
@@ -17,6 +18,7 @@ use crate::queue::{SemKey, Wants};
 use crate::request::{parse_options, Ask, Form};
 use crate::semaphore::{self, AcquireRequest, Holder};
 use crate::server::block::caller;
+use crate::server::command::Arg;
 use crate::server::{in_cluster, key_at, now_ms, selected_db};
 use crate::stats::{self, COUNTERS};
 use crate::store::SemKeys;
@@ -246,7 +248,7 @@ pub fn acquire_all<'a>(
             .map(|i| (call.sem(ctx, i), writes[i].store().next_deadline(now)))
             .collect::<Vec<_>>();
         let parts = lines.iter().map(|(sem, _)| sem.clone()).zip(asks).collect();
-        waiting::block(ctx, caller.client, Wants::Set(parts), &lines, now, wait_ms)?;
+        waiting::block::block(ctx, caller.client, Wants::Set(parts), &lines, now, wait_ms)?;
         stats::count(&COUNTERS.waits_started);
         writes.into_iter().for_each(Write::commit);
         return Ok(RedisValue::NoReply);

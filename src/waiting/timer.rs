@@ -1,305 +1,22 @@
-//! Waiting inside the server: the wait queue's rules (`queue.rs`) applied to Redis.
-//!
-//! A caller that waits is blocked here ([`block`]: permits, a set's permits, or an empty
-//! semaphore) and served after the next write to its semaphore (`write.rs`, `Step::serve`): a release
-//! or a refresh inside its own command, so the grant is replicated with what freed it, in one
-//! MULTI/EXEC; and the module's timer for what happens outside any command of ours: a lease
-//! running out, a wait ending, a connection with BOUND permits closing, another client
-//! deleting or overwriting the keys, a flush. Work that Redis reports where keys must not be
-//! written (disconnect and free callbacks, key events, the command filter) is deferred to the
-//! timer, which fires right after the current command.
+//! The module's timer: waits that end, leases that end, and the work deferred to it (lines to
+//! serve, set waiters at the head of all their lines, permits to give back), each at the time
+//! read for it, in slices so other clients are answered between them.
 
-use std::os::raw::c_void;
+use redis_module::{Context, RedisString};
 
-use redis_module::{Context, RedisResult, RedisString};
-
-use crate::config;
+use super::outcome::Outcome;
+use super::serve::{answer, binding, end_wait, gave_back, serve_step, Slice};
 use crate::error::SemError;
 use crate::grant;
 use crate::keys::{with_derived, COUNTER_SUFFIX, LIMIT_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
-use crate::memory;
 use crate::queue::{Binding, Due, SemKey, WaiterId, Wants};
 use crate::request::Ask;
 use crate::semaphore::{self, Holder};
-use crate::server::block;
-use crate::server::events::{self, Needs};
-pub use crate::server::hooks::Left;
-use crate::server::memory as server_memory;
-use crate::server::names as server_names;
-use crate::server::{
-    clock_ms, cluster_can_serve, is_primary, is_valkey, select_db, timer, writes_paused,
-};
-pub use crate::state::{
-    any_bindings, follows_foreign_changes, queued, queued_anywhere, reset, scope,
-};
-use crate::state::{defer, is_waited, with, GiveBack, Work};
+use crate::server::{clock_ms, cluster_can_serve, is_primary, select_db, timer, writes_paused};
+use crate::state::{defer, is_waited, scope, with, GiveBack, Work};
 use crate::stats::{self, COUNTERS};
 use crate::store::SemKeys;
-use crate::write::{self, answer, binding, end_wait, Outcome, Slice, Step, Write};
-
-/// A permit was granted BOUND to the caller's connection: follow connections closing.
-pub fn follow_bound(ctx: &Context) {
-    events::follow(ctx.ctx, Needs::Bound);
-}
-
-/// Whether anybody waits for the semaphore `name` of database `db`.
-pub fn waits_on(db: i32, name: &[u8]) -> bool {
-    queued_anywhere()
-        && is_waited(&SemKey {
-            db,
-            name: name.into(),
-        })
-}
-
-/// What SEM.GET JSON shows of the waiting side of one semaphore.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Line {
-    /// Waiters for permits.
-    pub waiters: usize,
-    /// How long the first of them has waited.
-    pub longest_wait_ms: Option<i64>,
-    /// How long each of them has waited, in line order.
-    pub ages_ms: Vec<i64>,
-    /// Waiters for the semaphore to empty.
-    pub waiting_for_empty: usize,
-}
-
-/// The waiting side of `sem`.
-pub fn line(sem: &SemKey, now_ms: i64) -> Line {
-    if !queued_anywhere() {
-        return Line::default();
-    }
-    with(|s| Line {
-        waiters: s.registry.queued(sem),
-        longest_wait_ms: s.registry.longest_wait_ms(sem, now_ms),
-        ages_ms: s.registry.ages_ms(sem, now_ms),
-        waiting_for_empty: s.registry.waiting_for_empty(sem),
-    })
-}
-
-/// The bounds on waiters' memory the settings give now.
-fn memory_bounds() -> memory::Bounds {
-    memory::Bounds {
-        percent: config::WAITERS_MAXMEMORY_PERCENT.get() as u64,
-        max_bytes: config::MAX_WAITERS_MEMORY.get() as u64,
-    }
-}
-
-/// What one more waiting client costs this server, in bytes.
-fn per_waiter_bytes() -> u64 {
-    memory::per_waiter_bytes(is_valkey())
-}
-
-/// The gauges of `INFO sem`.
-pub fn gauges() -> Vec<(&'static str, u64)> {
-    let (semaphores, waiters, empty, scheduled, bound, blocked) = with(|s| {
-        (
-            s.registry.waited_count(),
-            s.registry.total_waiters() - s.registry.empty_waiters(),
-            s.registry.empty_waiters(),
-            s.registry.scheduled(),
-            s.registry.bound_count(),
-            s.registry.total_waiters(),
-        )
-    });
-    vec![
-        ("semaphores_with_waiters", semaphores as u64),
-        ("waiters", waiters as u64),
-        ("waiting_for_empty", empty as u64),
-        ("scheduled_wakeups", scheduled as u64),
-        ("armed_timers", u64::from(timer::is_armed())),
-        ("event_subscriptions", events::subscriptions()),
-        ("bound_holders", bound as u64),
-        ("waiters_memory", blocked as u64 * per_waiter_bytes()),
-        (
-            "waiters_memory_limit",
-            memory::limit(server_memory::now(), memory_bounds()),
-        ),
-    ]
-}
-
-/// Whether one more may wait for each of `sems` (`sem.max-waiters-per-semaphore`), on the
-/// server (`sem.max-waiters`), and in the memory waiters may take (`memory.rs`).
-fn check_room<'a>(mut sems: impl Iterator<Item = &'a SemKey>) -> Result<(), SemError> {
-    with(|s| {
-        let per_semaphore = config::MAX_WAITERS_PER_SEMAPHORE.get();
-        let total = config::MAX_WAITERS.get();
-        let crowded = sems.any(|sem| {
-            let here = s.registry.queued(sem) + s.registry.waiting_for_empty(sem);
-            here as i64 >= per_semaphore
-        });
-        if crowded {
-            Err(SemError::TooManyWaiters {
-                per_semaphore: true,
-                max: per_semaphore,
-            })
-        } else if s.registry.total_waiters() as i64 >= total {
-            Err(SemError::TooManyWaiters {
-                per_semaphore: false,
-                max: total,
-            })
-        } else {
-            Ok(s.registry.total_waiters() as u64)
-        }
-    })
-    .and_then(|waiters| {
-        memory::admit(
-            waiters,
-            per_waiter_bytes(),
-            server_memory::now(),
-            memory_bounds(),
-        )
-        .inspect_err(|_| stats::count(&COUNTERS.waits_refused_memory))
-    })
-}
-
-/// Blocks the caller (connection `client`) for what it `wants` (permits, a set's permits, or an empty semaphore) in
-/// the line of each of `sems`, each with its soonest lease end. The timer is armed for the
-/// wait's end (`wait_ms`, 0: none) and the next lease end.
-pub fn block(
-    ctx: &Context,
-    client: u64,
-    wants: Wants,
-    sems: &[(SemKey, Option<i64>)],
-    now_ms: i64,
-    wait_ms: i64,
-) -> Result<(), SemError> {
-    check_room(sems.iter().map(|(sem, _)| sem))?;
-    events::follow_waits(ctx.ctx)?;
-    let bound = match &wants {
-        Wants::Permits(ask) => ask.bound,
-        Wants::Set(parts) => parts.iter().any(|(_, ask)| ask.bound),
-        Wants::Empty => false,
-    };
-    if bound {
-        events::follow(ctx.ctx, Needs::Bound);
-    }
-    let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
-    let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
-    for (sem, _) in sems {
-        server_names::watch(sem.db, &sem.name);
-    }
-    let due = with(|s| {
-        let first = sems[0].0.clone();
-        s.registry
-            .enqueue(first, client, wants, now_ms, until, blocked);
-        for (sem, next) in sems {
-            s.registry.set_lease_end(sem, *next);
-        }
-        s.registry.next_due_ms()
-    });
-    if let Some(at) = due {
-        timer::arm(at, now_ms);
-    }
-    Ok(())
-}
-
-/// A waiter left on its own: it disconnected, or `CLIENT UNBLOCK` ended its wait. Returns
-/// whether it was still waiting; if not, the module already answered it (Redis reports a
-/// disconnect even then, until the answer is processed) and its outcome reaches [`free`].
-pub fn left(handle: usize) -> Left {
-    let waiter = with(|s| s.registry.remove_by_handle(handle));
-    let Some(waiter) = waiter else {
-        return Left::NotWaiting;
-    };
-    if waiter.for_empty() {
-        stats::count(&COUNTERS.empty_waits_cancelled);
-        return Left::ForEmpty;
-    }
-    // Whoever stood behind it may fit now.
-    stats::count(&COUNTERS.waits_cancelled);
-    for sem in waiter.sems() {
-        defer(Work::Serve(sem.clone()));
-    }
-    Left::ForPermits
-}
-
-/// A connection closed: give back the BOUND permits it held.
-pub fn connection_closed(client: u64) {
-    if !any_bindings() {
-        return;
-    }
-    let bindings = with(|s| s.registry.take_bindings(client));
-    for binding in bindings {
-        defer(Work::GiveBack(binding, GiveBack::ConnectionClosed));
-    }
-}
-
-/// `FLUSHDB` or `FLUSHALL` (`None`): bindings there are gone with their keys, and every waiter
-/// there is served on the empty semaphores.
-pub fn flushed(db: Option<i32>) {
-    stats::forget_grants();
-    with(|s| s.registry.drop_bindings(db));
-    if queued_anywhere() {
-        defer(Work::ServeDb(db));
-    }
-}
-
-/// `SWAPDB a b`: bindings follow their keys; waiters stay with their connection's database and
-/// are served on what it holds now.
-pub fn swapped(a: i32, b: i32) {
-    stats::forget_grants();
-    with(|s| s.registry.swap_binding_dbs(a, b));
-    if queued_anywhere() {
-        defer(Work::ServeDb(Some(a)));
-        defer(Work::ServeDb(Some(b)));
-    }
-}
-
-/// The data may have changed under every semaphore (a load ended, a slot moved): serve all.
-pub fn recheck_all() {
-    if queued_anywhere() {
-        defer(Work::ServeDb(None));
-    }
-}
-
-/// The server became a replica: it grants nothing any more, so every waiter is answered now,
-/// and bindings end (the primary's data replaces this node's).
-pub fn became_replica() {
-    stats::forget_grants();
-    let waiters = with(|s| {
-        s.work.clear();
-        s.registry.drop_bindings(None);
-        s.registry.take_all_waiters()
-    });
-    for waiter in waiters {
-        let for_empty = waiter.for_empty();
-        end_wait(
-            waiter.handle,
-            Outcome::Failed(SemError::BecameReplica),
-            for_empty,
-        );
-    }
-    // The timer, armed or not, finds nothing to do on a replica; it ends the events the
-    // waiting side followed (never from here: this runs in the server's walk of listeners).
-}
-
-/// `key` of database `db` changed by another hand than this module's (a write, expiry,
-/// eviction, delete, rename, flush of one key): if it is a waited-on semaphore or one of its
-/// derived keys, that line is served after the command. Costs a few lookups, whatever the
-/// number of waiters.
-pub fn touched(db: i32, key: &[u8]) {
-    if !queued_anywhere() {
-        return;
-    }
-    let names = std::iter::once(key).chain(
-        [OWNER_SUFFIX, COUNTER_SUFFIX, PERMITS_SUFFIX, LIMIT_SUFFIX]
-            .iter()
-            .filter_map(|suffix| key.strip_suffix(*suffix)),
-    );
-    let waited: Vec<SemKey> = with(|s| {
-        names
-            .map(|name| SemKey {
-                db,
-                name: name.into(),
-            })
-            .filter(|sem| s.registry.is_waited(sem))
-            .collect()
-    });
-    for sem in waited {
-        defer(Work::Serve(sem));
-    }
-}
+use crate::write::{Step, Write};
 
 /// The module's timer fired: end the waits that are over, serve the semaphores whose lease
 /// ended, and do the deferred work, one item at a time, each at the time read for it. Work
@@ -476,9 +193,9 @@ fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
     let names: Result<Vec<KeyNames>, SemError> =
         sems.iter().map(|sem| KeyNames::of(ctx, sem)).collect();
     // Each write's end hands its line to `step`, which serves it at the end (below).
-    let step = Step::for_timer(ctx, slice);
+    let step = Step::new(ctx);
     grant_set(&step, id, client, &names, sems, &asks);
-    step.serve();
+    serve_step(step, Some(slice));
 }
 
 /// The part of [`serve_set`] that writes, in `step`.
@@ -561,9 +278,9 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: Slice) {
         return;
     }
     let opened = KeyNames::of(ctx, sem).and_then(|names| {
-        let step = Step::for_timer(ctx, slice);
+        let step = Step::new(ctx);
         let opened = Write::open_to_serve(&step, &names.keys()).map(Write::commit);
-        step.serve();
+        serve_step(step, Some(slice));
         opened
     });
     if let Err(err) = opened {
@@ -590,16 +307,16 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: Slice) {
 /// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
 /// grant never reached the client. The step serves the line after the write.
 fn give_back(ctx: &Context, binding: &Binding, why: GiveBack, slice: Slice) {
-    write::gave_back();
+    gave_back();
     with(|s| s.registry.unbind(binding));
     let Ok(names) = KeyNames::of(ctx, &binding.sem) else {
         return;
     };
-    let step = Step::for_timer(ctx, slice);
+    let step = Step::new(ctx);
     if let Ok(write) = Write::open_to_serve(&step, &names.keys()) {
         release_given_back(write, binding, why);
     }
-    step.serve();
+    serve_step(step, Some(slice));
 }
 
 /// The write of [`give_back`].
@@ -613,18 +330,4 @@ fn release_given_back(mut write: Write, binding: &Binding, why: GiveBack) {
         }
         store.notify(c"sem.release");
     }
-}
-
-/// The reply hook: `data` is the `Outcome` that `write::end_wait` handed to the unblocked client.
-pub fn reply_hook(data: *mut c_void) -> RedisResult {
-    // SAFETY: `end_wait` hands over a boxed `Outcome`, which Redis keeps until the free hook
-    // and nothing else touches while the reply is made.
-    write::reply(unsafe { &mut *data.cast::<Outcome>() })
-}
-
-/// The free hook: `data` is the `Outcome` that `end_wait` handed over, now done with.
-pub fn free_hook(data: *mut c_void, _disconnected: bool) {
-    // SAFETY: as for `reply_hook`; Redis calls the free hook once, last.
-    let outcome = unsafe { Box::from_raw(data.cast::<Outcome>()) };
-    write::free(*outcome);
 }

@@ -1,0 +1,97 @@
+//! `SEM.ACQUIRE` and `SEM.ACQUIREFAIR`.
+
+use redis_module::{Context, RedisValue};
+
+use super::call::{new_identifier, Call};
+use crate::args::{parse_lease_ms, parse_limit};
+use crate::config;
+use crate::error::SemError;
+use crate::grant::{self, Try};
+use crate::queue::{arrival, Arrival, Wants};
+use crate::request::{parse_options, Ask, Form};
+use crate::semaphore::AcquireRequest;
+use crate::server::block::caller;
+use crate::server::now_ms;
+use crate::stats::{self, COUNTERS};
+use crate::types::Kind;
+use crate::waiting;
+use crate::write::{Step, Write};
+
+/// `SEM.ACQUIRE name limit lease [ID identifier] [COUNT n] [WAIT seconds] [BOUND]` and
+/// `SEM.ACQUIREFAIR name limit lease [ID identifier] [COUNT n] [WITHTICKET] [WAIT seconds]
+/// [BOUND]`
+pub fn acquire<'a>(
+    ctx: &Context,
+    step: &Step<'a>,
+    call: &Call<'a>,
+    kind: Kind,
+) -> Result<RedisValue, SemError> {
+    let [limit, lease, options @ ..] = call.options() else {
+        return Err(SemError::Arity(call.command.name()));
+    };
+    let limit = parse_limit(limit.as_slice())?;
+    let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
+    let options = parse_options(Form::Single(kind), limit, options, |a| a.as_slice())?;
+    let caller = caller(ctx, options.bound || options.wait_ms.is_some());
+    if options.bound && caller.in_script {
+        return Err(SemError::BoundInScript);
+    }
+    let mut write = Write::open(step, &call.keys())?;
+    let made;
+    let id = match options.id {
+        Some(id) => &**id,
+        None => {
+            made = write.store().id(new_identifier(&mut [0; 36]));
+            &made
+        }
+    };
+    let ask = Ask {
+        rule: AcquireRequest {
+            kind,
+            limit,
+            lease_ms,
+            count: options.count,
+            ticket_floor: 0,
+        },
+        holder: Vec::new(),
+        with_ticket: options.with_ticket,
+        bound: options.bound,
+    };
+    let now = now_ms();
+    // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
+    let wait_ms = options.wait_ms.filter(|_| caller.may_block);
+    let queued = if waiting::queued_anywhere() {
+        waiting::queued(&write.key())
+    } else {
+        0
+    };
+    let how = match arrival(kind, wait_ms.is_some(), queued) {
+        Arrival::TryNow => Try::Acquire,
+        Arrival::RenewOrWait | Arrival::RenewOrRefuse => Try::RenewOnly,
+    };
+    let bind_to = ask.bound.then_some(caller.client);
+    let sem = write.sem();
+    let Some(granted) = grant::try_grant(write.store_mut(), sem, &ask, id, now, how, bind_to)?
+    else {
+        let Some(wait_ms) = wait_ms else {
+            stats::count(&COUNTERS.refused);
+            write.commit();
+            return Ok(RedisValue::Null);
+        };
+        let line = [(write.key(), write.store().next_deadline(now))];
+        let ask = Ask {
+            holder: id.as_slice().to_vec(),
+            ..ask
+        };
+        waiting::block::block(ctx, caller.client, Wants::Permits(ask), &line, now, wait_ms)?;
+        stats::count(&COUNTERS.waits_started);
+        write.commit();
+        return Ok(RedisValue::NoReply);
+    };
+    if ask.bound {
+        waiting::follow_bound(ctx);
+    }
+    write.commit();
+    let id = RedisValue::BulkRedisString(id.safe_clone(ctx));
+    Ok(grant::reply(id, [granted.ticket], false, ask.with_ticket))
+}
