@@ -32,10 +32,7 @@ pub enum Try {
 
 /// The rule's request for `ask` now, with this node's ticket floor.
 fn rule(ask: &Ask) -> AcquireRequest {
-    AcquireRequest {
-        ticket_floor: fencing::floor(),
-        ..ask.rule
-    }
+    ask.rule(fencing::floor())
 }
 
 /// Grants `ask` to `holder` in `sem` (database `db`, `name`) on its open keys at `now_ms`, if

@@ -7,14 +7,14 @@ use crate::args::{parse_lease_ms, parse_limit};
 use crate::config;
 use crate::error::SemError;
 use crate::grant::{self, Try};
-use crate::queue::{arrival, Arrival, Wants};
+use crate::queue::{arrival, Wants};
 use crate::request::{parse_options, Ask, Form};
-use crate::semaphore::AcquireRequest;
 use crate::server::block::caller;
 use crate::server::now_ms;
-use crate::stats::{self, COUNTERS};
+use crate::stats::COUNTERS;
 use crate::types::Kind;
 use crate::waiting;
+use crate::waiting::block::wait_or_refuse;
 use crate::write::{Step, Write};
 
 /// `SEM.ACQUIRE name limit lease [ID identifier] [COUNT n] [WAIT seconds] [BOUND]` and
@@ -45,18 +45,7 @@ pub fn acquire<'a>(
             &made
         }
     };
-    let ask = Ask {
-        rule: AcquireRequest {
-            kind,
-            limit,
-            lease_ms,
-            count: options.count,
-            ticket_floor: 0,
-        },
-        holder: Vec::new(),
-        with_ticket: options.with_ticket,
-        bound: options.bound,
-    };
+    let mut ask = Ask::new(&options, limit, lease_ms, options.count, Vec::new());
     let now = now_ms();
     // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
     let wait_ms = options.wait_ms.filter(|_| caller.may_block);
@@ -65,28 +54,22 @@ pub fn acquire<'a>(
     } else {
         0
     };
-    let how = match arrival(kind, wait_ms.is_some(), queued) {
-        Arrival::TryNow => Try::Acquire,
-        Arrival::RenewOrWait | Arrival::RenewOrRefuse => Try::RenewOnly,
+    let how = if arrival(kind, wait_ms.is_some(), queued).may_acquire() {
+        Try::Acquire
+    } else {
+        Try::RenewOnly
     };
-    let bind_to = ask.bound.then_some(caller.client);
+    let bind_to = ask.bind_to(caller.client);
     let sem = write.sem();
     let Some(granted) = grant::try_grant(write.store_mut(), sem, &ask, id, now, how, bind_to)?
     else {
-        let Some(wait_ms) = wait_ms else {
-            stats::count(&COUNTERS.refused);
-            write.commit();
-            return Ok(RedisValue::Null);
-        };
-        let line = [(write.key(), write.store().next_deadline(now))];
-        let ask = Ask {
-            holder: id.as_slice().to_vec(),
-            ..ask
-        };
-        waiting::block::block(ctx, caller.client, Wants::Permits(ask), &line, now, wait_ms)?;
-        stats::count(&COUNTERS.waits_started);
+        let reply = wait_or_refuse(ctx, caller.client, wait_ms, now, &COUNTERS.refused, || {
+            ask.holder = id.as_slice().to_vec();
+            let line = vec![(write.key(), write.store().next_deadline(now))];
+            (Wants::Permits(ask), line)
+        })?;
         write.commit();
-        return Ok(RedisValue::NoReply);
+        return Ok(reply);
     };
     if ask.bound {
         waiting::follow_bound(ctx);

@@ -1,16 +1,14 @@
-//! `SEM.RELEASE` and `SEM.REFRESH`, and what a release or refresh found of its holder (the sets'
-//! too).
+//! `SEM.RELEASE` and `SEM.REFRESH`.
 
-use redis_module::{RedisString, RedisValue};
+use redis_module::RedisValue;
 
 use super::call::{identifier, Call};
 use crate::args::{parse_lease_ms, parse_release_count};
 use crate::config;
 use crate::error::SemError;
-use crate::semaphore::{self, Holder};
+use crate::semaphore;
 use crate::server::now_ms;
-use crate::stats::{self, COUNTERS};
-use crate::store::RedisStore;
+use crate::store::Ending;
 use crate::write::{Step, Write};
 
 /// `SEM.RELEASE name identifier [COUNT k]`
@@ -31,7 +29,9 @@ pub fn release<'a>(step: &Step<'a>, call: &Call<'a>) -> Result<RedisValue, SemEr
     let id = identifier(id)?;
     let mut write = Write::open(step, &call.keys())?;
     let released = semaphore::release(write.store_mut(), now_ms(), id, count)?;
-    ended(write.store_mut(), released, id, true);
+    write
+        .store_mut()
+        .holder_ended(released, id.as_slice(), Ending::Release);
     write.commit();
     Ok(RedisValue::Integer(released.reply()))
 }
@@ -43,24 +43,9 @@ pub fn refresh<'a>(step: &Step<'a>, call: &Call<'a>) -> Result<RedisValue, SemEr
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
     let mut write = Write::open(step, &call.keys())?;
     let refreshed = semaphore::refresh(write.store_mut(), now_ms(), id, lease_ms)?;
-    ended(write.store_mut(), refreshed, id, false);
+    write
+        .store_mut()
+        .holder_ended(refreshed, id.as_slice(), Ending::Refresh);
     write.commit();
     Ok(RedisValue::Integer(refreshed.reply()))
-}
-
-/// Counts what a refresh or (`release`) a release found of its holder, and tells of it.
-pub fn ended(store: &mut RedisStore, found: Holder, id: &RedisString, release: bool) {
-    match found {
-        Holder::Live if release => {
-            stats::count(&COUNTERS.released);
-            store.released(id.as_slice());
-            store.notify(c"sem.release");
-        }
-        Holder::Live => stats::count(&COUNTERS.refreshed),
-        Holder::Expired => {
-            stats::count(&COUNTERS.lost);
-            store.notify(c"sem.lost");
-        }
-        Holder::Absent => {}
-    }
 }

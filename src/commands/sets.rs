@@ -8,22 +8,21 @@
 use redis_module::{Context, RedisString, RedisValue};
 
 use super::call::{identifier, new_identifier};
-use super::release::ended;
 use crate::args::{parse_count, parse_lease_ms, parse_limit};
 use crate::config;
 use crate::error::SemError;
 use crate::grant;
 use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command, DERIVED};
-use crate::queue::{SemKey, Wants};
+use crate::queue::{set_arrival, SemKey, Wants};
 use crate::request::{parse_options, Ask, Form};
-use crate::semaphore::{self, AcquireRequest, Holder};
+use crate::semaphore::{self, Holder};
 use crate::server::block::caller;
 use crate::server::command::Arg;
 use crate::server::{in_cluster, key_at, now_ms, selected_db};
 use crate::stats::{self, COUNTERS};
-use crate::store::SemKeys;
-use crate::types::Kind;
+use crate::store::{Ending, SemKeys};
 use crate::waiting;
+use crate::waiting::block::wait_or_refuse;
 use crate::write::{Step, Write};
 
 /// A call on a set of semaphores, seen without the keys the filter appended.
@@ -209,51 +208,52 @@ pub fn acquire_all<'a>(
     };
     let asks: Vec<Ask> = counts
         .iter()
-        .map(|&(limit, count)| Ask {
-            rule: AcquireRequest {
-                kind,
+        .map(|&(limit, count)| {
+            Ask::new(
+                &options,
                 limit,
                 lease_ms,
-                count: Some(count),
-                ticket_floor: 0,
-            },
-            holder: id.as_slice().to_vec(),
-            with_ticket: options.with_ticket,
-            bound: options.bound,
+                Some(count),
+                id.as_slice().to_vec(),
+            )
         })
         .collect();
     let now = now_ms();
     // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
     let wait_ms = options.wait_ms.filter(|_| caller.may_block);
-    // Survey every semaphore before the first change (its errors are the call's). While
-    // others wait in a line, a waiting set joins the end of every line (unless it only
-    // renews); one that does not wait gets into a fair line only where it renews (as
-    // SEM.ACQUIREFAIR without WAIT), and may barge into a plain one.
+    // Survey every semaphore before the first change (its errors are the call's); then each
+    // must grant as its line lets the set in (`queue::set_arrival`).
     let survey = grant::survey(writes.iter().map(Write::store), &asks, id, now)?;
-    let mut all = true;
-    let mut lines_busy = false;
-    let mut renews_all = true;
-    for (i, &(fits, renews)) in survey.iter().enumerate() {
-        let queued = waiting::queued_anywhere() && waiting::queued(&call.sem(ctx, i)) > 0;
-        lines_busy |= queued;
-        renews_all &= renews;
-        all &= fits && (renews || !(queued && (kind == Kind::Fair || wait_ms.is_some())));
+    let queued: Vec<usize> = (0..writes.len())
+        .map(|i| {
+            if waiting::queued_anywhere() {
+                waiting::queued(&call.sem(ctx, i))
+            } else {
+                0
+            }
+        })
+        .collect();
+    let arrivals = set_arrival(kind, wait_ms.is_some(), &queued);
+    let all = survey
+        .iter()
+        .zip(arrivals)
+        .all(|(&(fits, renews), arrival)| fits && (renews || arrival.may_acquire()));
+    if !all {
+        let refused = &COUNTERS.set_refused;
+        let reply = wait_or_refuse(ctx, caller.client, wait_ms, now, refused, || {
+            let lines = (0..writes.len())
+                .map(|i| (call.sem(ctx, i), writes[i].store().next_deadline(now)))
+                .collect::<Vec<_>>();
+            let parts = lines.iter().map(|(sem, _)| sem.clone()).zip(asks).collect();
+            (Wants::Set(parts), lines)
+        })?;
+        // A refused set only surveyed: it ends no write.
+        if wait_ms.is_some() {
+            writes.into_iter().for_each(Write::commit);
+        }
+        return Ok(reply);
     }
-    if !all || (lines_busy && wait_ms.is_some() && !renews_all) {
-        let Some(wait_ms) = wait_ms else {
-            stats::count(&COUNTERS.set_refused);
-            return Ok(RedisValue::Null);
-        };
-        let lines = (0..writes.len())
-            .map(|i| (call.sem(ctx, i), writes[i].store().next_deadline(now)))
-            .collect::<Vec<_>>();
-        let parts = lines.iter().map(|(sem, _)| sem.clone()).zip(asks).collect();
-        waiting::block::block(ctx, caller.client, Wants::Set(parts), &lines, now, wait_ms)?;
-        stats::count(&COUNTERS.waits_started);
-        writes.into_iter().for_each(Write::commit);
-        return Ok(RedisValue::NoReply);
-    }
-    let bind_to = options.bound.then_some(caller.client);
+    let bind_to = asks[0].bind_to(caller.client);
     if options.bound {
         waiting::follow_bound(ctx);
     }
@@ -289,7 +289,9 @@ pub fn release_all<'a>(step: &Step<'a>, call: &SetCall<'a>) -> Result<RedisValue
     for write in &mut writes {
         let found = semaphore::release(write.store_mut(), now, id, None)?;
         held += i64::from(found == Holder::Live);
-        ended(write.store_mut(), found, id, true);
+        write
+            .store_mut()
+            .holder_ended(found, id.as_slice(), Ending::Release);
     }
     writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))
@@ -311,7 +313,9 @@ pub fn refresh_all<'a>(step: &Step<'a>, call: &SetCall<'a>) -> Result<RedisValue
     for write in &mut writes {
         let found = semaphore::refresh(write.store_mut(), now, id, lease_ms)?;
         held += i64::from(found == Holder::Live);
-        ended(write.store_mut(), found, id, false);
+        write
+            .store_mut()
+            .holder_ended(found, id.as_slice(), Ending::Refresh);
     }
     writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))

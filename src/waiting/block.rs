@@ -1,6 +1,8 @@
 //! Blocking a caller for what it wants, where there is room for one more waiter.
 
-use redis_module::Context;
+use std::sync::atomic::AtomicU64;
+
+use redis_module::{Context, RedisValue};
 
 use crate::config;
 use crate::error::SemError;
@@ -101,4 +103,25 @@ pub fn block(
         timer::arm(at, now_ms);
     }
     Ok(())
+}
+
+/// The end of an acquire the rule did not grant now, single or set: with `wait_ms` the caller
+/// (connection `client`) waits for what `wait()` says it wants, in the lines it names (the reply
+/// comes later), else it is refused (nil) and counted in `refused`.
+pub fn wait_or_refuse(
+    ctx: &Context,
+    client: u64,
+    wait_ms: Option<i64>,
+    now_ms: i64,
+    refused: &AtomicU64,
+    wait: impl FnOnce() -> (Wants, Vec<(SemKey, Option<i64>)>),
+) -> Result<RedisValue, SemError> {
+    let Some(wait_ms) = wait_ms else {
+        stats::count(refused);
+        return Ok(RedisValue::Null);
+    };
+    let (wants, lines) = wait();
+    block(ctx, client, wants, &lines, now_ms, wait_ms)?;
+    stats::count(&COUNTERS.waits_started);
+    Ok(RedisValue::NoReply)
 }

@@ -141,7 +141,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         }
         granted_any = true;
         let holder = store.id(&ask.holder);
-        let bind_to = ask.bound.then_some(client);
+        let bind_to = ask.bind_to(client);
         let sem_ref = (sem.db, &*sem.name);
         let granted = grant::try_grant(
             store,

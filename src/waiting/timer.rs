@@ -11,11 +11,11 @@ use crate::grant;
 use crate::keys::{with_derived, COUNTER_SUFFIX, LIMIT_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
 use crate::queue::{Binding, Due, SemKey, WaiterId, Wants};
 use crate::request::Ask;
-use crate::semaphore::{self, Holder};
+use crate::semaphore;
 use crate::server::{clock_ms, cluster_can_serve, is_primary, select_db, timer, writes_paused};
 use crate::state::{defer, is_waited, scope, with, GiveBack, Work};
 use crate::stats::{self, COUNTERS};
-use crate::store::SemKeys;
+use crate::store::{Ending, SemKeys};
 use crate::write::{Step, Write};
 
 /// The module's timer fired: end the waits that are over, serve the semaphores whose lease
@@ -227,7 +227,7 @@ fn grant_set<'a>(
     let outcome = match grant::survey(writes.iter().map(Write::store), asks, &holder, now) {
         Ok(fits) if fits.iter().all(|&(fits, _)| fits) => {
             let refs: Vec<(i32, &[u8])> = sems.iter().map(|s| (s.db, &*s.name)).collect();
-            let bind_to = asks[0].bound.then_some(client);
+            let bind_to = asks[0].bind_to(client);
             match grant::grant_all(
                 writes.iter_mut().map(Write::store_mut),
                 &refs,
@@ -323,11 +323,11 @@ fn give_back(ctx: &Context, binding: &Binding, why: GiveBack, slice: Slice) {
 fn release_given_back(mut write: Write, binding: &Binding, why: GiveBack) {
     let store = write.store_mut();
     let holder = store.id(&binding.holder);
-    if let Ok(Holder::Live) = semaphore::release(store, clock_ms(), &holder, None) {
-        if why == GiveBack::ConnectionClosed {
-            stats::count(&COUNTERS.bound_released);
-            store.released(&binding.holder);
-        }
-        store.notify(c"sem.release");
+    let why = match why {
+        GiveBack::ConnectionClosed => Ending::ConnectionClosed,
+        GiveBack::Undelivered => Ending::Undelivered,
+    };
+    if let Ok(found) = semaphore::release(store, clock_ms(), &holder, None) {
+        store.holder_ended(found, &binding.holder, why);
     }
 }
