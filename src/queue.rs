@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
-pub use crate::request::Ask;
+use crate::request::Ask;
 use crate::types::Kind;
 
 /// A semaphore, as the waiting side names it: the database it lives in, and its name.

@@ -11,6 +11,7 @@ use crate::queue::{arrival, Wants};
 use crate::request::{parse_options, Ask, Form};
 use crate::server::block::caller;
 use crate::server::now_ms;
+use crate::state;
 use crate::stats::COUNTERS;
 use crate::types::Kind;
 use crate::waiting;
@@ -49,8 +50,8 @@ pub fn acquire<'a>(
     let now = now_ms();
     // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
     let wait_ms = options.wait_ms.filter(|_| caller.may_block);
-    let queued = if waiting::queued_anywhere() {
-        waiting::queued(&write.key())
+    let queued = if state::queued_anywhere() {
+        state::queued(&write.key())
     } else {
         0
     };

@@ -22,6 +22,7 @@ use crate::server::acl;
 use crate::server::command::{run, Arg, Expanded};
 use crate::server::command_info::key_flags;
 use crate::server::{guard, in_cluster, is_keys_position_request, key_at};
+use crate::state;
 use crate::types::Kind;
 use crate::waiting;
 use crate::write::Step;
@@ -34,7 +35,7 @@ pub extern "C" fn entry(
     argc: c_int,
 ) -> c_int {
     guard(raw::REDISMODULE_ERR as c_int, || {
-        waiting::scope(&Context::new(ctx), false, || run(ctx, argv, argc, dispatch))
+        state::scope(&Context::new(ctx), false, || run(ctx, argv, argc, dispatch))
     })
 }
 

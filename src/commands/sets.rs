@@ -19,6 +19,7 @@ use crate::semaphore::{self, Holder};
 use crate::server::block::caller;
 use crate::server::command::Arg;
 use crate::server::{in_cluster, key_at, now_ms, selected_db};
+use crate::state;
 use crate::stats::{self, COUNTERS};
 use crate::store::{Ending, SemKeys};
 use crate::waiting;
@@ -226,8 +227,8 @@ pub fn acquire_all<'a>(
     let survey = grant::survey(writes.iter().map(Write::store), &asks, id, now)?;
     let queued: Vec<usize> = (0..writes.len())
         .map(|i| {
-            if waiting::queued_anywhere() {
-                waiting::queued(&call.sem(ctx, i))
+            if state::queued_anywhere() {
+                state::queued(&call.sem(ctx, i))
             } else {
                 0
             }

@@ -13,7 +13,7 @@ use crate::server::events::{self, Needs};
 use crate::server::memory as server_memory;
 use crate::server::names as server_names;
 use crate::server::{is_valkey, timer};
-use crate::state::with;
+use crate::state::{read, with};
 use crate::stats::{self, COUNTERS};
 
 /// The bounds on waiters' memory the settings give now.
@@ -32,7 +32,7 @@ pub(super) fn per_waiter_bytes() -> u64 {
 /// Whether one more may wait for each of `sems` (`sem.max-waiters-per-semaphore`), on the
 /// server (`sem.max-waiters`), and in the memory waiters may take (`memory.rs`).
 fn check_room<'a>(mut sems: impl Iterator<Item = &'a SemKey>) -> Result<(), SemError> {
-    with(|s| {
+    read(|s| {
         let per_semaphore = config::MAX_WAITERS_PER_SEMAPHORE.get();
         let total = config::MAX_WAITERS.get();
         let crowded = sems.any(|sem| {

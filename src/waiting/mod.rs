@@ -27,10 +27,7 @@ use crate::server::events::{self, Needs};
 use crate::server::hooks::Left;
 use crate::server::memory as server_memory;
 use crate::server::timer as server_timer;
-pub use crate::state::{
-    any_bindings, follows_foreign_changes, queued, queued_anywhere, reset, scope,
-};
-use crate::state::{defer, is_waited, with, GiveBack, Work};
+use crate::state::{any_bindings, defer, is_waited, queued_anywhere, read, with, GiveBack, Work};
 use crate::stats::{self, COUNTERS};
 use block::{memory_bounds, per_waiter_bytes};
 use outcome::Outcome;
@@ -68,7 +65,7 @@ pub fn line(sem: &SemKey, now_ms: i64) -> Line {
     if !queued_anywhere() {
         return Line::default();
     }
-    with(|s| Line {
+    read(|s| Line {
         waiters: s.registry.queued(sem),
         longest_wait_ms: s.registry.longest_wait_ms(sem, now_ms),
         ages_ms: s.registry.ages_ms(sem, now_ms),
@@ -78,7 +75,7 @@ pub fn line(sem: &SemKey, now_ms: i64) -> Line {
 
 /// The gauges of `INFO sem`.
 pub fn gauges() -> Vec<(&'static str, u64)> {
-    let (semaphores, waiters, empty, scheduled, bound, blocked) = with(|s| {
+    let (semaphores, waiters, empty, scheduled, bound, blocked) = read(|s| {
         (
             s.registry.waited_count(),
             s.registry.total_waiters() - s.registry.empty_waiters(),
@@ -197,7 +194,7 @@ pub fn touched(db: i32, key: &[u8]) {
             .iter()
             .filter_map(|suffix| key.strip_suffix(*suffix)),
     );
-    let waited: Vec<SemKey> = with(|s| {
+    let waited: Vec<SemKey> = read(|s| {
         names
             .map(|name| SemKey {
                 db,

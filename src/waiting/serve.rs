@@ -5,7 +5,6 @@
 //! ([`serve`]) grants its head while the acquire rule would, through the one grant (`grant.rs`),
 //! and answers it: the blocked client's reply is the grant's reply.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redis_module::Context;
@@ -18,7 +17,7 @@ use crate::request::Ask;
 use crate::semaphore;
 use crate::server::block::Blocked;
 use crate::server::{clock_ms, selected_db, timer};
-use crate::state::{self, defer, with, Work};
+use crate::state::{self, defer, read, with, Work};
 use crate::stats::{self, COUNTERS};
 use crate::store::RedisStore;
 use crate::write::{Serve, Step, Written};
@@ -62,10 +61,6 @@ fn follow(ctx: &Context, mut written: Written, slice: Option<Slice>) {
 /// clients (as Redis's own active expiry works in slices).
 const SLICE: Duration = Duration::from_millis(2);
 
-/// Waiters answered and permits given back since the module loaded: a slice ends only after
-/// real work, so the first answer due after a command comes before the next command is read.
-static ANSWERED: AtomicUsize = AtomicUsize::new(0);
-
 /// The end of a slice of work.
 #[derive(Debug, Clone, Copy)]
 pub struct Slice {
@@ -77,7 +72,7 @@ impl Slice {
     pub fn start() -> Slice {
         Slice {
             end: Instant::now() + SLICE,
-            answered_at_start: ANSWERED.load(Ordering::Relaxed),
+            answered_at_start: state::answers(),
         }
     }
 
@@ -86,15 +81,9 @@ impl Slice {
     /// never holds back the first answer, which a preempted process would otherwise give
     /// only after the server read the next command).
     pub fn is_over(&self, steps: u32, max_steps: u32) -> bool {
-        let worked =
-            ANSWERED.load(Ordering::Relaxed) != self.answered_at_start || steps >= max_steps;
+        let worked = state::answers() != self.answered_at_start || steps >= max_steps;
         worked && Instant::now() >= self.end
     }
-}
-
-/// Counts a permit given back as work done in the slice.
-pub fn gave_back() {
-    ANSWERED.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The head of a line, as [`serve`] sees it.
@@ -116,7 +105,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     // Nothing is looked up once the last waiter anywhere is answered (a hand-off's usual end).
     let mut granted_any = false;
     while state::queued_anywhere() {
-        let head = with(|s| {
+        let head = read(|s| {
             let head = s.registry.head(sem)?;
             Some(match head.ask() {
                 Some(ask) => Head::Permits(head.id, ask.clone(), head.client),
@@ -197,7 +186,7 @@ pub fn binding(sem: &SemKey, holder: &[u8]) -> Binding {
 /// Answers those who wait for `sem` to empty, if it has no live holder now (or its keys cannot
 /// be read: then with the error).
 fn answer_if_empty(store: &RedisStore, sem: &SemKey, now_ms: i64) {
-    if with(|s| s.registry.waiting_for_empty(sem)) == 0 {
+    if read(|s| s.registry.waiting_for_empty(sem)) == 0 {
         return;
     }
     let failed = match semaphore::in_use(store, now_ms) {
@@ -245,6 +234,6 @@ pub fn end_wait(handle: Blocked, outcome: Outcome, for_empty: bool) {
         Outcome::Failed(_) if for_empty => &COUNTERS.empty_waits_cancelled,
         Outcome::Failed(_) => &COUNTERS.waits_cancelled,
     });
-    ANSWERED.fetch_add(1, Ordering::Relaxed);
+    state::answered();
     outcome::unblock(handle, outcome);
 }

@@ -5,7 +5,7 @@
 use redis_module::{Context, RedisString};
 
 use super::outcome::Outcome;
-use super::serve::{answer, binding, end_wait, gave_back, serve_step, Slice};
+use super::serve::{answer, binding, end_wait, serve_step, Slice};
 use crate::error::SemError;
 use crate::grant;
 use crate::keys::{with_derived, COUNTER_SUFFIX, LIMIT_SUFFIX, OWNER_SUFFIX, PERMITS_SUFFIX};
@@ -13,7 +13,7 @@ use crate::queue::{Binding, Due, SemKey, WaiterId, Wants};
 use crate::request::Ask;
 use crate::semaphore;
 use crate::server::{clock_ms, cluster_can_serve, is_primary, select_db, timer, writes_paused};
-use crate::state::{defer, is_waited, scope, with, GiveBack, Work};
+use crate::state::{self, defer, is_waited, read, scope, with, GiveBack, Work};
 use crate::stats::{self, COUNTERS};
 use crate::store::{Ending, SemKeys};
 use crate::write::{Step, Write};
@@ -75,7 +75,7 @@ fn timer_run(ctx: &Context) {
             Work::ServeSet(id) => serve_set(ctx, id, slice),
         }
     }
-    if let Some(at) = with(|s| s.registry.next_due_ms()) {
+    if let Some(at) = read(|s| s.registry.next_due_ms()) {
         timer::arm(at, clock_ms());
     }
 }
@@ -85,7 +85,7 @@ fn timer_run(ctx: &Context) {
 /// whose turn it is takes what is free rather than timing out, and the head of a line is never
 /// skipped for whoever stands behind it.
 fn serve_before_time_up(ctx: &Context, id: WaiterId, slice: Slice) {
-    let Some((sems, set)) = with(|s| {
+    let Some((sems, set)) = read(|s| {
         let waiter = s.registry.waiter(id)?;
         let set = matches!(waiter.wants, Wants::Set(_));
         Some((waiter.sems().cloned().collect::<Vec<SemKey>>(), set))
@@ -104,7 +104,7 @@ fn serve_before_time_up(ctx: &Context, id: WaiterId, slice: Slice) {
 /// Waiter `id`'s time is up: nil for permits, 0 for a wait for empty. Returns the lines it
 /// stood in (none when it was answered meanwhile).
 fn time_up(id: WaiterId) -> Vec<SemKey> {
-    let Some((sems, for_empty)) = with(|s| {
+    let Some((sems, for_empty)) = read(|s| {
         let waiter = s.registry.waiter(id)?;
         Some((waiter.sems().cloned().collect(), waiter.for_empty()))
     }) else {
@@ -178,7 +178,7 @@ impl KeyNames {
 /// `SEM.ACQUIREALL`); the ends of the writes then serve whoever stands behind it. If not, it
 /// stays where it is (and holds its lines) until one of them changes again.
 fn serve_set(ctx: &Context, id: WaiterId, slice: Slice) {
-    let Some((parts, client)) = with(|s| {
+    let Some((parts, client)) = read(|s| {
         let waiter = s.registry.waiter(id)?;
         match &waiter.wants {
             Wants::Set(parts) if s.registry.heads_every_line(id) => {
@@ -307,7 +307,7 @@ fn serve_outside(ctx: &Context, sem: &SemKey, slice: Slice) {
 /// Gives `binding`'s permit back, if it is still held: its BOUND connection closed, or its
 /// grant never reached the client. The step serves the line after the write.
 fn give_back(ctx: &Context, binding: &Binding, why: GiveBack, slice: Slice) {
-    gave_back();
+    state::answered();
     with(|s| s.registry.unbind(binding));
     let Ok(names) = KeyNames::of(ctx, &binding.sem) else {
         return;
