@@ -64,7 +64,8 @@ pub fn try_grant(
     };
     // Bindings of permits the rule removed (expired) go, granted or not; before a grant's
     // own: one may be an expired permit of the identifier granted now.
-    state::forget_gone(store, key);
+    let (all, removed) = store.take_gone();
+    state::forget_gone(key, all, &removed);
     let Acquired::Granted { ticket, renewed } = acquired else {
         return Ok(None);
     };

@@ -20,7 +20,6 @@ use crate::server::block::{self, Blocked};
 use crate::server::events;
 use crate::server::names as server_names;
 use crate::server::timer;
-use crate::store::RedisStore;
 
 /// Work to do from the timer, where keys may be written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -241,22 +240,19 @@ pub fn granted(sem: impl Fn() -> SemKey, holder: &[u8], renewed: bool, bind_to: 
     });
 }
 
-/// Forgets the bindings of permits a write found gone: every binding of the semaphore when its
-/// holder set was missing (its key expired, or another client deleted it), else those the write
-/// removed (released, lost, or pruned as expired).
-pub fn forget_gone(store: &mut RedisStore, sem: impl FnOnce() -> SemKey) {
-    // Taken even when nothing is bound: what they tell is about this moment only.
-    let removed = store.take_removed();
-    let opened_empty = store.take_opened_empty();
+/// Forgets the bindings of permits a write found gone (`RedisStore::take_gone`): every binding of
+/// the semaphore when its holder set was missing (`all`: its key expired, or another client
+/// deleted it), else those of the holders it `removed` (released, lost, or pruned as expired).
+pub fn forget_gone(sem: impl FnOnce() -> SemKey, all: bool, removed: &[RedisString]) {
     if !any_bindings() {
         return;
     }
     let sem = sem();
     with(|s| {
-        if opened_empty {
+        if all {
             s.registry.unbind_all(&sem);
         } else {
-            unbind(s, &sem, &removed);
+            unbind(s, &sem, removed);
         }
     });
 }

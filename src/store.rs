@@ -183,7 +183,7 @@ impl<'a> RedisStore<'a> {
 
     /// Whether `<name>` was missing when the store opened it, asked once: later calls answer
     /// false (the holders since are the store's own).
-    pub fn take_opened_empty(&mut self) -> bool {
+    fn take_opened_empty(&mut self) -> bool {
         std::mem::take(&mut self.opened_empty)
     }
 
@@ -208,8 +208,15 @@ impl<'a> RedisStore<'a> {
             || self.limit.get().is_some_and(Key::has_changed)
     }
 
-    pub fn take_removed(&mut self) -> Vec<RedisString> {
+    fn take_removed(&mut self) -> Vec<RedisString> {
         self.removed.take().unwrap_or_default()
+    }
+
+    /// What this write found gone since the last look, and forgets it (it tells of this moment
+    /// only): whether `<name>` was missing (every holder it had is gone), and the holders it
+    /// removed.
+    pub fn take_gone(&mut self) -> (bool, Vec<RedisString>) {
+        (self.take_opened_empty(), self.take_removed())
     }
 
     /// The soonest deadline of a holder still live at `now_ms`.

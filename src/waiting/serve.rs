@@ -41,7 +41,8 @@ fn follow(ctx: &Context, mut written: Written, slice: Option<Slice>) {
         name: written.name.as_slice().into(),
     };
     if state::any_bindings() {
-        state::forget_gone(&mut written.store, sem);
+        let (all, removed) = written.store.take_gone();
+        state::forget_gone(sem, all, &removed);
     }
     if !state::queued_anywhere() {
         return;
