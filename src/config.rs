@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 
-pub use crate::server::events::KeyEvents;
+use crate::server::events::KeyEvents;
 use crate::types::MAX_LEASE_MS;
 
 /// One numeric setting: its name (after `sem.`), bounds, and current value (the default until

@@ -3,8 +3,6 @@
 //! forgotten first, the counters, hold time and `sem.acquire` event, the BOUND binding; and the
 //! one form of its reply.
 
-use std::ops::DerefMut;
-
 use redis_module::{RedisString, RedisValue};
 
 use crate::error::SemError;
@@ -34,10 +32,7 @@ pub enum Try {
 
 /// The rule's request for `ask` now, with this node's ticket floor.
 fn rule(ask: &Ask) -> AcquireRequest {
-    AcquireRequest {
-        ticket_floor: fencing::floor(),
-        ..ask.rule
-    }
+    ask.rule(fencing::floor())
 }
 
 /// Grants `ask` to `holder` in `sem` (database `db`, `name`) on its open keys at `now_ms`, if
@@ -69,7 +64,8 @@ pub fn try_grant(
     };
     // Bindings of permits the rule removed (expired) go, granted or not; before a grant's
     // own: one may be an expired permit of the identifier granted now.
-    state::forget_gone(store, key);
+    let (all, removed) = store.take_gone();
+    state::forget_gone(key, all, &removed);
     let Acquired::Granted { ticket, renewed } = acquired else {
         return Ok(None);
     };
@@ -79,17 +75,17 @@ pub fn try_grant(
 }
 
 /// Whether each of a set's semaphores would grant its ask now, and whether it would only renew.
-pub fn survey<'a, W: DerefMut<Target = RedisStore<'a>>>(
-    stores: &[W],
+pub fn survey<'s, 'a: 's>(
+    stores: impl IntoIterator<Item = &'s RedisStore<'a>>,
     asks: &[Ask],
     holder: &RedisString,
     now_ms: i64,
 ) -> Result<Vec<(bool, bool)>, SemError> {
     stores
-        .iter()
+        .into_iter()
         .zip(asks)
         .map(|(store, ask)| {
-            let fits = semaphore::would_grant(&**store, now_ms, holder, &rule(ask))?;
+            let fits = semaphore::would_grant(store, now_ms, holder, &rule(ask))?;
             let renews = store.deadline(holder).is_some_and(|d| d > now_ms);
             Ok((fits, renews))
         })
@@ -98,16 +94,16 @@ pub fn survey<'a, W: DerefMut<Target = RedisStore<'a>>>(
 
 /// Grants a set whose every semaphore would grant (surveyed at `now_ms`, nothing changed since):
 /// one grant per semaphore, in the order named.
-pub fn grant_all<'a, W: DerefMut<Target = RedisStore<'a>>>(
-    stores: &mut [W],
+pub fn grant_all<'s, 'a: 's>(
+    stores: impl IntoIterator<Item = &'s mut RedisStore<'a>>,
     sems: &[(i32, &[u8])],
     asks: &[Ask],
     holder: &RedisString,
     now_ms: i64,
     bind_to: Option<u64>,
 ) -> Result<Vec<Grant>, SemError> {
-    let mut grants = Vec::with_capacity(stores.len());
-    for ((store, sem), ask) in stores.iter_mut().zip(sems).zip(asks) {
+    let mut grants = Vec::with_capacity(sems.len());
+    for ((store, sem), ask) in stores.into_iter().zip(sems).zip(asks) {
         match try_grant(store, *sem, ask, holder, now_ms, Try::Acquire, bind_to)? {
             Some(grant) => grants.push(grant),
             // Nothing changed between the survey and here.

@@ -51,7 +51,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // A start with nothing to load fires no loading event, and this node may have handed out
     // tickets in an earlier life: go on from the clock at least, whatever the data says.
     fencing::take_floor(server::clock_ms());
-    waiting::reset();
+    state::reset();
     server::memory::reset();
     server::hooks::install(hooks());
     let version = server::server_version(ctx.ctx);
@@ -88,9 +88,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
 /// What the server's callbacks (server/) hand on, and to whom.
 fn hooks() -> Hooks {
     Hooks {
-        timer_fired: waiting::on_timer,
-        reply: waiting::reply_hook,
-        free: waiting::free_hook,
+        timer_fired: waiting::timer::on_timer,
+        reply: waiting::outcome::reply_hook,
+        free: waiting::outcome::free_hook,
         left: waiting::left,
         // This node's data may be behind what clients were told: fair tickets go on from a
         // floor taken from the clock (fencing.rs).
@@ -103,7 +103,7 @@ fn hooks() -> Hooks {
         connection_closed: waiting::connection_closed,
         flushed: waiting::flushed,
         swapped: waiting::swapped,
-        follows_keys: waiting::follows_foreign_changes,
+        follows_keys: state::follows_foreign_changes,
         key_changed: waiting::touched,
         slot_changed: waiting::recheck_all,
         key_evicted,
@@ -139,7 +139,7 @@ fn info_fields() -> InfoFields {
 /// `MODULE UNLOAD`: refused while a connection holds BOUND permits, which would otherwise never
 /// be given back on disconnect. (Redis itself refuses while clients wait or a timer is armed.)
 fn deinit(ctx: &Context) -> Status {
-    if waiting::queued_anywhere() || waiting::any_bindings() {
+    if state::queued_anywhere() || state::any_bindings() {
         ctx.log_warning(
             "redsem: not unloading while clients wait for permits or hold BOUND permits",
         );

@@ -15,7 +15,7 @@
 //! writes into evictions. The share keeps what waiting may ever take small and known.
 
 use crate::error::SemError;
-pub use crate::server::memory::Memory;
+use crate::server::memory::Memory;
 
 /// What one more waiting client costs the server, in bytes (see the module comment).
 pub fn per_waiter_bytes(valkey: bool) -> u64 {

@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
-pub use crate::request::Ask;
+use crate::request::Ask;
 use crate::types::Kind;
 
 /// A semaphore, as the waiting side names it: the database it lives in, and its name.
@@ -121,6 +121,27 @@ pub fn arrival(kind: Kind, waits: bool, queued: usize) -> Arrival {
         (_, true, _) => Arrival::RenewOrWait,
         (_, false, Kind::Plain) => Arrival::TryNow,
         (_, false, Kind::Fair) => Arrival::RenewOrRefuse,
+    }
+}
+
+/// How a set arrives in each of its lines, `queued` waiting in each: as a single caller would
+/// ([`arrival`]), except that a set that waits joins the end of every line once any of them is
+/// busy (it is served as one waiter at the head of all of them).
+pub fn set_arrival(
+    kind: Kind,
+    waits: bool,
+    queued: &[usize],
+) -> impl Iterator<Item = Arrival> + '_ {
+    let busiest = queued.iter().copied().max().unwrap_or(0);
+    queued
+        .iter()
+        .map(move |&here| arrival(kind, waits, if waits { busiest } else { here }))
+}
+
+impl Arrival {
+    /// Whether the acquire rule may grant it a new permit now (not only renew one it holds).
+    pub fn may_acquire(self) -> bool {
+        self == Arrival::TryNow
     }
 }
 
@@ -599,13 +620,10 @@ mod tests {
 
     fn ask_of(holder: &str) -> Ask {
         Ask {
-            rule: crate::semaphore::AcquireRequest {
-                kind: Kind::Fair,
-                limit: 1,
-                lease_ms: 1000,
-                count: None,
-                ticket_floor: 0,
-            },
+            kind: Kind::Fair,
+            limit: 1,
+            lease_ms: 1000,
+            count: None,
             holder: holder.as_bytes().to_vec(),
             with_ticket: false,
             bound: false,
@@ -630,6 +648,25 @@ mod tests {
                 want,
                 "{kind:?} {waits} {queued}"
             );
+        }
+    }
+
+    #[test]
+    fn a_set_arrives_in_each_of_its_lines() {
+        use Arrival::{RenewOrRefuse as Refuse, RenewOrWait as Wait, TryNow as Try};
+        // A set that waits joins every line once one is busy; one that does not is a single
+        // caller in each.
+        let table: [(Kind, bool, &[usize], &[Arrival]); 6] = [
+            (Kind::Plain, true, &[0, 0], &[Try, Try]),
+            (Kind::Plain, true, &[0, 2], &[Wait, Wait]),
+            (Kind::Fair, true, &[1, 0], &[Wait, Wait]),
+            (Kind::Plain, false, &[0, 2], &[Try, Try]),
+            (Kind::Fair, false, &[0, 2], &[Try, Refuse]),
+            (Kind::Fair, false, &[0, 0], &[Try, Try]),
+        ];
+        for (kind, waits, queued, want) in table {
+            let got: Vec<Arrival> = set_arrival(kind, waits, queued).collect();
+            assert_eq!(got, want, "{kind:?} {waits} {queued:?}");
         }
     }
 

@@ -10,12 +10,54 @@ use crate::types::Kind;
 /// What a caller asked of one semaphore, granted as if it asked again whenever it is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ask {
-    /// What the acquire rule sees (its ticket floor is read at each grant).
-    pub rule: AcquireRequest,
-    /// The identifier it will hold: given with ID, or made when it arrived.
+    pub kind: Kind,
+    pub limit: u64,
+    pub lease_ms: i64,
+    /// `COUNT n`, or a set's count for this semaphore.
+    pub count: Option<u64>,
+    /// The identifier it will hold: given with ID, or made when it arrived (a single acquire
+    /// fills it in only when it waits).
     pub holder: Vec<u8>,
     pub with_ticket: bool,
     pub bound: bool,
+}
+
+impl Ask {
+    /// The one way an acquire's ask is made: a single acquire's or one semaphore of a set's,
+    /// from the options its command parsed.
+    pub fn new<A>(
+        options: &Options<A>,
+        limit: u64,
+        lease_ms: i64,
+        count: Option<u64>,
+        holder: Vec<u8>,
+    ) -> Ask {
+        Ask {
+            kind: options.kind,
+            limit,
+            lease_ms,
+            count,
+            holder,
+            with_ticket: options.with_ticket,
+            bound: options.bound,
+        }
+    }
+
+    /// The acquire rule's request, with the lowest ticket this node may hand out now.
+    pub fn rule(&self, ticket_floor: u64) -> AcquireRequest {
+        AcquireRequest {
+            kind: self.kind,
+            limit: self.limit,
+            lease_ms: self.lease_ms,
+            count: self.count,
+            ticket_floor,
+        }
+    }
+
+    /// The connection a grant binds the permit to (BOUND): connection `client`, the caller's.
+    pub fn bind_to(&self, client: u64) -> Option<u64> {
+        self.bound.then_some(client)
+    }
 }
 
 /// Which command's options: a single acquire (its kind fixed by the command) or a set.

@@ -1,7 +1,13 @@
 //! The waiting side's state, in one place: the registry of waiters and BOUND permits
-//! (`queue.rs`), the work left for the timer, and the counts the hot paths read without a lock.
-//! Every access goes through [`with`], which keeps those counts and the names filter in step
-//! with the registry and ends the server events nothing needs any more.
+//! (`queue.rs`), the work left for the timer, and the counts the hot paths read without a
+//! borrow (waiters, bindings, pending work, commands under way, answers given). A change goes
+//! through [`with`], which keeps those counts and the names filter in step with the registry and
+//! has the timer end the server events nothing needs any more; a look goes through [`read`],
+//! which changes nothing.
+//!
+//! What the server layer keeps of its own (it imports nothing above it) stays there, read through
+//! its functions: the events followed and the keyspace watch (`server/events.rs`), the names
+//! filter's bits (`server/names.rs`), the timer's arming (`server/timer.rs`).
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -14,7 +20,6 @@ use crate::server::block::{self, Blocked};
 use crate::server::events;
 use crate::server::names as server_names;
 use crate::server::timer;
-use crate::store::RedisStore;
 
 /// Work to do from the timer, where keys may be written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -65,7 +70,31 @@ static BINDINGS: AtomicUsize = AtomicUsize::new(0);
 /// Work waiting for the timer.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 
-/// Runs `f` on the state. Never call into Redis inside: a callback could come back here.
+/// Looks at the state; changes nothing. Never call into Redis inside: a callback could come back
+/// here.
+pub fn read<T>(f: impl FnOnce(&State) -> T) -> T {
+    STATE.with(|cell| match &*cell.borrow() {
+        Some(state) => f(state),
+        None => f(&State::default()),
+    })
+}
+
+/// Waiters answered and permits given back since the module loaded: a slice of work ends only
+/// after real work, so the first answer due after a command comes before the next command is
+/// read.
+static ANSWERED: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts an answer or a give-back as work done.
+pub fn answered() {
+    ANSWERED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Answers and give-backs so far (see [`answered`]).
+pub fn answers() -> usize {
+    ANSWERED.load(Ordering::Relaxed)
+}
+
+/// Changes the state with `f`. Never call into Redis inside: a callback could come back here.
 pub fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
     let (result, waiters, bindings) = STATE.with(|cell| {
         let mut state = cell.borrow_mut();
@@ -125,7 +154,7 @@ fn settle(ctx: &Context) {
         return;
     }
     events::settle(ctx.ctx, waiting, bound);
-    if !waiting && !bound && !any_pending() && with(|s| s.registry.next_due_ms()).is_none() {
+    if !waiting && !bound && !any_pending() && read(|s| s.registry.next_due_ms()).is_none() {
         timer::disarm();
     }
 }
@@ -133,13 +162,13 @@ fn settle(ctx: &Context) {
 /// Stops the timer once nobody waits and nothing is left to do: an armed timer keeps
 /// `MODULE UNLOAD` refused.
 pub fn disarm_if_idle() {
-    if with(is_idle) {
+    if read(is_idle) {
         timer::disarm();
     }
 }
 
 /// Whether nothing is left for the timer: no wait or lease end due, no work deferred.
-pub fn is_idle(s: &mut State) -> bool {
+pub fn is_idle(s: &State) -> bool {
     s.registry.next_due_ms().is_none() && s.work.is_empty()
 }
 
@@ -169,12 +198,12 @@ pub fn queued(sem: &SemKey) -> usize {
     if !queued_anywhere() {
         return 0;
     }
-    with(|s| s.registry.queued(sem))
+    read(|s| s.registry.queued(sem))
 }
 
 /// Whether anybody waits for `sem`, for permits or for it to empty.
 pub fn is_waited(sem: &SemKey) -> bool {
-    queued_anywhere() && with(|s| s.registry.is_waited(sem))
+    queued_anywhere() && read(|s| s.registry.is_waited(sem))
 }
 
 /// Hands `work` to the timer, which does it right after the current command, in the same turn
@@ -211,22 +240,19 @@ pub fn granted(sem: impl Fn() -> SemKey, holder: &[u8], renewed: bool, bind_to: 
     });
 }
 
-/// Forgets the bindings of permits a write found gone: every binding of the semaphore when its
-/// holder set was missing (its key expired, or another client deleted it), else those the write
-/// removed (released, lost, or pruned as expired).
-pub fn forget_gone(store: &mut RedisStore, sem: impl FnOnce() -> SemKey) {
-    // Taken even when nothing is bound: what they tell is about this moment only.
-    let removed = store.take_removed();
-    let opened_empty = store.take_opened_empty();
+/// Forgets the bindings of permits a write found gone (`RedisStore::take_gone`): every binding of
+/// the semaphore when its holder set was missing (`all`: its key expired, or another client
+/// deleted it), else those of the holders it `removed` (released, lost, or pruned as expired).
+pub fn forget_gone(sem: impl FnOnce() -> SemKey, all: bool, removed: &[RedisString]) {
     if !any_bindings() {
         return;
     }
     let sem = sem();
     with(|s| {
-        if opened_empty {
+        if all {
             s.registry.unbind_all(&sem);
         } else {
-            unbind(s, &sem, &removed);
+            unbind(s, &sem, removed);
         }
     });
 }

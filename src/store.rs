@@ -11,7 +11,7 @@ use redis_module::{raw, Context, RedisString};
 
 use crate::args::{parse_counter, parse_extra, parse_stored_limit, parse_weight};
 use crate::error::SemError;
-use crate::semaphore::{IdBytes, Put, PutOutcome, Store};
+use crate::semaphore::{Holder, IdBytes, Put, PutOutcome, Store};
 use crate::server::key::{Access, Key, KeyType, Only, ZaddOutcome};
 use crate::server::{key_exists, selected_db};
 use crate::stats::{self, COUNTERS};
@@ -94,6 +94,19 @@ impl<'a> LazyKey<'a> {
     }
 }
 
+/// Why a holder's permits were asked to end, or to last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// `SEM.RELEASE`, `SEM.RELEASEALL`.
+    Release,
+    /// `SEM.REFRESH`, `SEM.REFRESHALL`: a live holder keeps its permits.
+    Refresh,
+    /// The module gives them back: their BOUND connection closed.
+    ConnectionClosed,
+    /// The module gives them back: the grant never reached its waiter.
+    Undelivered,
+}
+
 /// One semaphore's keys, opened for a call. The counter is opened when first used: only a fair
 /// grant, or SEM.GET JSON, needs it.
 pub struct RedisStore<'a> {
@@ -170,7 +183,7 @@ impl<'a> RedisStore<'a> {
 
     /// Whether `<name>` was missing when the store opened it, asked once: later calls answer
     /// false (the holders since are the store's own).
-    pub fn take_opened_empty(&mut self) -> bool {
+    fn take_opened_empty(&mut self) -> bool {
         std::mem::take(&mut self.opened_empty)
     }
 
@@ -195,8 +208,15 @@ impl<'a> RedisStore<'a> {
             || self.limit.get().is_some_and(Key::has_changed)
     }
 
-    pub fn take_removed(&mut self) -> Vec<RedisString> {
+    fn take_removed(&mut self) -> Vec<RedisString> {
         self.removed.take().unwrap_or_default()
+    }
+
+    /// What this write found gone since the last look, and forgets it (it tells of this moment
+    /// only): whether `<name>` was missing (every holder it had is gone), and the holders it
+    /// removed.
+    pub fn take_gone(&mut self) -> (bool, Vec<RedisString>) {
+        (self.take_opened_empty(), self.take_removed())
     }
 
     /// The soonest deadline of a holder still live at `now_ms`.
@@ -262,6 +282,32 @@ impl<'a> RedisStore<'a> {
         stats::count(&COUNTERS.acquired);
         stats::granted(self.grant_key(holder));
         self.notify(c"sem.acquire");
+    }
+
+    /// Counts what a release, a refresh or a give-back found of `holder`, and tells of it: the
+    /// one end of a release. A live holder's permits that end are timed and fire `sem.release`;
+    /// a client's call that finds its holder expired fires `sem.lost`.
+    pub fn holder_ended(&mut self, found: Holder, holder: &[u8], why: Ending) {
+        match (found, why) {
+            (Holder::Live, Ending::Refresh) => stats::count(&COUNTERS.refreshed),
+            (Holder::Live, _) => {
+                match why {
+                    Ending::Release => stats::count(&COUNTERS.released),
+                    Ending::ConnectionClosed => stats::count(&COUNTERS.bound_released),
+                    Ending::Refresh | Ending::Undelivered => {}
+                }
+                // A grant that never reached its waiter was never held.
+                if why != Ending::Undelivered {
+                    self.released(holder);
+                }
+                self.notify(c"sem.release");
+            }
+            (Holder::Expired, Ending::Release | Ending::Refresh) => {
+                stats::count(&COUNTERS.lost);
+                self.notify(c"sem.lost");
+            }
+            _ => {}
+        }
     }
 
     /// Fires a `sem.*` keyspace event (module class) on `<name>`.

@@ -7,22 +7,24 @@
 
 use redis_module::{Context, RedisString, RedisValue};
 
-use super::{ended, identifier, new_identifier, Arg};
+use super::call::{identifier, new_identifier};
 use crate::args::{parse_count, parse_lease_ms, parse_limit};
 use crate::config;
 use crate::error::SemError;
 use crate::grant;
 use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command, DERIVED};
-use crate::queue::{SemKey, Wants};
+use crate::queue::{set_arrival, SemKey, Wants};
 use crate::request::{parse_options, Ask, Form};
-use crate::semaphore::{self, AcquireRequest, Holder};
+use crate::semaphore::{self, Holder};
 use crate::server::block::caller;
+use crate::server::command::Arg;
 use crate::server::{in_cluster, key_at, now_ms, selected_db};
+use crate::state;
 use crate::stats::{self, COUNTERS};
-use crate::store::SemKeys;
-use crate::types::Kind;
+use crate::store::{Ending, SemKeys};
 use crate::waiting;
-use crate::write::{Ready, Write};
+use crate::waiting::block::wait_or_refuse;
+use crate::write::{Step, Write};
 
 /// A call on a set of semaphores, seen without the keys the filter appended.
 pub struct SetCall<'a> {
@@ -116,9 +118,9 @@ impl<'a> SetCall<'a> {
 
     /// Every semaphore's keys, opened for writing; a key of the wrong type is an error before
     /// anything changes.
-    fn open_all<'r>(&self, ready: &'r Ready<'a>) -> Result<Vec<Write<'r, 'a>>, SemError> {
+    fn open_all<'r>(&self, step: &'r Step<'a>) -> Result<Vec<Write<'r, 'a>>, SemError> {
         (0..self.names.len())
-            .map(|i| Write::open(ready, &self.keys(i)))
+            .map(|i| Write::open(step, &self.keys(i)))
             .collect()
     }
 }
@@ -177,7 +179,7 @@ pub fn report_keys(
 /// [FAIR] [WITHTICKET] [WAIT seconds] [BOUND]`
 pub fn acquire_all<'a>(
     ctx: &Context,
-    ready: &Ready<'a>,
+    step: &Step<'a>,
     call: &SetCall<'a>,
 ) -> Result<RedisValue, SemError> {
     let mut counts = Vec::with_capacity(call.names.len());
@@ -196,7 +198,7 @@ pub fn acquire_all<'a>(
         return Err(SemError::BoundInScript);
     }
     let kind = options.kind;
-    let mut writes = call.open_all(ready)?;
+    let mut writes = call.open_all(step)?;
     let made;
     let id: &RedisString = match options.id {
         Some(id) => id,
@@ -207,56 +209,64 @@ pub fn acquire_all<'a>(
     };
     let asks: Vec<Ask> = counts
         .iter()
-        .map(|&(limit, count)| Ask {
-            rule: AcquireRequest {
-                kind,
+        .map(|&(limit, count)| {
+            Ask::new(
+                &options,
                 limit,
                 lease_ms,
-                count: Some(count),
-                ticket_floor: 0,
-            },
-            holder: id.as_slice().to_vec(),
-            with_ticket: options.with_ticket,
-            bound: options.bound,
+                Some(count),
+                id.as_slice().to_vec(),
+            )
         })
         .collect();
     let now = now_ms();
     // Inside MULTI, a script, or for a client that denies blocking, WAIT is no wait.
     let wait_ms = options.wait_ms.filter(|_| caller.may_block);
-    // Survey every semaphore before the first change (its errors are the call's). While
-    // others wait in a line, a waiting set joins the end of every line (unless it only
-    // renews); one that does not wait gets into a fair line only where it renews (as
-    // SEM.ACQUIREFAIR without WAIT), and may barge into a plain one.
-    let survey = grant::survey(&writes, &asks, id, now)?;
-    let mut all = true;
-    let mut lines_busy = false;
-    let mut renews_all = true;
-    for (i, &(fits, renews)) in survey.iter().enumerate() {
-        let queued = waiting::queued_anywhere() && waiting::queued(&call.sem(ctx, i)) > 0;
-        lines_busy |= queued;
-        renews_all &= renews;
-        all &= fits && (renews || !(queued && (kind == Kind::Fair || wait_ms.is_some())));
+    // Survey every semaphore before the first change (its errors are the call's); then each
+    // must grant as its line lets the set in (`queue::set_arrival`).
+    let survey = grant::survey(writes.iter().map(Write::store), &asks, id, now)?;
+    let queued: Vec<usize> = (0..writes.len())
+        .map(|i| {
+            if state::queued_anywhere() {
+                state::queued(&call.sem(ctx, i))
+            } else {
+                0
+            }
+        })
+        .collect();
+    let arrivals = set_arrival(kind, wait_ms.is_some(), &queued);
+    let all = survey
+        .iter()
+        .zip(arrivals)
+        .all(|(&(fits, renews), arrival)| fits && (renews || arrival.may_acquire()));
+    if !all {
+        let refused = &COUNTERS.set_refused;
+        let reply = wait_or_refuse(ctx, caller.client, wait_ms, now, refused, || {
+            let lines = (0..writes.len())
+                .map(|i| (call.sem(ctx, i), writes[i].store().next_deadline(now)))
+                .collect::<Vec<_>>();
+            let parts = lines.iter().map(|(sem, _)| sem.clone()).zip(asks).collect();
+            (Wants::Set(parts), lines)
+        })?;
+        // A refused set only surveyed: it ends no write.
+        if wait_ms.is_some() {
+            writes.into_iter().for_each(Write::commit);
+        }
+        return Ok(reply);
     }
-    if !all || (lines_busy && wait_ms.is_some() && !renews_all) {
-        let Some(wait_ms) = wait_ms else {
-            stats::count(&COUNTERS.set_refused);
-            return Ok(RedisValue::Null);
-        };
-        let lines = (0..writes.len())
-            .map(|i| (call.sem(ctx, i), writes[i].next_deadline(now)))
-            .collect::<Vec<_>>();
-        let parts = lines.iter().map(|(sem, _)| sem.clone()).zip(asks).collect();
-        waiting::block(ctx, caller.client, Wants::Set(parts), &lines, now, wait_ms)?;
-        stats::count(&COUNTERS.waits_started);
-        writes.into_iter().for_each(Write::commit);
-        return Ok(RedisValue::NoReply);
-    }
-    let bind_to = options.bound.then_some(caller.client);
+    let bind_to = asks[0].bind_to(caller.client);
     if options.bound {
         waiting::follow_bound(ctx);
     }
     let sems: Vec<(i32, &[u8])> = writes.iter().map(Write::sem).collect();
-    let grants = grant::grant_all(&mut writes, &sems, &asks, id, now, bind_to)?;
+    let grants = grant::grant_all(
+        writes.iter_mut().map(Write::store_mut),
+        &sems,
+        &asks,
+        id,
+        now,
+        bind_to,
+    )?;
     writes.into_iter().for_each(Write::commit);
     stats::count(&COUNTERS.set_acquired);
     let tickets = grants.iter().map(|g| g.ticket);
@@ -265,44 +275,48 @@ pub fn acquire_all<'a>(
 }
 
 /// `SEM.RELEASEALL numsems name [name ...] identifier`
-pub fn release_all<'a>(ready: &Ready<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
+pub fn release_all<'a>(step: &Step<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
     let [id] = call.rest() else {
         return Err(SemError::Arity(call.command.name()));
     };
     let id = identifier(id)?;
-    let mut writes = call.open_all(ready)?;
+    let mut writes = call.open_all(step)?;
     let now = now_ms();
     // Every semaphore is surveyed before the first change: an error changes none of them.
     for write in &writes {
-        semaphore::check_release(&**write, now, id)?;
+        semaphore::check_release(write.store(), now, id)?;
     }
     let mut held = 0;
     for write in &mut writes {
-        let found = semaphore::release(&mut **write, now, id, None)?;
+        let found = semaphore::release(write.store_mut(), now, id, None)?;
         held += i64::from(found == Holder::Live);
-        ended(write, found, id, true);
+        write
+            .store_mut()
+            .holder_ended(found, id.as_slice(), Ending::Release);
     }
     writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))
 }
 
 /// `SEM.REFRESHALL numsems name [name ...] identifier lease`
-pub fn refresh_all<'a>(ready: &Ready<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
+pub fn refresh_all<'a>(step: &Step<'a>, call: &SetCall<'a>) -> Result<RedisValue, SemError> {
     let [id, lease] = call.rest() else {
         return Err(SemError::Arity(call.command.name()));
     };
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut writes = call.open_all(ready)?;
+    let mut writes = call.open_all(step)?;
     let now = now_ms();
     for write in &writes {
-        semaphore::check_refresh(&**write, now)?;
+        semaphore::check_refresh(write.store(), now)?;
     }
     let mut held = 0;
     for write in &mut writes {
-        let found = semaphore::refresh(&mut **write, now, id, lease_ms)?;
+        let found = semaphore::refresh(write.store_mut(), now, id, lease_ms)?;
         held += i64::from(found == Holder::Live);
-        ended(write, found, id, false);
+        write
+            .store_mut()
+            .holder_ended(found, id.as_slice(), Ending::Refresh);
     }
     writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))

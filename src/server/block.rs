@@ -17,10 +17,6 @@ use crate::server::hooks::{hooks, Left};
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Blocked(NonNull<raw::RedisModuleBlockedClient>, Instant);
 
-// SAFETY: blocked-client handles are only used on Redis's main thread; the registry that keeps
-// them sits behind a lock only because statics must be Sync.
-unsafe impl Send for Blocked {}
-
 impl Blocked {
     /// A number identifying the handle (its address), for the disconnect callback's lookup.
     pub fn key(&self) -> usize {

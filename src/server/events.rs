@@ -37,7 +37,7 @@
 //!
 //! Subscriptions end ([`settle`]) at the end of the command or timer run that ended the last
 //! wait or binding, never inside the server's walk of a list of listeners, which must not
-//! change under it (the waiting side decides where: `waiting::scope`).
+//! change under it (the waiting side decides where: `state::scope`).
 
 use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
