@@ -1415,3 +1415,31 @@ def test_a_cancelled_wait_leaves_the_line(server):
 
     asyncio.run(main())
     rs.close()
+
+
+@pytest.mark.skipif(not SCRIPTS, reason="an interrupt reaches Python between the script's BLPOPs")
+def test_an_interrupted_wait_leaves_the_line(r):
+    """A KeyboardInterrupt in a waiting thread (delivered when its BLPOP returns, within 2.5 s)
+    leaves the line: the holder's release then finds nobody to grant."""
+    import ctypes
+
+    holder = Semaphore(r, "gone", limit=1, lease=30).acquire()
+    caught = []
+
+    def wait_for_it():
+        try:
+            Semaphore(r, "gone", limit=1, lease=30, wait=20).acquire()
+        except KeyboardInterrupt:
+            caught.append("interrupted")
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    wait_until("the waiter is in line", lambda: waiting(r, "gone") == 1)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(waiter.ident), ctypes.py_object(KeyboardInterrupt)
+    )
+    waiter.join(5)
+    assert caught == ["interrupted"]
+    assert waiting(r, "gone") == 0 and r.keys("gone:wake*") == []
+    assert holder.release() is True
+    assert live(r, "gone") == 0

@@ -4,8 +4,8 @@ Install it with ``pip install clients/python`` (the package redsem-client). It n
 3.8 or later and redis-py 5 or later (tested with 8.1). Where the server has the module loaded
 it sends the module's commands; where it has not (a managed service), it runs the same
 operations as a Lua script (``redsem.lua``, shipped in this package) over the same keys, found
-out per connection pool with ``COMMAND INFO SEM.ACQUIRE`` (asked again every 10 s while the
-answer is "no module", and a module loaded meanwhile is used at once once the script says so).
+out per connection pool with ``COMMAND INFO SEM.ACQUIRE`` (asked again after 10 s while the
+answer is "no module"; a module loaded meanwhile is used as soon as the script reports it).
 What only the module can do (``bound``, sets, wait_empty) raises ModuleRequired there.
 
     import redis
@@ -1187,8 +1187,15 @@ def _acquire_by_script(
     try:
         while True:
             sent = time.monotonic()
-            # The first attempt may take a new place: the server refuses it when memory is full.
-            granted, retry, ahead = _attempt(hop.send(command, first))
+            # A place may be taken from this send on, even if its answer never comes.
+            in_line = in_line or waits
+            try:
+                # The first attempt may take a new place: the server refuses it when memory
+                # is full.
+                granted, retry, ahead = _attempt(hop.send(command, first))
+            except redis.exceptions.ResponseError:
+                in_line = in_line and not first  # the script changed nothing
+                raise
             first = False
             if ahead == -1:  # the module is loaded: its reply, or a wait with it
                 in_line = False
@@ -1198,7 +1205,6 @@ def _acquire_by_script(
                 return _with_module(hop, options, identifier, deadline)
             if granted is not None or not waits:
                 return granted, sent
-            in_line = True
             left = deadline - time.monotonic()
             if left <= 0:
                 told = hop.send(["SEM.LEAVE", options.name, identifier])
@@ -1303,7 +1309,12 @@ async def _acquire_by_script_async(
     try:
         while True:
             sent = time.monotonic()
-            granted, retry, ahead = _attempt(await hop.send(command, first))
+            in_line = in_line or waits
+            try:
+                granted, retry, ahead = _attempt(await hop.send(command, first))
+            except redis.exceptions.ResponseError:
+                in_line = in_line and not first
+                raise
             first = False
             if ahead == -1:
                 in_line = False
@@ -1313,7 +1324,6 @@ async def _acquire_by_script_async(
                 return await _with_module_async(hop, options, identifier, deadline)
             if granted is not None or not waits:
                 return granted, sent
-            in_line = True
             left = deadline - time.monotonic()
             if left <= 0:
                 told = await hop.send(["SEM.LEAVE", options.name, identifier])
