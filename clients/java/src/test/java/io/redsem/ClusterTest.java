@@ -290,6 +290,36 @@ class ClusterTest {
     }
   }
 
+  private static long connectionsReceived(int port) {
+    String stats = Commands.text(SemaphoreTest.raw(port, "INFO", "stats"));
+    Matcher m = Pattern.compile("total_connections_received:(\\d+)").matcher(stats);
+    assertTrue(m.find(), stats);
+    return Long.parseLong(m.group(1));
+  }
+
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(3)
+  void waitsReuseTheNodesConnections(ClusterKind kind) throws Exception {
+    String jobs = name("pool");
+    int owner = ownerOf(Commands.slot(jobs));
+    try (Kind.Client c = kind.connect()) {
+      Permit holder = c.redsem.semaphore(jobs).limit(1).acquire();
+      Semaphore waiting = c.redsem.semaphore(jobs).limit(1).waitFor(0.05).build();
+      assertThrows(NotAcquired.class, waiting::acquire); // the node's connections, made
+      long before = connectionsReceived(owner);
+      for (int i = 0; i < 20; i++) {
+        long start = System.nanoTime();
+        assertThrows(NotAcquired.class, waiting::acquire);
+        assertTrue(System.nanoTime() - start >= 45_000_000L, "each wait really blocks");
+      }
+      // One connection is the INFO's own; a node's pool holds at most 8 (Jedis's default).
+      long made = connectionsReceived(owner) - before - 1;
+      assertTrue(made <= 8, made + " connections made for 20 waits");
+      assertTrue(holder.release());
+    }
+  }
+
   @ParameterizedTest
   @EnumSource(ClusterKind.class)
   @Order(4)
@@ -394,6 +424,8 @@ class ClusterTest {
         Thread.sleep(200);
         cluster("kill", dir.toString(), String.valueOf(ownerOf(slot)));
         cluster("wait", dir.toString());
+        // The next client's seed: a live primary (the killed one may have been the seed).
+        seedPort = primaries(cluster("nodes", dir.toString())).get(0)[0];
         // The grant reached the replica (WAIT 1): the holder still holds on the new primary.
         assertTrue(holder.refresh(), "the holder survives the failover");
         if (waiter.isDone()) {
