@@ -125,6 +125,9 @@ func TestCluster(t *testing.T) {
 	t.Run("Waits", func(t *testing.T) { clusterWaits(t, tc) })
 	t.Run("SlotMoveUnderLoad", func(t *testing.T) { clusterMove(t, tc, cc) })
 	t.Run("PrimaryKilledUnderAWaiter", func(t *testing.T) { clusterFailover(t, tc, cc) })
+	if !clusterModule() { // last: it leaves a node with the module
+		t.Run("ModuleLoadedLive", func(t *testing.T) { clusterModuleLive(t, tc, cc) })
+	}
 }
 
 func clusterBasics(t *testing.T, cc *redis.ClusterClient) {
@@ -381,4 +384,43 @@ func clusterWaits(t *testing.T, tc *testCluster) {
 	grew := received() - before
 	t.Logf("20 waits: %d connections received by the slot's primary", grew)
 	assert.LessOrEqual(t, grew, int64(poolSize))
+}
+
+// clusterModuleLive: MODULE LOAD on the primary of a slot where a waiter waits in the script's
+// line; a release through the script tells it (M), and it waits on with the module there: the
+// client is on the module for that node at once (BOUND, the module's only, works).
+func clusterModuleLive(t *testing.T, tc *testCluster, cc *redis.ClusterClient) {
+	const name = "{live}"
+	holder, err := Acquire(bg, cc, name, Options{Limit: 1})
+	require.NoError(t, err)
+	type result struct {
+		p   *Permit
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		p, err := Acquire(bg, cc, name, Options{Limit: 1, Wait: 20 * time.Second})
+		got <- result{p, err}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	n, err := cc.Exists(bg, name+":line").Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "the waiter is in the script's line")
+	node := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d",
+		tc.owner(t, keySlot(name)))})
+	defer node.Close()
+	require.NoError(t, node.Do(bg, "MODULE", "LOAD", modulePath(t)).Err())
+
+	require.NoError(t, holder.Release(bg), "a release through the script")
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not served")
+	}
+	require.NoError(t, r.err)
+	require.NoError(t, r.p.Release(bg))
+	bound, err := Acquire(bg, cc, name, Options{Limit: 1, Bound: true})
+	require.NoError(t, err, "the client is on the module for that node")
+	require.NoError(t, bound.Release(bg))
 }
