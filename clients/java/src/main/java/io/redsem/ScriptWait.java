@@ -220,9 +220,12 @@ final class ScriptWait {
 
   /**
    * Best effort, after a failure or an interrupt while in line: leaves it, and gives back a
-   * permit granted meanwhile (the caller will never see it).
+   * permit granted meanwhile (the caller will never see it). {@code releaseHeld}: release the
+   * id even when LEAVE tells of no grant, as a BLPOP cut short by an interrupt may have taken
+   * the grant's message from the list (only for an id made for this acquire: a given one may
+   * be held by another permit).
    */
-  void leave(long retryForNanos) {
+  void leave(long retryForNanos, boolean releaseHeld) {
     if (!placed) {
       return;
     }
@@ -231,7 +234,7 @@ final class ScriptWait {
     try (Line line = new Line(redsem, List.of(name), false, Math.min(retryForNanos, NUDGE_NANOS))) {
       line.run(hop -> {
         Object message = Hop.script(hop.conn, List.of("SEM.LEAVE", name, id), false);
-        if (message != null && Commands.text(message).startsWith("G")) {
+        if (message != null ? Commands.text(message).startsWith("G") : releaseHeld) {
           Hop.script(hop.conn, List.of("SEM.RELEASE", name, id), false);
         }
         return null;

@@ -95,7 +95,7 @@ public final class Semaphore {
     } catch (RuntimeException e) {
       line.close();
       if (waiter != null) {
-        waiter.leave(retryForNanos);
+        waiter.leave(retryForNanos, id == null && e instanceof WaitInterrupted);
       }
       throw e;
     }
