@@ -9,7 +9,12 @@
  * wait's end, the next lease end looked up, the flush and swap server events followed while it
  * waits (ended when it is served), and other clients' deletes followed: on Redis before 7.2,
  * from the first wait on and for good (7.0 cannot unsubscribe), the generic, expired and evicted
- * keyspace events, each key's name hashed and looked up in a filter of the waited names.
+ * keyspace events, each key's name hashed and looked up in a filter of the waited names. As redsem
+ * does, WORK=1 ends a wait by its own timer alone (the blocked client has no Redis timeout), keeps
+ * the four derived names of the last semaphore and hands them out again (the ACL check, the look
+ * for the other keys and the fair recipe's keys use the same strings), looks for `:owner` and
+ * `:permits` on release (not `:limit`), and skips its own writes' events in the keyspace callback
+ * (a flag set around its own notifications, no hash).
  * CSEM.ACQUIREFAIR is the fair recipe: holders `<name>` scored by lease end, owners
  * `<name>:owner` scored by ticket, the counter `<name>:counter`; an acquire prunes expired
  * holders from both sets, and a grant takes the ticket max(counter + 1, now in ms * 1000),
@@ -25,16 +30,23 @@
 static int check_acl = 0;
 static int same_work = 0;
 static int fair_seen = 0;
+/* Set while the module fires its own writes' events: the keyspace callback skips them. */
+static int own_write = 0;
+static void notify(RedisModuleCtx *ctx, int type, const char *event, RedisModuleString *name) {
+    own_write = 1;
+    RedisModule_NotifyKeyspaceEvent(ctx, type, event, name);
+    own_write = 0;
+}
 /* A keyspace event as Redis's own command would fire it for the same change (WORK=1). */
 static void ev(RedisModuleCtx *ctx, int type, const char *event, RedisModuleString *name) {
-    if (same_work) RedisModule_NotifyKeyspaceEvent(ctx, type, event, name);
+    if (same_work) notify(ctx, type, event, name);
 }
 /* After a member removed from `key`: zrem, and del when that emptied and deleted the key. */
 static void ev_zrem(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleString *name) {
     if (!same_work) return;
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", name);
+    notify(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", name);
     if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_EMPTY)
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "del", name);
+        notify(ctx, REDISMODULE_NOTIFY_GENERIC, "del", name);
 }
 /* The waited names, as a filter of their hashes (2^16 bits) that the keyspace callback reads. */
 static uint64_t waited[1024];
@@ -54,6 +66,7 @@ static const char *derived[4] = {":owner", ":counter", ":permits", ":limit"};
  * keys, is counted; any other key costs a hash and a load. */
 static int on_key(RedisModuleCtx *ctx, int type, const char *event, RedisModuleString *key) {
     (void)ctx; (void)type; (void)event;
+    if (own_write) return REDISMODULE_OK;
     size_t len; const char *p = RedisModule_StringPtrLen(key, &len);
     int hit = waited_on(p, len);
     if (!hit && len && (p[len - 1] == 'r' || p[len - 1] == 's' || p[len - 1] == 't'))
@@ -70,27 +83,54 @@ static RedisModuleString *derived_name(RedisModuleCtx *ctx, RedisModuleString *n
     memcpy(buf, p, len); memcpy(buf + len, suffix, sl);
     return RedisModule_CreateString(ctx, buf, len + sl);
 }
+/* WORK=1: the derived names of the last semaphore named (`:owner`, `:counter`, `:permits`,
+ * `:limit`), built once and handed out again while the same name comes back. */
+static RedisModuleString *names[4];
+static char names_of[256];
+static size_t names_len = 0;
+static RedisModuleString **names_for(RedisModuleString *name) {
+    size_t len; const char *p = RedisModule_StringPtrLen(name, &len);
+    if (names[0] && len == names_len && !memcmp(p, names_of, len)) return names;
+    for (int i = 0; i < 4; i++) {
+        if (names[i]) RedisModule_FreeString(NULL, names[i]);
+        names[i] = derived_name(NULL, name, derived[i]);
+    }
+    memcpy(names_of, p, len); names_len = len;
+    return names;
+}
+/* `<name>:owner`: the kept string (WORK=1) or a new one, which drop_name frees. */
+static RedisModuleString *owner_name(RedisModuleCtx *ctx, RedisModuleString *name) {
+    return same_work ? names_for(name)[0] : derived_name(ctx, name, ":owner");
+}
+static void drop_name(RedisModuleCtx *ctx, RedisModuleString *s) {
+    if (!same_work) RedisModule_FreeString(ctx, s);
+}
 static RedisModuleTimerID wait_timer = 0;
 static long long next_lease_end = 0;
-static void on_timer(RedisModuleCtx *ctx, void *data) { (void)ctx; (void)data; wait_timer = 0; }
+static void work_of_serve(RedisModuleCtx *ctx);
+static RedisModuleBlockedClient *waiter;
+/* WORK=1: the wait's end, its only one (the blocked client has no Redis timeout): nil. */
+static void on_timer(RedisModuleCtx *ctx, void *data) {
+    (void)data;
+    wait_timer = 0;
+    if (!waiter) return;
+    RedisModuleBlockedClient *bc = waiter;
+    waiter = NULL;
+    work_of_serve(ctx);
+    RedisModule_UnblockClient(bc, NULL);
+}
 static void on_event(RedisModuleCtx *ctx, RedisModuleEvent e, uint64_t sub, void *data) {
     (void)ctx; (void)e; (void)sub; (void)data;
 }
-/* What redsem does besides the recipe's work: the derived keys looked for, the event. Which of
- * them exist (bit 0: `:owner`). */
-static int work_of_call(RedisModuleCtx *ctx, RedisModuleString *name, const char *event) {
+/* What redsem does besides the recipe's work: the derived keys looked for (`:owner`, `:permits`,
+ * and on an acquire `:limit`). Which of them exist (bit 0: `:owner`). */
+static int work_of_call(RedisModuleCtx *ctx, RedisModuleString *name, int acquire) {
     if (!same_work) return 0;
     int found = 0;
-    size_t len; const char *p = RedisModule_StringPtrLen(name, &len);
-    const char *suf[3] = {":owner", ":permits", ":limit"};
-    for (int i = 0; i < 3; i++) {
-        char buf[256]; size_t sl = strlen(suf[i]);
-        memcpy(buf, p, len); memcpy(buf + len, suf[i], sl);
-        RedisModuleString *k = RedisModule_CreateString(ctx, buf, len + sl);
-        if (RedisModule_KeyExists(ctx, k)) found |= 1 << i;
-        RedisModule_FreeString(ctx, k);
-    }
-    if (event) RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, event, name);
+    RedisModuleString **n = names_for(name);
+    if (RedisModule_KeyExists(ctx, n[0])) found |= 1;
+    if (RedisModule_KeyExists(ctx, n[2])) found |= 2;
+    if (acquire && RedisModule_KeyExists(ctx, n[3])) found |= 4;
     return found;
 }
 /* A wait starts: its timer, the next lease end, the server events followed, the name in the
@@ -130,7 +170,6 @@ static void work_of_serve(RedisModuleCtx *ctx) {
         waited[b >> 6] &= ~(1ULL << (b & 63));
     }
 }
-static RedisModuleBlockedClient *waiter = NULL;
 static RedisModuleString *waiter_id = NULL, *waiter_name = NULL;
 static long long waiter_lease = 0;
 static int waiter_fair = 0;
@@ -145,6 +184,14 @@ static int acl_ok(RedisModuleCtx *ctx, RedisModuleString *name) {
     RedisModuleUser *u = RedisModule_GetModuleUserFromUserName(uname);
     RedisModule_FreeString(ctx, uname);
     if (!u) return 0;
+    if (same_work) {
+        RedisModuleString **n = names_for(name);
+        int ok = 1;
+        for (int i = 0; i < 4 && ok; i++)
+            ok = RedisModule_ACLCheckKeyPermissions(u, n[i], REDISMODULE_CMD_KEY_ACCESS|REDISMODULE_CMD_KEY_UPDATE|REDISMODULE_CMD_KEY_INSERT|REDISMODULE_CMD_KEY_DELETE) == REDISMODULE_OK;
+        RedisModule_FreeModuleUser(u);
+        return ok;
+    }
     size_t len; const char *p = RedisModule_StringPtrLen(name, &len);
     const char *suf[4] = {":owner", ":counter", ":permits", ":limit"};
     int ok = 1;
@@ -177,7 +224,7 @@ static void expire_to(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleStrin
 static void plain_grant(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleString *name, RedisModuleString *id, long long deadline) {
     add(ctx, key, name, deadline, id);
     expire_to(ctx, key, name, deadline);
-    if (same_work) RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, "sem.acquire", name);
+    if (same_work) notify(ctx, REDISMODULE_NOTIFY_MODULE, "sem.acquire", name);
 }
 /* The caller waits (one waiter at a time): `argv` is the acquire's. */
 static void start_wait(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleString **argv, long long now,
@@ -190,7 +237,8 @@ static void start_wait(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleStri
     RedisModule_RetainString(NULL, argv[1]); waiter_name = argv[1];
     waiter_lease = lease;
     waiter_fair = fair;
-    waiter = RedisModule_BlockClient(ctx, grant_reply, timeout_reply, free_data, wait_ms);
+    /* WORK=1: the module's timer (armed in work_of_wait) is the wait's one end. */
+    waiter = RedisModule_BlockClient(ctx, grant_reply, timeout_reply, free_data, same_work ? 0 : wait_ms);
 }
 
 /* An acquire's arity, numbers and ACL; false once it replied with the error. */
@@ -228,7 +276,7 @@ static int acquire(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
         }
         RedisModule_ZsetRangeStop(key);
     }
-    work_of_call(ctx, argv[1], NULL);
+    work_of_call(ctx, argv[1], 1);
     if ((long long)RedisModule_ValueLength(key) >= limit) {
         long long wait_ms;
         if (argc == 6 && !waiter && RedisModule_StringToLongLong(argv[5], &wait_ms) == REDISMODULE_OK) {
@@ -247,7 +295,7 @@ static int acquire(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
  * by ticket and to the holders by lease end, both sets' expiry moved to the latest lease end. */
 static void fair_grant(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleKey *owner, RedisModuleString *name,
                        RedisModuleString *oname, RedisModuleString *id, long long deadline, long long now) {
-    RedisModuleString *cname = derived_name(ctx, name, ":counter");
+    RedisModuleString *cname = same_work ? names_for(name)[1] : derived_name(ctx, name, ":counter");
     RedisModuleKey *ck = RedisModule_OpenKey(ctx, cname, REDISMODULE_READ|REDISMODULE_WRITE);
     long long counter = 0;
     size_t len;
@@ -266,12 +314,12 @@ static void fair_grant(RedisModuleCtx *ctx, RedisModuleKey *key, RedisModuleKey 
     RedisModule_Replicate(ctx, "SET", "sbc", cname, b, n, "KEEPTTL");
     ev(ctx, REDISMODULE_NOTIFY_STRING, "set", cname);
     RedisModule_CloseKey(ck);
-    RedisModule_FreeString(ctx, cname);
+    if (!same_work) RedisModule_FreeString(ctx, cname);
     add(ctx, owner, oname, ticket, id);
     add(ctx, key, name, deadline, id);
     expire_to(ctx, owner, oname, deadline);
     expire_to(ctx, key, name, deadline);
-    if (same_work) RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, "sem.acquire", name);
+    if (same_work) notify(ctx, REDISMODULE_NOTIFY_MODULE, "sem.acquire", name);
 }
 
 /* CSEM.ACQUIREFAIR name limit lease_ms id [wait_ms] */
@@ -281,12 +329,12 @@ static int acquire_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     fair_seen = 1;
     long long now = RedisModule_Milliseconds();
     RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ|REDISMODULE_WRITE);
-    RedisModuleString *oname = derived_name(ctx, argv[1], ":owner");
+    RedisModuleString *oname = owner_name(ctx, argv[1]);
     RedisModuleKey *owner = RedisModule_OpenKey(ctx, oname, REDISMODULE_READ|REDISMODULE_WRITE);
     int type = RedisModule_KeyType(key), otype = RedisModule_KeyType(owner);
     if ((type != REDISMODULE_KEYTYPE_EMPTY && type != REDISMODULE_KEYTYPE_ZSET) ||
         (otype != REDISMODULE_KEYTYPE_EMPTY && otype != REDISMODULE_KEYTYPE_ZSET)) {
-        RedisModule_CloseKey(owner); RedisModule_CloseKey(key); RedisModule_FreeString(ctx, oname);
+        RedisModule_CloseKey(owner); RedisModule_CloseKey(key); drop_name(ctx, oname);
         return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
     }
     if (type == REDISMODULE_KEYTYPE_ZSET) {
@@ -309,11 +357,11 @@ static int acquire_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
         }
         RedisModule_ZsetRangeStop(key);
     }
-    work_of_call(ctx, argv[1], NULL);
+    work_of_call(ctx, argv[1], 1);
     if ((long long)RedisModule_ValueLength(key) >= limit) {
         long long wait_ms;
         RedisModule_CloseKey(owner);
-        RedisModule_FreeString(ctx, oname);
+        drop_name(ctx, oname);
         if (argc == 6 && !waiter && RedisModule_StringToLongLong(argv[5], &wait_ms) == REDISMODULE_OK) {
             start_wait(ctx, key, argv, now, lease, 1, wait_ms);
             return REDISMODULE_OK;
@@ -324,7 +372,7 @@ static int acquire_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     fair_grant(ctx, key, owner, argv[1], oname, argv[4], now + lease, now);
     RedisModule_CloseKey(owner);
     RedisModule_CloseKey(key);
-    RedisModule_FreeString(ctx, oname);
+    drop_name(ctx, oname);
     return RedisModule_ReplyWithString(ctx, argv[4]);
 }
 
@@ -335,15 +383,16 @@ static int acquire_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 static int grant_reply(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     (void)argv; (void)argc;
     RedisModuleString *id = RedisModule_GetBlockedClientPrivateData(ctx);
+    if (!id) return RedisModule_ReplyWithNull(ctx); /* the module's timer ended the wait */
     if (waiter_fair) {
         long long now = RedisModule_Milliseconds();
         RedisModuleKey *key = RedisModule_OpenKey(ctx, waiter_name, REDISMODULE_READ|REDISMODULE_WRITE);
-        RedisModuleString *oname = derived_name(ctx, waiter_name, ":owner");
+        RedisModuleString *oname = owner_name(ctx, waiter_name);
         RedisModuleKey *owner = RedisModule_OpenKey(ctx, oname, REDISMODULE_READ|REDISMODULE_WRITE);
         fair_grant(ctx, key, owner, waiter_name, oname, id, now + waiter_lease, now);
         RedisModule_CloseKey(owner);
         RedisModule_CloseKey(key);
-        RedisModule_FreeString(ctx, oname);
+        drop_name(ctx, oname);
         return RedisModule_ReplyWithString(ctx, id);
     }
     RedisModuleKey *key = RedisModule_OpenKey(ctx, waiter_name, REDISMODULE_READ|REDISMODULE_WRITE);
@@ -366,7 +415,7 @@ static int release(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ|REDISMODULE_WRITE);
     int type = RedisModule_KeyType(key);
     int deleted = 0;
-    int found = work_of_call(ctx, argv[1], NULL);
+    int found = work_of_call(ctx, argv[1], 0);
     if (type == REDISMODULE_KEYTYPE_ZSET) {
         RedisModule_ZsetRem(key, argv[2], &deleted);
         if (deleted) RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], argv[2]);
@@ -374,7 +423,7 @@ static int release(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     }
     if (same_work ? (found & 1) : fair_seen) {
         /* A fair semaphore's: the owner goes too. */
-        RedisModuleString *oname = derived_name(ctx, argv[1], ":owner");
+        RedisModuleString *oname = owner_name(ctx, argv[1]);
         RedisModuleKey *owner = RedisModule_OpenKey(ctx, oname, REDISMODULE_READ|REDISMODULE_WRITE);
         int odeleted = 0;
         if (RedisModule_KeyType(owner) == REDISMODULE_KEYTYPE_ZSET) {
@@ -385,9 +434,9 @@ static int release(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
             }
         }
         RedisModule_CloseKey(owner);
-        RedisModule_FreeString(ctx, oname);
+        drop_name(ctx, oname);
     }
-    if (deleted && same_work) RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_MODULE, "sem.release", argv[1]);
+    if (deleted && same_work) notify(ctx, REDISMODULE_NOTIFY_MODULE, "sem.release", argv[1]);
     RedisModule_CloseKey(key);
     if (deleted && waiter) {
         RedisModuleBlockedClient *bc = waiter;

@@ -86,9 +86,14 @@ rows = [
   ("C module, ACL check and redsem's other work", [[CSEM, "1", "1"]], csem),
   ("redsem SEM.ACQUIRE + SEM.RELEASE", [[SEM]], sem),
 ]
+# ONLY=<word>,<word>: only the rows whose label has one of them (the ratios' bases always run).
+ONLY = [w for w in os.environ.get("ONLY", "").split(",") if w]
+def wanted(label, base):
+    return not ONLY or label == base or any(w in label for w in ONLY)
 res = {}
 if os.environ.get("PAIRS", "1") == "1":
   for label, mods, fn in rows:
+      if not wanted(label, "non-fair Lua script (EVALSHA) + ZREM"): continue
       res[label] = measure(REDIS, mods, fn, label.split()[0] + str(len(res)))
 if res:
   script = res["non-fair Lua script (EVALSHA) + ZREM"]
@@ -124,6 +129,7 @@ hrows = [
 ]
 hres = {}
 for label, mods, first, wait, give in hrows:
+    if not wanted(label, "BLPOP tok 5 / RPUSH tok x"): continue
     hres[label] = measure_handoff(REDIS, mods, first, wait, give, "h" + str(len(hres)))
 blpop = hres["BLPOP tok 5 / RPUSH tok x"]
 for label, v in hres.items():
