@@ -1654,3 +1654,364 @@ fn the_script_loads_by_the_sha1_of_its_bytes_and_refuses_what_needs_the_module()
     let keys: Vec<String> = run(&mut conn, &["KEYS", "*"]);
     assert!(keys.is_empty(), "errors wrote {keys:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The quick path against the full routines
+
+/// The script with its quick path turned off: every call goes through the full routines.
+fn full_routines_text() -> String {
+    let on = "\nlocal QUICK = true\n";
+    assert!(
+        SCRIPT.contains(on),
+        "the script turns its quick path on in one line"
+    );
+    SCRIPT.replacen(on, "\nlocal QUICK = false\n", 1)
+}
+
+fn eval_text(
+    conn: &mut redis::Connection,
+    text: &str,
+    name: &str,
+    op: &str,
+    args: &[&str],
+) -> RedisResult {
+    redis::cmd("EVAL")
+        .arg(text)
+        .arg(6)
+        .arg(script_keys(name))
+        .arg(op)
+        .arg(args)
+        .query(conn)
+}
+
+/// Every key of a server with its type, PEXPIRETIME and content (zsets and hashes as pairs),
+/// and the server's time first.
+const DUMP: &str = r#"
+local t = redis.call('TIME')
+local out = { tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) }
+for _, key in ipairs(redis.call('KEYS', '*')) do
+  local kind = redis.call('TYPE', key).ok
+  local content = {}
+  if kind == 'zset' then content = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  elseif kind == 'hash' then content = redis.call('HGETALL', key)
+  elseif kind == 'list' then content = redis.call('LRANGE', key, 0, -1)
+  elseif kind == 'string' then content = { redis.call('GET', key) } end
+  table.insert(out, { key, kind, redis.call('PEXPIRETIME', key), content })
+end
+return out
+"#;
+
+#[derive(Debug, Clone, PartialEq)]
+struct Dumped {
+    kind: String,
+    expires: i64,
+    /// zset: member -> score; hash: field -> value; list and string: index -> item.
+    content: BTreeMap<String, String>,
+}
+
+struct Dump {
+    at: i64,
+    keys: BTreeMap<String, Dumped>,
+}
+
+fn dump(conn: &mut redis::Connection) -> Dump {
+    let value: Value = redis::cmd("EVAL")
+        .arg(DUMP)
+        .arg(0)
+        .query(conn)
+        .expect("the dump");
+    let Value::Array(mut parts) = value else {
+        panic!("dump: {value:?}")
+    };
+    let rest = parts.split_off(1);
+    let keys = rest
+        .iter()
+        .map(|entry| {
+            let Value::Array(entry) = entry else {
+                panic!("dump entry: {entry:?}")
+            };
+            let kind = text(&entry[1]);
+            let items = strings(&entry[3]);
+            let content = match kind.as_str() {
+                "zset" | "hash" => items
+                    .chunks(2)
+                    .map(|pair| (pair[0].clone(), pair[1].clone()))
+                    .collect(),
+                _ => items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, item)| (format!("{i:04}"), item))
+                    .collect(),
+            };
+            let dumped = Dumped {
+                kind,
+                expires: int(&entry[2]),
+                content,
+            };
+            (text(&entry[0]), dumped)
+        })
+        .collect();
+    Dump {
+        at: int(&parts[0]),
+        keys,
+    }
+}
+
+const QUICK_NAMES: [&str; 2] = ["q:fair", "q:plain"];
+const QUICK_TOLERANCE_MS: i64 = 250;
+
+impl Dump {
+    /// Every time in the keys: holders' deadlines, places' deadlines, expiries.
+    fn times(&self) -> Vec<i64> {
+        let mut times = Vec::new();
+        for (key, dumped) in &self.keys {
+            if dumped.expires > 0 {
+                times.push(dumped.expires);
+            }
+            if QUICK_NAMES.contains(&key.as_str()) {
+                times.extend(
+                    dumped
+                        .content
+                        .values()
+                        .filter_map(|s| s.parse::<f64>().ok())
+                        .map(|d| d.ceil() as i64),
+                );
+            }
+            if key.ends_with(":places") {
+                times.extend(
+                    dumped
+                        .content
+                        .values()
+                        .filter_map(|s| s.split(' ').next()?.parse::<i64>().ok()),
+                );
+            }
+        }
+        times
+    }
+}
+
+/// Two servers' keys are the same but for the times, which may differ by the time between
+/// the two calls of a step.
+fn assert_same_dump(step: &str, quick: &Dump, full: &Dump) {
+    let names = |d: &Dump| {
+        d.keys
+            .iter()
+            .map(|(k, v)| (k.clone(), v.kind.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(quick), names(full), "{step}: the keys differ");
+    let close = |a: i64, b: i64| {
+        if a < 0 || b < 0 {
+            a == b
+        } else {
+            (a - b).abs() <= QUICK_TOLERANCE_MS
+        }
+    };
+    for (key, q) in &quick.keys {
+        let f = &full.keys[key];
+        assert!(
+            close(q.expires, f.expires),
+            "{step}: {key} expires at {} and {}",
+            q.expires,
+            f.expires
+        );
+        assert_eq!(
+            q.content.keys().collect::<Vec<_>>(),
+            f.content.keys().collect::<Vec<_>>(),
+            "{step}: {key}'s members"
+        );
+        for (member, a) in &q.content {
+            let b = &f.content[member];
+            let same = if QUICK_NAMES.contains(&key.as_str()) {
+                let (a, b): (f64, f64) = (a.parse().expect("a score"), b.parse().expect("a score"));
+                (a - b).abs() <= QUICK_TOLERANCE_MS as f64
+            } else if key.ends_with(":places") {
+                let (a_at, a_rest) = a.split_once(' ').unwrap_or((a, ""));
+                let (b_at, b_rest) = b.split_once(' ').unwrap_or((b, ""));
+                match (a_at.parse::<i64>(), b_at.parse::<i64>()) {
+                    (Ok(x), Ok(y)) => close(x, y) && a_rest == b_rest,
+                    _ => a == b,
+                }
+            } else {
+                a == b
+            };
+            assert!(same, "{step}: {key} {member}: {a} and {b}");
+        }
+    }
+}
+
+fn quick_step(rng: &mut Rng) -> Step {
+    let name = rng.pick(&QUICK_NAMES).to_string();
+    let id = rng.pick(&["w1", "w2", "w3", "w4", "w5", "w6"]).to_string();
+    let lease = rng.pick(&["0.3", "0.5", "30"]).to_string();
+    let call = |op, args: Vec<String>| Step::Call {
+        name: name.clone(),
+        op,
+        args,
+    };
+    match rng.below(100) {
+        0..=44 => {
+            let fair = rng.chance(if name == "q:fair" { 85 } else { 15 });
+            let mut args = vec![(1 + rng.below(3)).to_string(), lease, "ID".into(), id];
+            if rng.chance(8) {
+                args.extend(["COUNT".into(), (1 + rng.below(2)).to_string()]);
+            }
+            if fair && rng.chance(50) {
+                args.push("WITHTICKET".into());
+            }
+            if rng.chance(65) {
+                args.push("LINE".into());
+            }
+            call(if fair { "ACQUIREFAIR" } else { "ACQUIRE" }, args)
+        }
+        45..=64 => {
+            let mut args = vec![id];
+            if rng.chance(8) {
+                args.extend(["COUNT".into(), "1".into()]);
+            }
+            call("RELEASE", args)
+        }
+        65..=74 => call("TICK", vec![]),
+        75..=78 => call("LEAVE", vec![id]),
+        79..=82 => call("REFRESH", vec![id, lease]),
+        83..=84 => call("LIMIT", vec![rng.pick(&["CLEAR", "1", "3"]).to_string()]),
+        85..=86 => call("GET", vec![]),
+        87..=91 => Step::Sleep(if rng.chance(50) { 350 } else { 600 }),
+        _ => {
+            let foreign: &[&[&str]] = &[
+                &["ZADD", "q:plain", "99999999999999", "x9"],
+                &["ZREM", "q:plain", "x9"],
+                &["ZADD", "q:fair:owner", "5", "x8"],
+                &["ZREM", "q:fair:owner", "x8"],
+                &["HSET", "q:fair:places", "w9", "garbage"],
+                &["ZADD", "q:fair:line", "0", "w9"],
+                &["HSET", "q:plain:permits", "", "1"],
+                &["DEL", "q:plain:permits"],
+                &["SET", "q:fair:counter", "8000000000000000"],
+                &["RPUSH", "q:plain:wake:w1", "junk"],
+                &["SET", "q:plain:line", "x"],
+                &["DEL", "q:plain:line"],
+            ];
+            Step::Foreign(rng.pick(foreign).iter().map(|s| s.to_string()).collect())
+        }
+    }
+}
+
+fn command_info_calls(conn: &mut redis::Connection) -> i64 {
+    let info: String = run(conn, &["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_command|info:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_quick_path_answers_and_writes_as_the_full_routines_do() {
+    let full_text = full_routines_text();
+    let quick_server = Server::start_without_module();
+    let full_server = Server::start_without_module();
+    let mut q = quick_server.connection();
+    let mut f = full_server.connection();
+    // Tickets above every clock's: both servers hand out the same ones.
+    let seed = |conn: &mut redis::Connection| {
+        let _: () = run(conn, &["FLUSHALL"]);
+        let _: () = run(conn, &["SET", "q:fair:counter", "8000000000000000"]);
+        let _: () = run(conn, &["SET", "q:plain:counter", "8000000000000000"]);
+    };
+    seed(&mut q);
+    seed(&mut f);
+    let mut rng = Rng(0x5eed_2026_0042_0002);
+    let mut before = (dump(&mut q), dump(&mut f));
+    let (mut restarts, mut eligible, steps) = (0, 0, 600);
+    let quick_text_calls_before = command_info_calls(&mut q);
+    let full_text_calls_before = command_info_calls(&mut f);
+    for at in 0..steps {
+        let step = quick_step(&mut rng);
+        // No time in the keys within the margin of now: both servers see the same side of it.
+        let started = loop {
+            let now = server_ms(&mut q);
+            let near = before
+                .0
+                .times()
+                .into_iter()
+                .chain(before.1.times())
+                .filter(|t| (t - now).abs() <= MARGIN_MS)
+                .max();
+            match near {
+                Some(t) => sleep(Duration::from_millis((t + MARGIN_MS + 1 - now) as u64)),
+                None => break now,
+            }
+        };
+        let mut replies = None;
+        match &step {
+            Step::Sleep(ms) => sleep(Duration::from_millis(*ms)),
+            Step::Foreign(args) => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let a: RedisResult = try_run(&mut q, &args);
+                let b: RedisResult = try_run(&mut f, &args);
+                assert_eq!(a.is_ok(), b.is_ok(), "step {at}: {args:?}");
+            }
+            Step::Call { name, op, args } => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                if matches!(*op, "ACQUIRE" | "ACQUIREFAIR" | "RELEASE" | "TICK")
+                    && !args.contains(&"COUNT")
+                {
+                    eligible += 1;
+                }
+                let a = eval_text(&mut q, SCRIPT, name, op, &args);
+                let b = eval_text(&mut f, &full_text, name, op, &args);
+                replies = Some((*op, a, b));
+            }
+        }
+        let after = (dump(&mut q), dump(&mut f));
+        let end = after.0.at.max(after.1.at);
+        let crossed = [&before.0, &before.1, &after.0, &after.1]
+            .iter()
+            .flat_map(|d| d.times())
+            .any(|t| (started - SLACK_MS..=end + SLACK_MS).contains(&t));
+        if crossed {
+            restarts += 1;
+            seed(&mut q);
+            seed(&mut f);
+            before = (dump(&mut q), dump(&mut f));
+            continue;
+        }
+        let context = format!("step {at} {step:?}");
+        if let Some((op, a, b)) = replies {
+            match (a, b) {
+                (Err(a), Err(b)) => assert_eq!(error_text(&a), error_text(&b), "{context}"),
+                (Ok(a), Ok(b)) if op.starts_with("ACQUIRE") => {
+                    let (a, a_retry, a_ahead) = acquire_reply3(a);
+                    let (b, b_retry, b_ahead) = acquire_reply3(b);
+                    assert_eq!((a, a_ahead), (b, b_ahead), "{context}");
+                    assert!(
+                        (a_retry - b_retry).abs() <= QUICK_TOLERANCE_MS,
+                        "{context}: retry_ms {a_retry} and {b_retry}"
+                    );
+                }
+                (Ok(Value::Int(a)), Ok(Value::Int(b))) if op == "TICK" => {
+                    assert!(
+                        (a - b).abs() <= QUICK_TOLERANCE_MS,
+                        "{context}: {a} and {b}"
+                    );
+                }
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{context}"),
+                (a, b) => panic!("{context}: quick {a:?}, full {b:?}"),
+            }
+        }
+        assert_same_dump(&context, &after.0, &after.1);
+        before = after;
+    }
+    // The quick text asks COMMAND INFO twice in a call it hands to the full routines.
+    let handed = (command_info_calls(&mut q) - quick_text_calls_before)
+        - (command_info_calls(&mut f) - full_text_calls_before);
+    eprintln!("{eligible} calls the quick path may take, {handed} handed on, {restarts} restarts");
+    assert!(
+        handed * 3 < eligible,
+        "the quick path took too few: {handed} of {eligible} handed on"
+    );
+    assert!(
+        restarts * 10 <= steps,
+        "{restarts} restarts in {steps} steps: the machine is too slow"
+    );
+}

@@ -87,6 +87,7 @@ local TICKETS_PER_MS = 1000
 -- A waiter's place in line is held this long after its last attempt; the packages try again
 -- at least every NUDGE_MS (their longest BLPOP), so a live waiter never loses its place.
 local PLACE_MS = 6000
+local PLACE_MS_TEXT = '6000'
 local NUDGE_MS = 2500
 -- The most waiters one call serves or drops, and tells of the module (the rest: the next call).
 local SERVE_MAX = 100
@@ -95,6 +96,391 @@ local FLUSH_MAX = 1000
 local NAME, OWNER, COUNTER, PERMITS, LIMIT, WAKE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
 local LINE, PLACES = NAME .. ':line', NAME .. ':places'
+
+------------------------------------------------------------------------------------------------
+-- The quick path. Making the full routines below costs more than the calls they make (Lua
+-- makes a closure of each at every call), so the calls packages make most — an acquire with ID
+-- and maybe WITHTICKET or LINE, a release without COUNT, TICK — are first tried here, on a
+-- semaphore in its usual state: its keys of their types, no weights, no stored limit, owners
+-- that match the holders, no renewal and no weighted waiter at the head. The quick path reads
+-- and plans first; anything else it meets returns nil with nothing written, and the full
+-- routines take the call. Both paths write and answer alike (tests/scripts_backend.rs runs
+-- random sequences through each and compares); QUICK = false turns this one off.
+local QUICK = true
+
+-- An integer as Redis reads it, without the float formatting of '%.0f' where '%d' is exact.
+local function int(n)
+  if n > -MAX_TICKET and n < MAX_TICKET and n == math.floor(n) then
+    return string.format('%d', n)
+  end
+  return string.format('%.0f', n)
+end
+
+local function quick()
+  if NAME == '' or #KEYS ~= 6 or OWNER ~= NAME .. ':owner' or COUNTER ~= NAME .. ':counter'
+    or PERMITS ~= NAME .. ':permits' or LIMIT ~= NAME .. ':limit' or WAKE ~= NAME .. ':wake' then
+    return nil
+  end
+  local op, nargs = ARGV[1], #ARGV
+  local kind, id, limit, lease_ms, with_ticket, line
+  if op == 'ACQUIRE' or op == 'ACQUIREFAIR' then
+    kind = op == 'ACQUIRE' and 'plain' or 'fair'
+    local text = ARGV[2]
+    if not text or #text > 10 or not text:find('^[1-9]%d*$') then
+      return nil
+    end
+    limit = tonumber(text)
+    local whole, fraction = (ARGV[3] or ''):match('^(%d+)%.?(%d*)$')
+    if not whole or #whole > 9 or #fraction > 3 or (fraction == '' and ARGV[3]:find('%.')) then
+      return nil
+    end
+    lease_ms = tonumber(whole) * 1000
+    if fraction ~= '' then
+      lease_ms = lease_ms + tonumber(fraction) * ({ 100, 10, 1 })[#fraction]
+    end
+    if limit > MAX_LIMIT or lease_ms < 1 or lease_ms > MAX_LEASE_MS then
+      return nil
+    end
+    local i = 4
+    while i <= nargs do
+      local option = ARGV[i]
+      if option == 'ID' and not id and ARGV[i + 1] and ARGV[i + 1] ~= '' then
+        id = ARGV[i + 1]
+        i = i + 2
+      elseif option == 'WITHTICKET' and kind == 'fair' and not with_ticket then
+        with_ticket = true
+        i = i + 1
+      elseif option == 'LINE' and not line then
+        line = true
+        i = i + 1
+      else
+        return nil
+      end
+    end
+    if not id then
+      return nil
+    end
+  elseif op == 'RELEASE' and nargs == 2 and ARGV[2] ~= '' then
+    id = ARGV[2]
+  elseif op ~= 'TICK' or nargs ~= 1 then
+    return nil
+  end
+  local caller = op ~= 'RELEASE' and id or nil -- the call whose grant the line returns
+  if redis.call('COMMAND', 'INFO', 'SEM.ACQUIRE')[1] then
+    return nil
+  end
+  -- The state: every key of its type (a pcall answers a table for WRONGTYPE), no weights, no
+  -- stored limit, and no places without a line (with one, the places are read at its head).
+  local holders, owners = redis.pcall('ZCARD', NAME), redis.pcall('ZCARD', OWNER)
+  local waiting = redis.pcall('ZCARD', LINE)
+  if type(holders) ~= 'number' or type(owners) ~= 'number' or type(waiting) ~= 'number'
+    or (waiting == 0 and redis.call('EXISTS', PERMITS, LIMIT, PLACES) ~= 0)
+    or (waiting > 0 and redis.call('EXISTS', PERMITS, LIMIT) ~= 0) then
+    return nil
+  end
+  local own_score = id and op ~= 'RELEASE' and redis.call('ZSCORE', NAME, id)
+  if own_score then
+    return nil -- a renewal
+  end
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local now_text = int(now)
+  local expired = holders > 0 and redis.call('ZRANGEBYSCORE', NAME, '-inf', now_text) or {}
+  if #expired > 1000 then
+    return nil
+  end
+  local live = holders - #expired
+  local sem_kind, leftovers
+  if owners == 0 then
+    sem_kind = live > 0 and 'plain' or nil
+  elseif live == 0 then
+    leftovers = true
+  else
+    local expired_owners = 0
+    if #expired > 0 then
+      for _, score in ipairs(redis.call('ZMSCORE', OWNER, unpack(expired))) do
+        if score then
+          expired_owners = expired_owners + 1
+        end
+      end
+    end
+    if owners - expired_owners ~= live then
+      return nil -- another client wrote the owner set
+    end
+    sem_kind = 'fair'
+  end
+  local release_live
+  if op == 'RELEASE' then
+    local score = redis.call('ZSCORE', NAME, id)
+    release_live = score and math.ceil(tonumber(score)) > now
+    if release_live then
+      live = live - 1
+    end
+  end
+
+  -- The plan, read only: which waiters the line grants, drops or keeps, and the caller's rule.
+  local pruned, last_ticket = false, nil
+  -- src/semaphore.rs's acquire for a newcomer of one permit: a grant, false (full), 'kind'
+  -- (holders of the other kind) or nil (the full path decides).
+  local function rule(who, want, most, ms)
+    if sem_kind and sem_kind ~= want then
+      return 'kind'
+    end
+    pruned = true
+    if live + 1 > most then
+      return false
+    end
+    local ticket
+    if want == 'fair' then
+      if not last_ticket then
+        local text = redis.pcall('GET', COUNTER)
+        if not text then
+          last_ticket = 0
+        elseif type(text) ~= 'string' or not (text == '0' or text:find('^[1-9]%d*$'))
+          or #text > #MAX_TICKET_TEXT or (#text == #MAX_TICKET_TEXT and text > MAX_TICKET_TEXT) then
+          return nil
+        else
+          last_ticket = tonumber(text)
+        end
+      end
+      ticket = math.max(last_ticket + 1, now * TICKETS_PER_MS)
+      if last_ticket >= MAX_TICKET or ticket > MAX_TICKET then
+        return nil
+      end
+      last_ticket = ticket
+    end
+    live = live + 1
+    sem_kind = want
+    return { id = who, kind = want, at = now + ms, ticket = ticket }
+  end
+  local served, mine, head, stays = {}, nil, nil, false
+  if waiting > 0 then
+    -- The first two waiters, then eight at a time: their places and whether they hold.
+    local heads, places, held, base, fetched = nil, nil, nil, 0, 0
+    for k = 1, SERVE_MAX + 1 do
+      if k > SERVE_MAX then
+        return nil -- more than SERVE_MAX to serve: the full path looks again
+      end
+      if k > fetched then
+        if fetched >= waiting then
+          head = nil
+          break
+        end
+        if fetched == 0 then
+          heads = redis.call('ZRANGE', LINE, '0', '1')
+        else
+          heads = redis.call('ZRANGE', LINE, int(fetched), int(fetched + 7))
+        end
+        if #heads == 0 then
+          head = nil
+          break
+        end
+        places = redis.pcall('HMGET', PLACES, unpack(heads))
+        if places.err then
+          return nil
+        end
+        held = redis.call('ZMSCORE', NAME, unpack(heads))
+        base, fetched = fetched, fetched + #heads
+      end
+      head = heads[k - base]
+      local place = places[k - base]
+      local at, want, most, ms, count
+      if place then
+        at, want, most, ms, count = place:match('^(%d+) (%a+) (%d+) (%d+) (%d+)$')
+      end
+      if at then
+        at, most, ms, count = tonumber(at), tonumber(most), tonumber(ms), tonumber(count)
+      end
+      if not at or (want ~= 'plain' and want ~= 'fair') or most < 1 or most > MAX_LIMIT
+        or ms < 1 or ms > MAX_LEASE_MS or count > most or at <= now then
+        table.insert(served, { drop = head })
+      elseif count > 0 or held[k - base] then
+        return nil -- a weighted waiter, or one that holds already
+      else
+        local grant = rule(head, want, most, ms)
+        if grant == nil then
+          return nil
+        elseif not grant or grant == 'kind' then
+          stays = true
+          break
+        end
+        table.insert(served, { drop = head, grant = grant })
+        if head == caller then
+          mine = grant
+        end
+      end
+    end
+  end
+  local queued = waiting - #served > 0
+  local grant = mine
+  if op ~= 'RELEASE' and op ~= 'TICK' and not mine
+    and (not queued or (kind == 'plain' and not line)) then
+    grant = rule(id, kind, limit, lease_ms)
+    if grant == nil or grant == 'kind' then
+      return nil
+    end
+  end
+  if op == 'RELEASE' then
+    pruned = true
+  end
+
+  -- The writes, in the full path's order. How they move <name>'s deadlines, for its expiry:
+  -- 'none', 'raised' (holders only added, the latest at `added`) or 'unknown'.
+  local deadlines, created, added, in_name = 'none', holders == 0, 0, holders
+  local function removed(n)
+    in_name = in_name - n
+    if in_name > 0 then
+      deadlines = 'unknown'
+    else
+      created, deadlines = true, 'none'
+    end
+  end
+  local function tell(who, message)
+    local key = WAKE .. ':' .. who
+    if type(redis.pcall('RPUSH', key, message)) == 'number' then
+      redis.call('PEXPIRE', key, PLACE_MS_TEXT)
+    end
+  end
+  local function put(g)
+    redis.call('ZADD', NAME, int(g.at), g.id)
+    local ticket = g.ticket and int(g.ticket)
+    g.ticket_text = ticket or ''
+    in_name = in_name + 1
+    if deadlines == 'none' then
+      deadlines, added = 'raised', g.at
+    elseif deadlines == 'raised' then
+      added = math.max(added, g.at)
+    end
+    if ticket then
+      redis.call('SET', COUNTER, ticket)
+      redis.call('ZADD', OWNER, ticket, g.id)
+    end
+  end
+  local function retry_after()
+    local first = redis.call('ZRANGEBYSCORE', NAME, '(' .. now_text, '+inf', 'WITHSCORES',
+      'LIMIT', '0', '1')
+    if #first == 0 then
+      return 0
+    end
+    return math.max(math.ceil(tonumber(first[2])) - now, 0)
+  end
+  if pruned then
+    if #expired > 0 then
+      redis.call('ZREM', NAME, unpack(expired))
+      if owners > 0 then
+        redis.call('ZREM', OWNER, unpack(expired))
+      end
+      removed(#expired)
+    end
+    if leftovers then
+      redis.call('DEL', OWNER)
+    end
+  end
+  local result
+  if op == 'RELEASE' then
+    result = 0
+    if release_live then
+      redis.call('ZREM', NAME, id)
+      removed(1)
+      result = 1
+    end
+    if owners > 0 and not leftovers then
+      redis.call('ZREM', OWNER, id)
+    end
+  end
+  for _, s in ipairs(served) do
+    redis.call('ZREM', LINE, s.drop)
+    redis.call('HDEL', PLACES, s.drop)
+    if s.grant then
+      put(s.grant)
+      if s.drop ~= caller then
+        tell(s.drop, 'G' .. s.grant.ticket_text)
+      end
+    end
+  end
+  if #served > 0 and head and head ~= caller then
+    local wait = retry_after()
+    if wait > 0 and wait < NUDGE_MS then
+      tell(head, 'H')
+    end
+  end
+  if op ~= 'RELEASE' and op ~= 'TICK' then
+    if grant then
+      if grant ~= mine then
+        put(grant)
+      end
+      if queued and grant ~= mine then
+        redis.call('ZREM', LINE, id)
+        redis.call('HDEL', PLACES, id)
+      end
+      if queued or line then
+        redis.call('DEL', WAKE .. ':' .. id)
+      end
+      if with_ticket and grant.ticket then
+        result = { { id, grant.ticket }, 0, 0 }
+      else
+        result = { id, 0, 0 }
+      end
+    else
+      local ahead = waiting - #served
+      if line then
+        local rank
+        if ahead == 0 then
+          redis.call('ZADD', LINE, '1', id)
+          rank = 0
+        else
+          rank = redis.call('ZRANK', LINE, id)
+          if not rank then
+            local last = redis.call('ZRANGE', LINE, '-1', '-1', 'WITHSCORES')
+            redis.call('ZADD', LINE, int((#last > 0 and tonumber(last[2]) or 0) + 1), id)
+            rank = ahead
+          end
+        end
+        redis.call('HSET', PLACES, id, int(now + PLACE_MS) .. ' ' .. kind .. ' ' .. ARGV[2] .. ' '
+          .. int(lease_ms) .. ' 0')
+        redis.call('PEXPIRE', LINE, PLACE_MS_TEXT)
+        redis.call('PEXPIRE', PLACES, PLACE_MS_TEXT)
+        ahead = rank
+      end
+      result = { false, 0, ahead }
+    end
+  end
+  if deadlines ~= 'none' then
+    local current = redis.call('PEXPIRETIME', NAME)
+    local latest
+    if deadlines == 'raised' and current >= 0 then
+      latest = math.max(current, added)
+    elseif deadlines == 'raised' and created then
+      latest = added
+    else
+      local top = redis.call('ZRANGE', NAME, '-1', '-1', 'WITHSCORES')
+      latest = #top > 0 and math.ceil(tonumber(top[2])) or nil
+    end
+    if latest and latest == latest and latest ~= math.huge and latest ~= -math.huge then
+      local latest_text = int(latest)
+      if current ~= -2 and current ~= latest then
+        redis.call('PEXPIREAT', NAME, latest_text)
+      end
+      local at = redis.call('PEXPIRETIME', OWNER)
+      if at ~= -2 and at ~= latest then
+        redis.call('PEXPIREAT', OWNER, latest_text)
+      end
+    end
+  end
+  if op == 'TICK' then
+    return retry_after()
+  elseif type(result) == 'table' and not result[1] then
+    result[2] = retry_after()
+  end
+  return result
+end
+
+if QUICK then
+  local result = quick()
+  if result ~= nil then
+    return result
+  end
+end
 
 -- The module's error texts (src/error.rs).
 local ERR = {
@@ -211,9 +597,7 @@ function F.fail(message)
 end
 
 -- An integer as Redis reads it: Lua's tostring writes large numbers as 1.7e+15.
-function F.int(n)
-  return string.format('%.0f', n)
-end
+F.int = int
 
 ------------------------------------------------------------------------------------------------
 -- Parsing (src/args.rs)
