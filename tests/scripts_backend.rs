@@ -1757,8 +1757,11 @@ fn dump(conn: &mut redis::Connection) -> Dump {
     }
 }
 
-const QUICK_NAMES: [&str; 2] = ["q:fair", "q:plain"];
-const QUICK_TOLERANCE_MS: i64 = 250;
+/// A fair one, a plain one, and one of up to 12 holders (the script reads at most 8 whole).
+const QUICK_NAMES: [&str; 3] = ["q:fair", "q:plain", "q:wide"];
+/// The two servers' calls of a step are made one after the other: their times differ by
+/// milliseconds, well within this, and leases differ by more than it.
+const QUICK_TOLERANCE_MS: i64 = 150;
 
 impl Dump {
     /// Every time in the keys: holders' deadlines, places' deadlines, expiries.
@@ -1842,17 +1845,37 @@ fn assert_same_dump(step: &str, quick: &Dump, full: &Dump) {
 
 fn quick_step(rng: &mut Rng) -> Step {
     let name = rng.pick(&QUICK_NAMES).to_string();
-    let id = rng.pick(&["w1", "w2", "w3", "w4", "w5", "w6"]).to_string();
-    let lease = rng.pick(&["0.3", "0.5", "30"]).to_string();
+    let ids = [
+        "w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9", "w10", "w11", "w12",
+    ];
+    let wide = name == "q:wide";
+    let id = ids[rng.below(if wide { 12 } else { 6 }) as usize].to_string();
+    let lease = rng.pick(&["0.3", "0.7", "30"]).to_string();
     let call = |op, args: Vec<String>| Step::Call {
         name: name.clone(),
         op,
         args,
     };
-    match rng.below(100) {
+    // The wide one fills up: long leases, more acquires.
+    let roll = if wide && rng.chance(40) {
+        0
+    } else {
+        rng.below(100)
+    };
+    let lease = if wide && rng.chance(60) {
+        "30".into()
+    } else {
+        lease
+    };
+    match roll {
         0..=44 => {
             let fair = rng.chance(if name == "q:fair" { 85 } else { 15 });
-            let mut args = vec![(1 + rng.below(3)).to_string(), lease, "ID".into(), id];
+            let limit = if wide {
+                8 + rng.below(5)
+            } else {
+                1 + rng.below(3)
+            };
+            let mut args = vec![limit.to_string(), lease, "ID".into(), id];
             if rng.chance(8) {
                 args.extend(["COUNT".into(), (1 + rng.below(2)).to_string()]);
             }
@@ -1874,7 +1897,14 @@ fn quick_step(rng: &mut Rng) -> Step {
         65..=74 => call("TICK", vec![]),
         75..=78 => call("LEAVE", vec![id]),
         79..=82 => call("REFRESH", vec![id, lease]),
-        83..=84 => call("LIMIT", vec![rng.pick(&["CLEAR", "1", "3"]).to_string()]),
+        83..=84 => {
+            let limits: &[&str] = if wide {
+                &["CLEAR", "10"]
+            } else {
+                &["CLEAR", "1", "3"]
+            };
+            call("LIMIT", vec![rng.pick(limits).to_string()])
+        }
         85..=86 => call("GET", vec![]),
         87..=91 => Step::Sleep(if rng.chance(50) { 350 } else { 600 }),
         _ => {
@@ -1912,17 +1942,23 @@ fn the_quick_path_answers_and_writes_as_the_full_routines_do() {
     let full_server = Server::start_without_module();
     let mut q = quick_server.connection();
     let mut f = full_server.connection();
-    // Tickets above every clock's: both servers hand out the same ones.
-    let seed = |conn: &mut redis::Connection| {
+    // Tickets above every clock's: both servers hand out the same ones;
+    // and the wide one starts with 7 holders of 30 s.
+    let seed = |conn: &mut redis::Connection, text: &str| {
         let _: () = run(conn, &["FLUSHALL"]);
         let _: () = run(conn, &["SET", "q:fair:counter", "8000000000000000"]);
         let _: () = run(conn, &["SET", "q:plain:counter", "8000000000000000"]);
+        let _: () = run(conn, &["SET", "q:wide:counter", "8000000000000000"]);
+        for n in 1..=7 {
+            let id = format!("s{n}");
+            eval_text(conn, text, "q:wide", "ACQUIRE", &["12", "30", "ID", &id]).expect("a seed");
+        }
     };
-    seed(&mut q);
-    seed(&mut f);
+    seed(&mut q, SCRIPT);
+    seed(&mut f, &full_text);
     let mut rng = Rng(0x5eed_2026_0042_0002);
     let mut before = (dump(&mut q), dump(&mut f));
-    let (mut restarts, mut eligible, steps) = (0, 0, 600);
+    let (mut restarts, mut eligible, mut widest, steps) = (0, 0, 0, 900);
     let quick_text_calls_before = command_info_calls(&mut q);
     let full_text_calls_before = command_info_calls(&mut f);
     for at in 0..steps {
@@ -1971,8 +2007,8 @@ fn the_quick_path_answers_and_writes_as_the_full_routines_do() {
             .any(|t| (started - SLACK_MS..=end + SLACK_MS).contains(&t));
         if crossed {
             restarts += 1;
-            seed(&mut q);
-            seed(&mut f);
+            seed(&mut q, SCRIPT);
+            seed(&mut f, &full_text);
             before = (dump(&mut q), dump(&mut f));
             continue;
         }
@@ -2000,14 +2036,23 @@ fn the_quick_path_answers_and_writes_as_the_full_routines_do() {
             }
         }
         assert_same_dump(&context, &after.0, &after.1);
+        let wide = after.0.keys.get("q:wide").map_or(0, |k| k.content.len());
+        widest = widest.max(wide);
         before = after;
     }
     // The quick text asks COMMAND INFO twice in a call it hands to the full routines.
     let handed = (command_info_calls(&mut q) - quick_text_calls_before)
         - (command_info_calls(&mut f) - full_text_calls_before);
-    eprintln!("{eligible} calls the quick path may take, {handed} handed on, {restarts} restarts");
+    eprintln!(
+        "{eligible} calls the quick path may take, {handed} handed on, {restarts} restarts, \
+         up to {widest} holders"
+    );
     assert!(
-        handed * 3 < eligible,
+        widest > 8,
+        "q:wide never had more holders than the script reads whole"
+    );
+    assert!(
+        handed * 2 < eligible,
         "the quick path took too few: {handed} of {eligible} handed on"
     );
     assert!(

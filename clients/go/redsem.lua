@@ -178,16 +178,39 @@ local function quick()
     or (waiting > 0 and redis.call('EXISTS', PERMITS, LIMIT) ~= 0) then
     return nil
   end
-  local own_score = id and op ~= 'RELEASE' and redis.call('ZSCORE', NAME, id)
-  if own_score then
-    return nil -- a renewal
-  end
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local now_text = int(now)
-  local expired = holders > 0 and redis.call('ZRANGEBYSCORE', NAME, '-inf', now_text) or {}
-  if #expired > 1000 then
-    return nil
+  -- The expired holders. A few holders are read whole (`alive`: each live one's deadline, as
+  -- the call changes them); of more, the earliest deadline after now while it is known (nil:
+  -- none): with no holder expired, the first one's. The replies' retry_ms and the expiry's
+  -- latest deadline need no query then.
+  local expired, first_score, first_live, first_known = {}, nil, nil, true
+  local alive, scores
+  if holders > 0 and holders <= 8 then
+    local list = redis.call('ZRANGE', NAME, '0', '-1', 'WITHSCORES')
+    alive, scores = {}, {}
+    for i = 1, #list, 2 do
+      local member, score = list[i], tonumber(list[i + 1])
+      scores[member] = list[i + 1]
+      if score <= now then
+        expired[#expired + 1] = member
+      else
+        alive[member] = math.ceil(score)
+      end
+    end
+  elseif holders > 0 then
+    local first = redis.call('ZRANGE', NAME, '0', '0', 'WITHSCORES')
+    first_score = first[2]
+    if tonumber(first_score) > now then
+      first_live = math.ceil(tonumber(first_score))
+    else
+      expired = redis.call('ZRANGEBYSCORE', NAME, '-inf', now_text)
+      first_known = false
+      if #expired > 1000 then
+        return nil
+      end
+    end
   end
   local live = holders - #expired
   local sem_kind, leftovers
@@ -209,12 +232,39 @@ local function quick()
     end
     sem_kind = 'fair'
   end
-  local release_live
-  if op == 'RELEASE' then
-    local score = redis.call('ZSCORE', NAME, id)
-    release_live = score and math.ceil(tonumber(score)) > now
-    if release_live then
-      live = live - 1
+  -- The first two waiters, their places and whether they hold; the caller's own score with them.
+  local heads, places, held, fetched, own = nil, nil, nil, 0, false
+  if waiting > 0 then
+    heads = redis.call('ZRANGE', LINE, '0', '1')
+    if #heads == 0 then
+      return nil
+    end
+    places = redis.pcall('HMGET', PLACES, unpack(heads))
+    if places.err then
+      return nil
+    end
+    if id then
+      held = redis.call('ZMSCORE', NAME, heads[1], heads[2] or heads[1], id)
+      own = held[3]
+    else
+      held = redis.call('ZMSCORE', NAME, unpack(heads))
+    end
+    fetched = #heads
+  elseif id and scores then
+    own = scores[id] or false
+  elseif id then
+    own = redis.call('ZSCORE', NAME, id)
+  end
+  if own and op ~= 'RELEASE' then
+    return nil -- a renewal
+  end
+  local release_live = own and math.ceil(tonumber(own)) > now
+  if release_live then
+    live = live - 1
+    if alive then
+      alive[id] = nil
+    elseif own == first_score then
+      first_known = false -- the earliest goes: the next is not known
     end
   end
 
@@ -255,8 +305,8 @@ local function quick()
   end
   local served, mine, head, stays = {}, nil, nil, false
   if waiting > 0 then
-    -- The first two waiters, then eight at a time: their places and whether they hold.
-    local heads, places, held, base, fetched = nil, nil, nil, 0, 0
+    -- Then eight at a time.
+    local base = 0
     for k = 1, SERVE_MAX + 1 do
       if k > SERVE_MAX then
         return nil -- more than SERVE_MAX to serve: the full path looks again
@@ -266,11 +316,7 @@ local function quick()
           head = nil
           break
         end
-        if fetched == 0 then
-          heads = redis.call('ZRANGE', LINE, '0', '1')
-        else
-          heads = redis.call('ZRANGE', LINE, int(fetched), int(fetched + 7))
-        end
+        heads = redis.call('ZRANGE', LINE, int(fetched), int(fetched + 7))
         if #heads == 0 then
           head = nil
           break
@@ -327,6 +373,7 @@ local function quick()
   -- The writes, in the full path's order. How they move <name>'s deadlines, for its expiry:
   -- 'none', 'raised' (holders only added, the latest at `added`) or 'unknown'.
   local deadlines, created, added, in_name = 'none', holders == 0, 0, holders
+  local owner_written = false -- the owner set changed: an expiry set on it now fires nothing new
   local function removed(n)
     in_name = in_name - n
     if in_name > 0 then
@@ -343,6 +390,11 @@ local function quick()
   end
   local function put(g)
     redis.call('ZADD', NAME, int(g.at), g.id)
+    if alive then
+      alive[g.id] = g.at
+    elseif first_known and (not first_live or g.at < first_live) then
+      first_live = g.at
+    end
     local ticket = g.ticket and int(g.ticket)
     g.ticket_text = ticket or ''
     in_name = in_name + 1
@@ -354,9 +406,21 @@ local function quick()
     if ticket then
       redis.call('SET', COUNTER, ticket)
       redis.call('ZADD', OWNER, ticket, g.id)
+      owner_written = true
     end
   end
   local function retry_after()
+    if alive then
+      local first
+      for _, at in pairs(alive) do
+        if not first or at < first then
+          first = at
+        end
+      end
+      return first and first - now or 0
+    elseif first_known then
+      return first_live and first_live - now or 0
+    end
     local first = redis.call('ZRANGEBYSCORE', NAME, '(' .. now_text, '+inf', 'WITHSCORES',
       'LIMIT', '0', '1')
     if #first == 0 then
@@ -367,13 +431,13 @@ local function quick()
   if pruned then
     if #expired > 0 then
       redis.call('ZREM', NAME, unpack(expired))
-      if owners > 0 then
-        redis.call('ZREM', OWNER, unpack(expired))
+      if owners > 0 and redis.call('ZREM', OWNER, unpack(expired)) > 0 then
+        owner_written = true
       end
       removed(#expired)
     end
-    if leftovers then
-      redis.call('DEL', OWNER)
+    if leftovers and redis.call('DEL', OWNER) > 0 then
+      owner_written = true
     end
   end
   local result
@@ -384,8 +448,8 @@ local function quick()
       removed(1)
       result = 1
     end
-    if owners > 0 and not leftovers then
-      redis.call('ZREM', OWNER, id)
+    if owners > 0 and not leftovers and redis.call('ZREM', OWNER, id) > 0 then
+      owner_written = true
     end
   end
   for _, s in ipairs(served) do
@@ -445,24 +509,37 @@ local function quick()
       result = { false, 0, ahead }
     end
   end
+  -- <name>, <name>:owner expire at the latest deadline, as in F.settle_expiry. <name> was
+  -- written here: made again after it was emptied (no expiry yet) or changed, so that setting
+  -- an expiry equal to its own fires nothing the call did not; the same for a changed owner set.
   if deadlines ~= 'none' then
-    local current = redis.call('PEXPIRETIME', NAME)
-    local latest
+    local current, latest
+    if created then
+      current = -1
+    elseif deadlines == 'raised' then
+      current = redis.call('PEXPIRETIME', NAME)
+    end
     if deadlines == 'raised' and current >= 0 then
       latest = math.max(current, added)
     elseif deadlines == 'raised' and created then
       latest = added
+    elseif alive then
+      -- Every expired holder went (the call pruned): the rest are the live ones.
+      for _, at in pairs(alive) do
+        if not latest or at > latest then
+          latest = at
+        end
+      end
     else
       local top = redis.call('ZRANGE', NAME, '-1', '-1', 'WITHSCORES')
       latest = #top > 0 and math.ceil(tonumber(top[2])) or nil
     end
     if latest and latest == latest and latest ~= math.huge and latest ~= -math.huge then
       local latest_text = int(latest)
-      if current ~= -2 and current ~= latest then
+      if current ~= latest then
         redis.call('PEXPIREAT', NAME, latest_text)
       end
-      local at = redis.call('PEXPIRETIME', OWNER)
-      if at ~= -2 and at ~= latest then
+      if owner_written or redis.call('PEXPIRETIME', OWNER) ~= latest then
         redis.call('PEXPIREAT', OWNER, latest_text)
       end
     end
