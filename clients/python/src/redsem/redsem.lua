@@ -104,8 +104,10 @@ local LINE, PLACES = NAME .. ':line', NAME .. ':places'
 -- semaphore in its usual state: its keys of their types, no weights, no stored limit, owners
 -- that match the holders, no renewal and no weighted waiter at the head. The quick path reads
 -- and plans first; anything else it meets returns nil with nothing written, and the full
--- routines take the call. Both paths write and answer alike (tests/scripts_backend.rs runs
--- random sequences through each and compares); QUICK = false turns this one off.
+-- routines take the call. Both paths answer alike and leave the same keys, values and expiries
+-- (tests/scripts_backend.rs runs random sequences through each and compares); the quick one may
+-- also set an expiry equal to a key's own on a key the call already wrote, one more `expire`
+-- event where the key changed anyway. QUICK = false turns this one off.
 local QUICK = true
 
 -- An integer as Redis reads it, without the float formatting of '%.0f' where '%d' is exact.
