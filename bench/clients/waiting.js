@@ -44,6 +44,8 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const HELP = `usage: node bench/clients/waiting.js --server PATH --module PATH [options]
   --smoke               1 s cells, N = 1,10, lease-end cell of 2 s
   --seconds S           seconds per cell (default 5; smoke 1)
+  --rounds R            each contender runs each cell R times, the contenders in turn, and its
+                        figures are of all R together (default 3; smoke 1)
   --waiters LIST        N for the hand-off and idle cells (default 1,10,100; smoke 1,10)
   --hold-ms MS          how long a holder holds (default 20)
   --rest-ms MS          how long a client rests after its release (default: --hold-ms / 2)
@@ -63,6 +65,7 @@ function parseArgs(argv) {
   const o = {
     smoke: false,
     seconds: null,
+    rounds: null,
     clients: null,
     holdMs: 20,
     restMs: null,
@@ -88,6 +91,7 @@ function parseArgs(argv) {
     switch (flag) {
       case "--smoke": o.smoke = true; break;
       case "--seconds": o.seconds = Number(value()); break;
+      case "--rounds": o.rounds = Number(value()); break;
       case "--waiters": o.clients = list(value()).map(Number); break;
       case "--hold-ms": o.holdMs = Number(value()); break;
       case "--rest-ms": o.restMs = Number(value()); break;
@@ -109,6 +113,8 @@ function parseArgs(argv) {
     }
   }
   if (o.seconds == null) o.seconds = o.smoke ? 1 : 5;
+  if (o.rounds == null) o.rounds = o.smoke ? 1 : 3;
+  if (!(o.rounds >= 1)) throw new Error("--rounds must be 1 or more");
   if (o.clients == null) o.clients = o.smoke ? [1, 10] : [1, 10, 100];
   if (o.restMs == null) o.restMs = o.holdMs / 2;
   if (o.leaseSeconds == null) o.leaseSeconds = 2 * o.seconds;
@@ -121,7 +127,7 @@ function parseArgs(argv) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Servers: a fresh redis-server per cell, on a free loopback port.
+// Servers: a fresh redis-server per cell and round, on a free loopback port.
 
 function freePort() {
   return new Promise((resolve, reject) => {
@@ -559,6 +565,28 @@ async function leaseCell(opts, server, contender) {
   return { kind: "lease", n, seconds, server: delta(before, after), granted, late, failures, lag };
 }
 
+/** One contender's runs of a cell as one: counts and times summed, samples pooled. */
+function together(runs) {
+  const sorted = (xs) => xs.flat().sort((a, b) => a - b);
+  const sum = (f) => runs.reduce((t, r) => t + f(r), 0);
+  const calls = {};
+  for (const r of runs) for (const [name, k] of Object.entries(r.server.calls)) calls[name] = (calls[name] || 0) + k;
+  const one = {
+    ...runs[0],
+    seconds: sum((r) => r.seconds),
+    server: { commands: sum((r) => r.server.commands), cpu: sum((r) => r.server.cpu), calls },
+    granted: sum((r) => r.granted),
+    late: sorted(runs.map((r) => r.late)),
+    failures: sum((r) => r.failures),
+    lag: Math.max(...runs.map((r) => r.lag)),
+  };
+  if (one.kind === "fair") {
+    one.waits = sorted(runs.map((r) => r.waits));
+    one.violations = sum((r) => r.violations);
+  }
+  return one;
+}
+
 async function runCell(opts, key, kind, n) {
   const spec = CONTENDERS[key];
   const server = await startServer(opts, spec.module);
@@ -633,8 +661,9 @@ function report(opts, results, command) {
   lines.push(command);
   lines.push("```");
   lines.push("");
-  lines.push(`Limit-1 semaphore; a fresh Debian redis-server ${results.version} per cell, the ` +
-    "contenders of a cell one after the other. " +
+  lines.push(`Limit-1 semaphore; a fresh Debian redis-server ${results.version} per cell and ` +
+    `round, the contenders of a cell in turn, ${opts.rounds} round${opts.rounds > 1 ? "s" : ""} ` +
+    "(each contender's figures are of its rounds together). " +
     `**hand-off**: N + 1 clients (N wait at each release), each acquire (waiting) → hold ` +
     `${opts.holdMs} ms → release → rest ${opts.restMs} ms → again, for ${opts.seconds} s; ` +
     `**lease runs out**: N + 1 clients, each holder lets its ${opts.leaseMs} ms lease run out ` +
@@ -747,17 +776,20 @@ async function main() {
   if (opts.cells.includes("fair")) plan.push({ kind: "fair", n: opts.fairClients });
   const results = { cells: [], version: "", rsVersion: require("redis-semaphore/package.json").version };
   for (const cell of plan) {
-    const rows = [];
-    // Contenders of a cell one after the other, so their ratios come from the same minute.
-    for (const key of opts.contenders) {
-      process.stderr.write(`${cell.kind} N=${cell.n} ${key} ... `);
-      const result = await runCell(opts, key, cell.kind, cell.n);
-      const f = figures(result, key);
-      process.stderr.write(`${fmt(f.grantsPerSec, 1)} grants/s, late ${fmt(f.median)}/${fmt(f.p99)} ms, ` +
-        `${fmt(f.sentPerWaiter)} sent/s/waiter, ${fmt(f.allPerWaiter)} all/s/waiter, CPU ${fmt(f.cpu, 1)}%\n`);
-      rows.push({ key, result });
+    const runs = new Map(opts.contenders.map((key) => [key, []]));
+    // The contenders of a cell in turn, round after round, so that a spell of load on the shared
+    // machine falls on each of them alike, and their ratios come from the same minutes.
+    for (let round = 1; round <= opts.rounds; round++) {
+      for (const key of opts.contenders) {
+        process.stderr.write(`${cell.kind} N=${cell.n} ${key} (round ${round}) ... `);
+        const result = await runCell(opts, key, cell.kind, cell.n);
+        const f = figures(result, key);
+        process.stderr.write(`${fmt(f.grantsPerSec, 1)} grants/s, late ${fmt(f.median)}/${fmt(f.p99)} ms, ` +
+          `${fmt(f.sentPerWaiter)} sent/s/waiter, ${fmt(f.allPerWaiter)} all/s/waiter, CPU ${fmt(f.cpu, 1)}%\n`);
+        runs.get(key).push(result);
+      }
     }
-    results.cells.push({ ...cell, rows });
+    results.cells.push({ ...cell, rows: opts.contenders.map((key) => ({ key, result: together(runs.get(key)) })) });
   }
   const version = /v=([\d.]+)/.exec(require("node:child_process").execFileSync(opts.server, ["--version"]).toString());
   results.version = version ? version[1] : "";

@@ -103,11 +103,15 @@ local LINE, PLACES = NAME .. ':line', NAME .. ':places'
 -- and maybe WITHTICKET or LINE, a release without COUNT, TICK — are first tried here, on a
 -- semaphore in its usual state: its keys of their types, no weights, no stored limit, owners
 -- that match the holders, no renewal and no weighted waiter at the head. The quick path reads
--- and plans first; anything else it meets returns nil with nothing written, and the full
--- routines take the call. Both paths answer alike and leave the same keys, values and expiries
--- (tests/scripts_backend.rs runs random sequences through each and compares); the quick one may
--- also set an expiry equal to a key's own on a key the call already wrote, one more `expire`
--- event where the key changed anyway. QUICK = false turns this one off.
+-- and plans first; anything else it meets leaves it (`break`) with nothing written, and the
+-- full routines take the call. Both paths answer alike and leave the same keys, values and
+-- expiries (tests/scripts_backend.rs runs random sequences through each and compares); the
+-- quick one may also set an expiry equal to a key's own on a key the call already wrote, one
+-- more `expire` event where the key changed anyway. QUICK = false turns this one off.
+--
+-- It runs in the script's body rather than a function, with two routines only: at every call
+-- Lua makes each closure anew, and a cell for each outer local it reads, which cost more than
+-- the Lua they save.
 local QUICK = true
 
 -- An integer as Redis reads it, without the float formatting of '%.0f' where '%d' is exact.
@@ -118,30 +122,31 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
-local function quick()
+while QUICK do -- one pass; `break` hands the call to the full routines
   if NAME == '' or #KEYS ~= 6 or OWNER ~= NAME .. ':owner' or COUNTER ~= NAME .. ':counter'
     or PERMITS ~= NAME .. ':permits' or LIMIT ~= NAME .. ':limit' or WAKE ~= NAME .. ':wake' then
-    return nil
+    break
   end
+  local call = redis.call
   local op, nargs = ARGV[1], #ARGV
   local kind, id, limit, lease_ms, with_ticket, line
   if op == 'ACQUIRE' or op == 'ACQUIREFAIR' then
     kind = op == 'ACQUIRE' and 'plain' or 'fair'
     local text = ARGV[2]
     if not text or #text > 10 or not text:find('^[1-9]%d*$') then
-      return nil
+      break
     end
     limit = tonumber(text)
     local whole, fraction = (ARGV[3] or ''):match('^(%d+)%.?(%d*)$')
     if not whole or #whole > 9 or #fraction > 3 or (fraction == '' and ARGV[3]:find('%.')) then
-      return nil
+      break
     end
     lease_ms = tonumber(whole) * 1000
     if fraction ~= '' then
       lease_ms = lease_ms + tonumber(fraction) * ({ 100, 10, 1 })[#fraction]
     end
     if limit > MAX_LIMIT or lease_ms < 1 or lease_ms > MAX_LEASE_MS then
-      return nil
+      break
     end
     local i = 4
     while i <= nargs do
@@ -156,41 +161,48 @@ local function quick()
         line = true
         i = i + 1
       else
-        return nil
+        id = nil -- an option the full routines parse
+        break
       end
     end
     if not id then
-      return nil
+      break
     end
   elseif op == 'RELEASE' and nargs == 2 and ARGV[2] ~= '' then
     id = ARGV[2]
   elseif op ~= 'TICK' or nargs ~= 1 then
-    return nil
+    break
   end
   local caller = op ~= 'RELEASE' and id or nil -- the call whose grant the line returns
-  if redis.call('COMMAND', 'INFO', 'SEM.ACQUIRE')[1] then
-    return nil
+  if call('COMMAND', 'INFO', 'SEM.ACQUIRE')[1] then
+    break
   end
-  -- The state: every key of its type (a pcall answers a table for WRONGTYPE), no weights, no
-  -- stored limit, and no places without a line (with one, the places are read at its head).
-  local holders, owners = redis.pcall('ZCARD', NAME), redis.pcall('ZCARD', OWNER)
-  local waiting = redis.pcall('ZCARD', LINE)
-  if type(holders) ~= 'number' or type(owners) ~= 'number' or type(waiting) ~= 'number'
-    or (waiting == 0 and redis.call('EXISTS', PERMITS, LIMIT, PLACES) ~= 0)
-    or (waiting > 0 and redis.call('EXISTS', PERMITS, LIMIT) ~= 0) then
-    return nil
+  -- The state: every key of its type (a pcall answers an error table for WRONGTYPE), no
+  -- weights, no stored limit, and no places without a line (with one, the places are read at
+  -- its head). Up to 9 holders and the first 2 waiters are read at once; a count is asked only
+  -- when there are more.
+  local list, owners = redis.pcall('ZRANGE', NAME, '0', '8', 'WITHSCORES'),
+    redis.pcall('ZCARD', OWNER)
+  local heads = redis.pcall('ZRANGE', LINE, '0', '1')
+  if list.err or type(owners) ~= 'number' or heads.err then
+    break
   end
-  local time = redis.call('TIME')
+  local holders = #list < 18 and #list / 2 or call('ZCARD', NAME)
+  local waiting = #heads < 2 and #heads or call('ZCARD', LINE)
+  if (waiting == 0 and call('EXISTS', PERMITS, LIMIT, PLACES) ~= 0)
+    or (waiting > 0 and call('EXISTS', PERMITS, LIMIT) ~= 0) then
+    break
+  end
+  local time = call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local now_text = int(now)
-  -- The expired holders. A few holders are read whole (`alive`: each live one's deadline, as
-  -- the call changes them); of more, the earliest deadline after now while it is known (nil:
-  -- none): with no holder expired, the first one's. The replies' retry_ms and the expiry's
-  -- latest deadline need no query then.
+  -- The expired holders. Up to 8 holders are read whole (`alive`: each live one's deadline, as
+  -- the call changes them; `scores`: every one's score); of more, the earliest deadline after
+  -- now while it is known (nil: none): with no holder expired, the first one's. The replies'
+  -- retry_ms, whether a waiter holds and the expiry's latest deadline need no query then.
   local expired, first_score, first_live, first_known = {}, nil, nil, true
   local alive, scores
-  if holders > 0 and holders <= 8 then
-    local list = redis.call('ZRANGE', NAME, '0', '-1', 'WITHSCORES')
+  if holders <= 8 then
     alive, scores = {}, {}
     for i = 1, #list, 2 do
       local member, score = list[i], tonumber(list[i + 1])
@@ -201,16 +213,15 @@ local function quick()
         alive[member] = math.ceil(score)
       end
     end
-  elseif holders > 0 then
-    local first = redis.call('ZRANGE', NAME, '0', '0', 'WITHSCORES')
-    first_score = first[2]
+  else
+    first_score = list[2]
     if tonumber(first_score) > now then
       first_live = math.ceil(tonumber(first_score))
     else
-      expired = redis.call('ZRANGEBYSCORE', NAME, '-inf', now_text)
+      expired = call('ZRANGEBYSCORE', NAME, '-inf', now_text)
       first_known = false
       if #expired > 1000 then
-        return nil
+        break
       end
     end
   end
@@ -223,42 +234,25 @@ local function quick()
   else
     local expired_owners = 0
     if #expired > 0 then
-      for _, score in ipairs(redis.call('ZMSCORE', OWNER, unpack(expired))) do
+      for _, score in ipairs(call('ZMSCORE', OWNER, unpack(expired))) do
         if score then
           expired_owners = expired_owners + 1
         end
       end
     end
     if owners - expired_owners ~= live then
-      return nil -- another client wrote the owner set
+      break -- another client wrote the owner set
     end
     sem_kind = 'fair'
   end
-  -- The first two waiters, their places and whether they hold; the caller's own score with them.
-  local heads, places, held, fetched, own = nil, nil, nil, 0, false
-  if waiting > 0 then
-    heads = redis.call('ZRANGE', LINE, '0', '1')
-    if #heads == 0 then
-      return nil
-    end
-    places = redis.pcall('HMGET', PLACES, unpack(heads))
-    if places.err then
-      return nil
-    end
-    if id then
-      held = redis.call('ZMSCORE', NAME, heads[1], heads[2] or heads[1], id)
-      own = held[3]
-    else
-      held = redis.call('ZMSCORE', NAME, unpack(heads))
-    end
-    fetched = #heads
-  elseif id and scores then
-    own = scores[id] or false
+  local own = false -- the caller's score as a holder
+  if scores then
+    own = id and scores[id] or false
   elseif id then
-    own = redis.call('ZSCORE', NAME, id)
+    own = call('ZSCORE', NAME, id)
   end
   if own and op ~= 'RELEASE' then
-    return nil -- a renewal
+    break -- a renewal
   end
   local release_live = own and math.ceil(tonumber(own)) > now
   if release_live then
@@ -270,217 +264,248 @@ local function quick()
     end
   end
 
-  -- The plan, read only: which waiters the line grants, drops or keeps, and the caller's rule.
-  local pruned, last_ticket = false, nil
-  -- src/semaphore.rs's acquire for a newcomer of one permit: a grant, false (full), 'kind'
-  -- (holders of the other kind) or nil (the full path decides).
-  local function rule(who, want, most, ms)
-    if sem_kind and sem_kind ~= want then
-      return 'kind'
-    end
-    pruned = true
-    if live + 1 > most then
-      return false
-    end
-    local ticket
-    if want == 'fair' then
-      if not last_ticket then
-        local text = redis.pcall('GET', COUNTER)
-        if not text then
-          last_ticket = 0
-        elseif type(text) ~= 'string' or not (text == '0' or text:find('^[1-9]%d*$'))
-          or #text > #MAX_TICKET_TEXT or (#text == #MAX_TICKET_TEXT and text > MAX_TICKET_TEXT) then
-          return nil
-        else
-          last_ticket = tonumber(text)
-        end
-      end
-      ticket = math.max(last_ticket + 1, now * TICKETS_PER_MS)
-      if last_ticket >= MAX_TICKET or ticket > MAX_TICKET then
-        return nil
-      end
-      last_ticket = ticket
-    end
-    live = live + 1
-    sem_kind = want
-    return { id = who, kind = want, at = now + ms, ticket = ticket }
-  end
-  local served, mine, head, stays = {}, nil, nil, false
-  if waiting > 0 then
-    -- Then eight at a time.
-    local base = 0
-    for k = 1, SERVE_MAX + 1 do
+  -- The plan, read only: the line from its head, two waiters and then eight at a time, each
+  -- dropped (its place ran out or is not one) or granted up to the one where serving stops
+  -- (`head`; nil: the line ran out); then the caller, when its rule applies. One copy of the
+  -- rule serves both, as a routine would cost more than it does (see above).
+  local pruned, last_ticket, bail, latest_grant = false, nil, false, nil
+  local served, mine, head, grant = {}, nil, nil, nil
+  local places, held, fetched, base, k = nil, nil, 0, 0, 0
+  local in_line, turn, asked = waiting > 0, nil, false
+  while true do
+    local who, want, most, ms
+    if in_line then
+      k = k + 1
       if k > SERVE_MAX then
-        return nil -- more than SERVE_MAX to serve: the full path looks again
+        bail = true -- more than SERVE_MAX to serve: the full path looks again
+        break
       end
       if k > fetched then
-        if fetched >= waiting then
-          head = nil
-          break
+        if fetched > 0 and fetched < waiting then
+          heads = call('ZRANGE', LINE, int(fetched), int(fetched + 7))
         end
-        heads = redis.call('ZRANGE', LINE, int(fetched), int(fetched + 7))
-        if #heads == 0 then
-          head = nil
-          break
+        if fetched >= waiting or #heads == 0 then
+          in_line, head = false, nil
+        else
+          places = redis.pcall('HMGET', PLACES, unpack(heads))
+          if places.err then
+            bail = true
+            break
+          end
+          if not scores then
+            held = call('ZMSCORE', NAME, unpack(heads))
+          end
+          base, fetched = fetched, fetched + #heads
         end
-        places = redis.pcall('HMGET', PLACES, unpack(heads))
-        if places.err then
-          return nil
-        end
-        held = redis.call('ZMSCORE', NAME, unpack(heads))
-        base, fetched = fetched, fetched + #heads
       end
+    end
+    if in_line then
       head = heads[k - base]
-      local place = places[k - base]
-      local at, want, most, ms, count
+      local place, at, count = places[k - base], nil, nil
       if place then
         at, want, most, ms, count = place:match('^(%d+) (%a+) (%d+) (%d+) (%d+)$')
       end
       if at then
         at, most, ms, count = tonumber(at), tonumber(most), tonumber(ms), tonumber(count)
       end
+      local holds
+      if scores then
+        holds = scores[head]
+      else
+        holds = held[k - base]
+      end
       if not at or (want ~= 'plain' and want ~= 'fair') or most < 1 or most > MAX_LIMIT
         or ms < 1 or ms > MAX_LEASE_MS or count > most or at <= now then
-        table.insert(served, { drop = head })
-      elseif count > 0 or held[k - base] then
-        return nil -- a weighted waiter, or one that holds already
+        served[#served + 1] = { drop = head }
+      elseif count > 0 or holds then
+        bail = true -- a weighted waiter, or one that holds already
+        break
       else
-        local grant = rule(head, want, most, ms)
-        if grant == nil then
-          return nil
-        elseif not grant or grant == 'kind' then
-          stays = true
+        who, turn = head, 'line'
+      end
+    elseif caller and not asked and not mine
+      and (waiting == #served or (kind == 'plain' and not line)) then
+      who, want, most, ms, turn, asked = id, kind, limit, lease_ms, 'caller', true
+    else
+      break
+    end
+    if who then
+      -- src/semaphore.rs's acquire for a newcomer of one permit: g is a grant, false (full),
+      -- 'kind' (holders of the other kind) or nil (the full path decides).
+      local g
+      if sem_kind and sem_kind ~= want then
+        g = 'kind'
+      else
+        pruned = true
+        if live + 1 > most then
+          g = false
+        else
+          local ticket
+          if want == 'fair' then
+            if not last_ticket then
+              local text = redis.pcall('GET', COUNTER)
+              if not text then
+                last_ticket = 0
+              elseif type(text) == 'string' and (text == '0' or text:find('^[1-9]%d*$'))
+                and (#text < #MAX_TICKET_TEXT
+                  or (#text == #MAX_TICKET_TEXT and text <= MAX_TICKET_TEXT)) then
+                last_ticket = tonumber(text)
+              end
+            end
+            if last_ticket and last_ticket < MAX_TICKET then
+              ticket = math.max(last_ticket + 1, now * TICKETS_PER_MS)
+            end
+            if not ticket or ticket > MAX_TICKET then
+              bail = true
+              break
+            end
+            last_ticket = ticket
+          end
+          live = live + 1
+          sem_kind = want
+          g = { id = who, at = now + ms, ticket = ticket, text = ticket and int(ticket) or '' }
+          latest_grant = math.max(latest_grant or g.at, g.at)
+          if turn == 'line' then -- the caller's own counts after the retry_ms below, as in F
+            if alive then
+              alive[who] = g.at
+            elseif first_known and (not first_live or g.at < first_live) then
+              first_live = g.at
+            end
+          end
+        end
+      end
+      if turn == 'caller' then
+        if g == 'kind' then
+          bail = true
           break
         end
-        table.insert(served, { drop = head, grant = grant })
-        if head == caller then
-          mine = grant
+        grant = g
+        break
+      elseif not g or g == 'kind' then
+        in_line = false -- the head stays: nobody behind it is served before it
+      else
+        served[#served + 1] = { drop = who, grant = g }
+        if who == caller then
+          mine = g
         end
       end
     end
   end
-  local queued = waiting - #served > 0
-  local grant = mine
-  if op ~= 'RELEASE' and op ~= 'TICK' and not mine
-    and (not queued or (kind == 'plain' and not line)) then
-    grant = rule(id, kind, limit, lease_ms)
-    if grant == nil or grant == 'kind' then
-      return nil
-    end
+  if bail then
+    break
   end
+  grant = grant or mine
+  local queued = waiting - #served > 0
   if op == 'RELEASE' then
     pruned = true
   end
 
-  -- The writes, in the full path's order. How they move <name>'s deadlines, for its expiry:
-  -- 'none', 'raised' (holders only added, the latest at `added`) or 'unknown'.
-  local deadlines, created, added, in_name = 'none', holders == 0, 0, holders
+  -- The writes, in the full path's order but the messages last. How they move <name>'s
+  -- deadlines, for its expiry: 'none', 'raised' (holders only added, the latest at `added`) or
+  -- 'unknown'.
+  local deadlines, created, in_name = 'none', holders == 0, holders
   local owner_written = false -- the owner set changed: an expiry set on it now fires nothing new
-  local function removed(n)
-    in_name = in_name - n
-    if in_name > 0 then
-      deadlines = 'unknown'
-    else
-      created, deadlines = true, 'none'
-    end
-  end
-  local function tell(who, message)
-    local key = WAKE .. ':' .. who
-    if type(redis.pcall('RPUSH', key, message)) == 'number' then
-      redis.call('PEXPIRE', key, PLACE_MS_TEXT)
-    end
-  end
-  local function put(g)
-    redis.call('ZADD', NAME, int(g.at), g.id)
-    if alive then
-      alive[g.id] = g.at
-    elseif first_known and (not first_live or g.at < first_live) then
-      first_live = g.at
-    end
-    local ticket = g.ticket and int(g.ticket)
-    g.ticket_text = ticket or ''
-    in_name = in_name + 1
-    if deadlines == 'none' then
-      deadlines, added = 'raised', g.at
-    elseif deadlines == 'raised' then
-      added = math.max(added, g.at)
-    end
-    if ticket then
-      redis.call('SET', COUNTER, ticket)
-      redis.call('ZADD', OWNER, ticket, g.id)
-      owner_written = true
-    end
-  end
-  local function retry_after()
-    if alive then
-      local first
-      for _, at in pairs(alive) do
-        if not first or at < first then
-          first = at
-        end
-      end
-      return first and first - now or 0
-    elseif first_known then
-      return first_live and first_live - now or 0
-    end
-    local first = redis.call('ZRANGEBYSCORE', NAME, '(' .. now_text, '+inf', 'WITHSCORES',
-      'LIMIT', '0', '1')
-    if #first == 0 then
-      return 0
-    end
-    return math.max(math.ceil(tonumber(first[2])) - now, 0)
-  end
+  local gone, result = 0, nil -- holders removed
   if pruned then
     if #expired > 0 then
-      redis.call('ZREM', NAME, unpack(expired))
-      if owners > 0 and redis.call('ZREM', OWNER, unpack(expired)) > 0 then
+      call('ZREM', NAME, unpack(expired))
+      if owners > 0 and call('ZREM', OWNER, unpack(expired)) > 0 then
         owner_written = true
       end
-      removed(#expired)
+      gone = #expired
     end
-    if leftovers and redis.call('DEL', OWNER) > 0 then
+    if leftovers and call('DEL', OWNER) > 0 then
       owner_written = true
     end
   end
-  local result
   if op == 'RELEASE' then
     result = 0
     if release_live then
-      redis.call('ZREM', NAME, id)
-      removed(1)
-      result = 1
+      call('ZREM', NAME, id)
+      gone, result = gone + 1, 1
     end
-    if owners > 0 and not leftovers and redis.call('ZREM', OWNER, id) > 0 then
+    if owners > 0 and not leftovers and call('ZREM', OWNER, id) > 0 then
       owner_written = true
     end
   end
+  if gone > 0 and holders - gone > 0 then
+    deadlines = 'unknown'
+  elseif gone > 0 then
+    created = true
+  end
+  if latest_grant and deadlines == 'none' then
+    deadlines = 'raised'
+  end
+  -- The grants: the line's, then the caller's own (after the retry_ms below).
+  local puts, told = {}, {} -- told: waiters to tell and what (see "The line"), after the rest
   for _, s in ipairs(served) do
-    redis.call('ZREM', LINE, s.drop)
-    redis.call('HDEL', PLACES, s.drop)
+    call('ZREM', LINE, s.drop)
+    call('HDEL', PLACES, s.drop)
     if s.grant then
-      put(s.grant)
+      puts[#puts + 1] = s.grant
       if s.drop ~= caller then
-        tell(s.drop, 'G' .. s.grant.ticket_text)
+        told[#told + 1] = s.drop
+        told[#told + 1] = 'G' .. s.grant.text
       end
     end
   end
-  if #served > 0 and head and head ~= caller then
-    local wait = retry_after()
-    if wait > 0 and wait < NUDGE_MS then
-      tell(head, 'H')
+  local retry -- ms to the earliest live deadline once the line is served (0: none)
+  for pass = 1, 2 do
+    for _, g in ipairs(puts) do
+      call('ZADD', NAME, int(g.at), g.id)
+      if g.ticket then
+        call('SET', COUNTER, g.text)
+        call('ZADD', OWNER, g.text, g.id)
+        owner_written = true
+      end
+    end
+    if pass == 2 then
+      break
+    end
+    -- A refusal's retry_ms, TICK's reply, and whether the head is nudged.
+    if (#served > 0 and head and head ~= caller) or op == 'TICK' or (caller and not grant) then
+      if alive then
+        local first
+        for _, at in pairs(alive) do
+          if not first or at < first then
+            first = at
+          end
+        end
+        retry = first and first - now or 0
+      elseif first_known then
+        retry = first_live and first_live - now or 0
+      else
+        local first = call('ZRANGEBYSCORE', NAME, '(' .. now_text, '+inf', 'WITHSCORES', 'LIMIT',
+          '0', '1')
+        retry = #first > 0 and math.max(math.ceil(tonumber(first[2])) - now, 0) or 0
+      end
+      if #served > 0 and head and head ~= caller and retry > 0 and retry < NUDGE_MS then
+        told[#told + 1] = head
+        told[#told + 1] = 'H'
+      end
+    end
+    puts = {}
+    if grant and grant ~= mine then
+      puts[1] = grant
+      if alive then
+        alive[id] = grant.at
+      end
     end
   end
-  if op ~= 'RELEASE' and op ~= 'TICK' then
+  for i = 1, #told, 2 do
+    local key = WAKE .. ':' .. told[i]
+    if type(redis.pcall('RPUSH', key, told[i + 1])) == 'number' then
+      call('PEXPIRE', key, PLACE_MS_TEXT)
+    end
+  end
+  if caller then
     if grant then
-      if grant ~= mine then
-        put(grant)
-      end
       if queued and grant ~= mine then
-        redis.call('ZREM', LINE, id)
-        redis.call('HDEL', PLACES, id)
+        call('ZREM', LINE, id)
+        call('HDEL', PLACES, id)
       end
       if queued or line then
-        redis.call('DEL', WAKE .. ':' .. id)
+        call('DEL', WAKE .. ':' .. id)
       end
       if with_ticket and grant.ticket then
         result = { { id, grant.ticket }, 0, 0 }
@@ -492,23 +517,23 @@ local function quick()
       if line then
         local rank
         if ahead == 0 then
-          redis.call('ZADD', LINE, '1', id)
+          call('ZADD', LINE, '1', id)
           rank = 0
         else
-          rank = redis.call('ZRANK', LINE, id)
+          rank = call('ZRANK', LINE, id)
           if not rank then
-            local last = redis.call('ZRANGE', LINE, '-1', '-1', 'WITHSCORES')
-            redis.call('ZADD', LINE, int((#last > 0 and tonumber(last[2]) or 0) + 1), id)
+            local last = call('ZRANGE', LINE, '-1', '-1', 'WITHSCORES')
+            call('ZADD', LINE, int((#last > 0 and tonumber(last[2]) or 0) + 1), id)
             rank = ahead
           end
         end
-        redis.call('HSET', PLACES, id, int(now + PLACE_MS) .. ' ' .. kind .. ' ' .. ARGV[2] .. ' '
+        call('HSET', PLACES, id, int(now + PLACE_MS) .. ' ' .. kind .. ' ' .. ARGV[2] .. ' '
           .. int(lease_ms) .. ' 0')
-        redis.call('PEXPIRE', LINE, PLACE_MS_TEXT)
-        redis.call('PEXPIRE', PLACES, PLACE_MS_TEXT)
+        call('PEXPIRE', LINE, PLACE_MS_TEXT)
+        call('PEXPIRE', PLACES, PLACE_MS_TEXT)
         ahead = rank
       end
-      result = { false, 0, ahead }
+      result = { false, retry, ahead }
     end
   end
   -- <name>, <name>:owner expire at the latest deadline, as in F.settle_expiry. <name> was
@@ -519,12 +544,12 @@ local function quick()
     if created then
       current = -1
     elseif deadlines == 'raised' then
-      current = redis.call('PEXPIRETIME', NAME)
+      current = call('PEXPIRETIME', NAME)
     end
     if deadlines == 'raised' and current >= 0 then
-      latest = math.max(current, added)
+      latest = math.max(current, latest_grant)
     elseif deadlines == 'raised' and created then
-      latest = added
+      latest = latest_grant
     elseif alive then
       -- Every expired holder went (the call pruned): the rest are the live ones.
       for _, at in pairs(alive) do
@@ -533,32 +558,23 @@ local function quick()
         end
       end
     else
-      local top = redis.call('ZRANGE', NAME, '-1', '-1', 'WITHSCORES')
+      local top = call('ZRANGE', NAME, '-1', '-1', 'WITHSCORES')
       latest = #top > 0 and math.ceil(tonumber(top[2])) or nil
     end
     if latest and latest == latest and latest ~= math.huge and latest ~= -math.huge then
       local latest_text = int(latest)
       if current ~= latest then
-        redis.call('PEXPIREAT', NAME, latest_text)
+        call('PEXPIREAT', NAME, latest_text)
       end
-      if owner_written or redis.call('PEXPIRETIME', OWNER) ~= latest then
-        redis.call('PEXPIREAT', OWNER, latest_text)
+      if owner_written or call('PEXPIRETIME', OWNER) ~= latest then
+        call('PEXPIREAT', OWNER, latest_text)
       end
     end
   end
   if op == 'TICK' then
-    return retry_after()
-  elseif type(result) == 'table' and not result[1] then
-    result[2] = retry_after()
+    return retry
   end
   return result
-end
-
-if QUICK then
-  local result = quick()
-  if result ~= nil then
-    return result
-  end
 end
 
 -- The module's error texts (src/error.rs).
