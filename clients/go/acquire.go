@@ -393,7 +393,7 @@ func (p *Permit) afterGrant(ctx context.Context, o Options, name string, sent ti
 
 // acquireByScript acquires through the script. A wait takes a place in the script's line
 // (LINE) and waits on its own list <name>:wake:<id> for the server's message: a grant (G, or
-// G<ticket>), its error (E<error>), "first in line, a lease ends soon" (H: try again now) or
+// G<ticket>), its error (E<error>), "first in line, a lease ends in ms" (H<ms>: TICK then) or
 // "the module is loaded" (M). It tries again at least every nudge (which holds its place),
 // and, first in line, has TICK sent on the pool as the earliest lease ends. At the wait's end
 // it leaves the line (LEAVE), which hands it a grant made at that moment. toModule: the
@@ -436,37 +436,47 @@ func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id strin
 		if list[0] != nil || !waiting {
 			return granted{reply: list[0], sent: sent}, false, nil
 		}
-		left := plan.left()
-		if left <= 0 {
-			// The wait is over (the context's deadline may be): leave with a context of its own.
-			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			m, err := e.script(lctx, false, "SEM.LEAVE", name, id)
-			cancel()
+		// H<ms>: first in line, a lease ends in ms: block again with a TICK then, while the
+		// last attempt keeps the place (held 6 s from it: the next comes within nudge).
+		var msg string
+		for {
+			left := plan.left()
+			if left <= 0 {
+				// The wait is over (the context's deadline may be): leave with a context of its own.
+				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				m, err := e.script(lctx, false, "SEM.LEAVE", name, id)
+				cancel()
+				if err != nil {
+					return granted{}, false, err
+				}
+				told, _ := m.(string)
+				return fromMessage(told, o, id, sent)
+			}
+			if ctx.Err() != nil {
+				leaveAfterCancel(e, name, id, "")
+				return granted{}, false, errCancelled
+			}
+			block := min(left, nudge)
+			var tk *ticker
+			if after := time.Duration(retry) * time.Millisecond; ahead == 0 && after > 0 &&
+				after < block {
+				tk = startTicker(e, name, after)
+			}
+			r, err, cancelled := e.block(ctx, block, "BLPOP", wake, seconds(block))
+			tk.stop()
+			msg = popped(r)
+			if cancelled || (err != nil && ctx.Err() != nil) {
+				leaveAfterCancel(e, name, id, msg)
+				return granted{}, false, errCancelled
+			}
 			if err != nil {
 				return granted{}, false, err
 			}
-			msg, _ := m.(string)
-			return fromMessage(msg, o, id, sent)
-		}
-		if ctx.Err() != nil {
-			leaveAfterCancel(e, name, id, "")
-			return granted{}, false, errCancelled
-		}
-		block := min(left, nudge)
-		var tk *ticker
-		if after := time.Duration(retry) * time.Millisecond; ahead == 0 && after > 0 &&
-			after < block {
-			tk = startTicker(e, name, after)
-		}
-		r, err, cancelled := e.block(ctx, block, "BLPOP", wake, seconds(block))
-		tk.stop()
-		msg := popped(r)
-		if cancelled || (err != nil && ctx.Err() != nil) {
-			leaveAfterCancel(e, name, id, msg)
-			return granted{}, false, errCancelled
-		}
-		if err != nil {
-			return granted{}, false, err
+			ms := nudgeMillis(msg)
+			if ms <= 0 || time.Since(sent) >= nudge {
+				break
+			}
+			retry, ahead = ms, 0
 		}
 		// No message (the BLPOP's time is up) or H: try again, which renews the place or
 		// learns when the earliest lease ends.
@@ -478,6 +488,19 @@ func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id strin
 			return granted{}, true, nil
 		}
 	}
+}
+
+// nudgeMillis is the milliseconds an "H<ms>" message gives until a lease ends (0: the message
+// is another; "H" alone, an older script's: try again, which tells when).
+func nudgeMillis(msg string) int64 {
+	if len(msg) < 2 || msg[0] != 'H' {
+		return 0
+	}
+	ms, err := strconv.ParseInt(msg[1:], 10, 64)
+	if err != nil || ms < 0 {
+		return 0
+	}
+	return ms
 }
 
 // scriptWait is what an acquire through the script did, across the nodes it was sent to.

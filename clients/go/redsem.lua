@@ -59,8 +59,9 @@
 -- list as a message, which it takes with `BLPOP <name>:wake:<id>`:
 --   "G"          a plain grant;             "G<ticket>"   a fair grant and its ticket;
 --   "E<error>"   its grant failed with that error (it is out of the line);
---   "H"          it is now first in line and a holder's lease ends within NUDGE_MS: try again
---                (to learn when, and call TICK then);
+--   "H<ms>"      it is now first in line and a holder's lease ends in <ms> milliseconds, within
+--                NUDGE_MS: call TICK then (a package that knows only "H" tries again, which
+--                tells it when);
 --   "M"          the module is loaded: use it (the line is given up).
 -- A refused ACQUIRE without LINE changes nothing but the expired holders it removes; a plain one
 -- may take a free permit ahead of the line (as SEM.ACQUIRE without WAIT does), a fair one is
@@ -481,7 +482,7 @@ while QUICK do -- one pass; `break` hands the call to the full routines
       end
       if #served > 0 and head and head ~= caller and retry > 0 and retry < NUDGE_MS then
         told[#told + 1] = head
-        told[#told + 1] = 'H'
+        told[#told + 1] = 'H' .. int(retry)
       end
     end
     puts = {}
@@ -1317,7 +1318,7 @@ end
 
 -- Serves the line at `now`: grants its first waiters, in order, while they fit. A grant to
 -- `caller` is returned rather than told. A new first waiter that a lease end may serve before
--- its next attempt is told "H", so that it watches that deadline.
+-- its next attempt is told "H<ms>", so that it watches that deadline.
 function F.serve_line(now, caller)
   if F.line_count() == 0 then
     return nil
@@ -1366,7 +1367,7 @@ function F.serve_line(now, caller)
     if head and head ~= caller then
       local wait = F.retry_after(now)
       if wait > 0 and wait < NUDGE_MS then
-        F.tell(head, 'H')
+        F.tell(head, 'H' .. F.int(wait))
       end
     end
   end

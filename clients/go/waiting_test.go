@@ -26,6 +26,16 @@ func TestScriptTexts(t *testing.T) {
 	assert.NotEqual(t, scriptOOMSHA, scriptAcqSHA)
 }
 
+// An "H<ms>" message gives the milliseconds to a lease's end; "H" alone (an older script's)
+// and anything else, none: the waiter tries again.
+func TestNudgeMillis(t *testing.T) {
+	for msg, want := range map[string]int64{"H120": 120, "H": 0, "Hx": 0, "H-5": 0, "G17": 0, "": 0} {
+		if got := nudgeMillis(msg); got != want {
+			t.Errorf("nudgeMillis(%q) = %d, want %d", msg, got, want)
+		}
+	}
+}
+
 // Waiters are granted in the order they arrived, fair or plain.
 func TestFirstComeFirstServed(t *testing.T) {
 	_, c := testServer(t)

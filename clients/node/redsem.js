@@ -368,7 +368,7 @@ function granted(message, opts, id) {
  * SEM.ACQUIRE / SEM.ACQUIREFAIR through the script, waiting as the module would. A waiter
  * takes a place in the script's line (LINE) and blocks on its own list `<name>:wake:<id>` on a
  * pooled connection, where the script tells it of its grant (G), of the grant's error (E), that
- * a lease ends soon (H: try again) or that the module is loaded (M); it tries again at least
+ * a lease ends soon (H<ms>: TICK then) or that the module is loaded (M); it tries again at least
  * every NUDGE_MS (which renews its place), and leaves the line when its time is up. The first in
  * line asks the server to serve the line (TICK) right after the next lease ends, as the
  * server's own timer at hz 10 would be late. `way` says where each call goes: script(opArgs,
@@ -409,18 +409,28 @@ async function scriptAcquire(way, name, opts, id) {
       }
       if (reply != null || !waiting) return { reply, sent };
       inLine = true;
-      const left = end - performance.now();
-      if (!(left > 0)) {
-        inLine = false;
-        const message = await way.script(["LEAVE", id], false);
-        // A grant made before it left is held: it is the caller's.
-        return { reply: message == null ? null : granted(String(message), opts, id), sent };
+      let retryMs = Number(retry);
+      let atHead = Number(ahead) === 0;
+      let message;
+      // Block; told H<ms> (first in line, a lease ends in ms), block again with a TICK then,
+      // while the last try keeps the place (held 6 s from it: the next comes within NUDGE_MS).
+      for (;;) {
+        const left = end - performance.now();
+        if (!(left > 0)) {
+          inLine = false;
+          const kept = await way.script(["LEAVE", id], false);
+          // A grant made before it left is held: it is the caller's.
+          return { reply: kept == null ? null : granted(String(kept), opts, id), sent };
+        }
+        const blockMs = Math.min(left, NUDGE_MS);
+        const tickMs = atHead && retryMs > 0 && retryMs < blockMs ? retryMs : 0;
+        message = await blockFor(way, key, blockMs, tickMs);
+        const nudge = message != null && /^H\d+$/.test(message) ? Number(message.slice(1)) : 0;
+        if (!(nudge > 0 && performance.now() - sent < NUDGE_MS)) break;
+        retryMs = nudge;
+        atHead = true;
       }
-      const blockMs = Math.min(left, NUDGE_MS);
-      const retryMs = Number(retry);
-      const tickMs = Number(ahead) === 0 && retryMs > 0 && retryMs < blockMs ? retryMs : 0;
-      const message = await blockFor(way, key, blockMs, tickMs);
-      if (message == null || message === "H") continue; // try again now
+      if (message == null || message.startsWith("H")) continue; // try again now
       if (message === "M") {
         inLine = false;
         return { module: true, reply: null, sent, left: leftSeconds() };

@@ -251,6 +251,38 @@ for (const [library, lib] of Object.entries(libraries)) {
       });
     }
 
+    test("a waiter told when a lease ends (H<ms>) sends TICK then, without another try", async () => {
+      const spy = new Redis({ port: server.port });
+      const monitor = await spy.monitor();
+      const seen = [];
+      monitor.on("monitor", (time, args) => seen.push(args.map(String)));
+      try {
+        const holder = await acquire(redis, "told", { limit: 1, lease: 30 });
+        const waiter = (id, lease) =>
+          acquire(redis, "told", { limit: 1, lease, wait: 5, id, autoRefresh: false }).then(
+            (permit) => ({ permit, at: performance.now() }),
+          );
+        const first = waiter("w1", 0.6);
+        await waitUntil("w1 is in line", async () => Number(await call("ZCARD", "told:line")) === 1);
+        const second = waiter("w2", 30);
+        await waitUntil("w2 is in line", async () => Number(await call("ZCARD", "told:line")) === 2);
+        assert.equal(await holder.release(), true); // w1 holds 0.6 s; w2 is told when that ends
+        const [one, two] = await Promise.all([first, second]);
+        const after = two.at - one.at;
+        assert.ok(after > 500 && after < 800, `w2 granted ${Math.round(after)} ms after w1`);
+        await sleep(50); // the last of the monitor's lines
+        const tries = seen.filter((args) => args.includes("ACQUIRE") && args.includes("w2"));
+        const ticks = seen.filter((args) => args.includes("TICK"));
+        assert.equal(tries.length, 1, JSON.stringify(tries)); // the one that took its place
+        assert.equal(ticks.length, 1, JSON.stringify(ticks));
+        await one.permit.release();
+        await two.permit.release();
+      } finally {
+        monitor.disconnect();
+        spy.disconnect();
+      }
+    });
+
     test("at hz 1 a lease's end serves the first waiter at once (TICK), and so does a release", async () => {
       const [, hz] = await call("CONFIG", "GET", "hz");
       await call("CONFIG", "SET", "hz", "1");

@@ -1188,6 +1188,51 @@ def test_waiters_are_granted_first_come_first_served(r, fair):
     assert live(r, "fcfs") == 0 and waiting(r, "fcfs") == 0
 
 
+def test_a_waiter_told_when_a_lease_ends_ticks_then_without_another_try(plain):
+    """Without the module: a waiter that becomes first in line while a holder's lease ends
+    within 2.5 s is told when ("H<ms>"), and sends TICK then rather than trying again first."""
+    port = plain.connection_pool.connection_kwargs["port"]
+    monitor = socket.create_connection(("127.0.0.1", port))
+    monitor.sendall(b"MONITOR\r\n")
+    holder = Semaphore(plain, "told", limit=1, lease=30).acquire()
+    granted = []
+
+    def wait_for(identifier, lease):
+        permit = Semaphore(
+            plain, "told", limit=1, lease=lease, wait=5, identifier=identifier, auto_refresh=False
+        ).acquire()
+        granted.append((identifier, time.monotonic(), permit))
+
+    first = threading.Thread(target=wait_for, args=("w1", 0.6))
+    first.start()
+    wait_until("w1 is in line", lambda: waiting(plain, "told") == 1)
+    second = threading.Thread(target=wait_for, args=("w2", 30))
+    second.start()
+    wait_until("w2 is in line", lambda: waiting(plain, "told") == 2)
+    assert holder.release() is True  # w1 holds for 0.6 s; w2 is told when that ends
+    first.join(5)
+    second.join(5)
+    assert [g[0] for g in granted] == ["w1", "w2"], granted
+    assert 0.5 < granted[1][1] - granted[0][1] < 0.8, granted
+    monitor.settimeout(0.2)
+    seen = b""
+    try:
+        while True:
+            chunk = monitor.recv(65536)
+            if not chunk:
+                break
+            seen += chunk
+    except socket.timeout:
+        pass
+    monitor.close()
+    tries = [line for line in seen.split(b"\r\n") if b'"ACQUIRE"' in line and b'"w2"' in line]
+    ticks = [line for line in seen.split(b"\r\n") if b'"TICK"' in line]
+    assert len(tries) == 1, tries  # the try that took its place, and no other
+    assert len(ticks) == 1, ticks
+    for _, _, permit in granted:
+        permit.release()
+
+
 def test_a_lease_end_and_a_release_serve_the_first_waiter_on_time(r):
     """At hz 1 (the server's timers run once a second): a holder whose 0.3 s lease ends without
     a release is followed by the waiter within 150 ms of the lease's end, by the server's clock;

@@ -869,12 +869,18 @@ impl<'a> Wait<'a> {
             self.sent = Sent::Leave;
             return Ok(Action::Send(self.leave_op()));
         }
+        Ok(self.block(left, retry_ms, ahead == 0))
+    }
+
+    /// `BLPOP` on the waiter's list for at most [`NUDGE`] of the `left` of its wait; when
+    /// `first` in line with a lease ending within that (`retry_ms`), `TICK` just after its end.
+    fn block(&self, left: Duration, retry_ms: i64, first: bool) -> Action {
         let block = left.min(NUDGE);
         let retry = Duration::from_millis(retry_ms.max(0) as u64);
-        let tick = (ahead == 0 && !retry.is_zero() && retry < block).then(|| retry + TICK_LATE);
+        let tick = (first && !retry.is_zero() && retry < block).then(|| retry + TICK_LATE);
         let mut blpop = redis::cmd("BLPOP");
         blpop.arg(self.list()).arg(seconds(block));
-        Ok(Action::Block { blpop, tick })
+        Action::Block { blpop, tick }
     }
 
     /// The waiter's own list: `<name>:wake:<id>`.
@@ -902,8 +908,9 @@ impl<'a> Wait<'a> {
         }
     }
 
-    /// A message of the script's line: `G[ticket]` granted, `E<error>` its grant failed, `H`
-    /// first in line with a lease ending soon (try again now), `M` the module is loaded.
+    /// A message of the script's line: `G[ticket]` granted, `E<error>` its grant failed,
+    /// `H<ms>` first in line with a lease ending in `ms` (`TICK` then; `H` alone: try again
+    /// now, which tells when), `M` the module is loaded.
     fn message(&mut self, message: &str) -> Result<Action> {
         let kind = message.chars().next().unwrap_or(' ');
         match (kind, &message[kind.len_utf8().min(message.len())..]) {
@@ -928,6 +935,14 @@ impl<'a> Wait<'a> {
                 self.module = true;
                 self.in_line = false;
                 Ok(self.attempt())
+            }
+            // Block again without an attempt while the last one keeps the place (held 6 s from
+            // it: the next attempt comes within NUDGE of this block).
+            ('H', ms) if self.attempted.elapsed() < NUDGE && !left(self.until).is_zero() => {
+                match ms.parse::<i64>() {
+                    Ok(ms) if ms > 0 => Ok(self.block(left(self.until), ms, true)),
+                    _ => Ok(self.attempt()),
+                }
             }
             _ => Ok(self.attempt()),
         }
@@ -1271,10 +1286,23 @@ mod tests {
             })
             .collect();
         assert_eq!(args, ["BLPOP", "{j}:wake:w1", "2.500"]);
-        // H: try again at once, with the text that memory full allows.
+        // H<ms>: block again, with a TICK just after that lease's end, while the last attempt
+        // keeps the place; H alone: try again at once, with the text that memory full allows.
+        let Action::Block { blpop, tick } = wait.popped(Some(("k".into(), "H120".into()))).unwrap()
+        else {
+            panic!("no block");
+        };
+        assert_eq!(tick, Some(Duration::from_millis(122)));
+        assert_eq!(blpop.args_iter().count(), 3);
         let again = wait.popped(Some(("k".into(), "H".into()))).unwrap();
         let Action::Send(op) = &again else { panic!() };
         assert!(!op.first_attempt);
+        wait.attempted -= NUDGE;
+        let again = wait.popped(Some(("k".into(), "H120".into()))).unwrap();
+        assert!(
+            matches!(again, Action::Send(_)),
+            "the place is renewed first"
+        );
         // Not first, or the lease ends after the BLPOP would: no TICK.
         let Action::Block { tick, .. } = wait.answered(Backend::Scripts, refused(300, 1)).unwrap()
         else {

@@ -374,6 +374,14 @@ def _attempt(reply: Any) -> Tuple[Any, float, int]:
     return (None if granted is False else granted), int(retry_ms or 0) / 1000, int(ahead)
 
 
+def _nudge(message: Optional[str]) -> float:
+    """The seconds an "H<ms>" message of the script's line gives until a lease ends (0.0: the
+    message is another)."""
+    if message and message[0] == "H" and message[1:].isdigit():
+        return int(message[1:]) / 1000
+    return 0.0
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -1205,30 +1213,36 @@ def _acquire_by_script(
                 return _with_module(hop, options, identifier, deadline)
             if granted is not None or not waits:
                 return granted, sent
-            left = deadline - time.monotonic()
-            if left <= 0:
-                told = hop.send(["SEM.LEAVE", options.name, identifier])
-                in_line = False
-                return (_told(options, identifier, _text(told)) if told else None), sent
-            seconds = _seconds(min(left, _NUDGE))
-            ticker = None
-            if ahead == 0 and 0 < retry < float(seconds):
-                ticker = _Ticker(hop, options.name, retry)
-            try:
-                popped = hop.blocking(["BLPOP", key, seconds], float(seconds))
-            finally:
-                if ticker is not None:
-                    ticker.stop()
-            if not popped:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    told = hop.send(["SEM.LEAVE", options.name, identifier])
+                    in_line = False
+                    return (_told(options, identifier, _text(told)) if told else None), sent
+                seconds = _seconds(min(left, _NUDGE))
+                ticker = None
+                if ahead == 0 and 0 < retry < float(seconds):
+                    ticker = _Ticker(hop, options.name, retry)
+                try:
+                    popped = hop.blocking(["BLPOP", key, seconds], float(seconds))
+                finally:
+                    if ticker is not None:
+                        ticker.stop()
+                message = _text(popped[1]) if popped else None
+                # "H<ms>": first in line, a lease ends in ms: block again with a TICK then,
+                # while the last attempt keeps the place (the next comes within _NUDGE).
+                retry, ahead = _nudge(message), 0
+                if not (retry and time.monotonic() - sent < _NUDGE):
+                    break
+            if message is None:
                 continue  # the next attempt renews the place
-            message = _text(popped[1])
             if message.startswith(("G", "E")):
                 in_line = False
                 return _told(options, identifier, message), sent
             if message == "M":
                 in_line = False
                 return _with_module(hop, options, identifier, deadline)
-            # "H": first in line, and a lease ends soon: the next attempt says when.
+            # "H" (or "H<ms>" after _NUDGE): the next attempt says when a lease ends.
     except BaseException as err:
         # In Cluster a redirection or a lost node is resent on the slot's owner, where the same
         # identifier keeps or takes the place.
@@ -1324,23 +1338,27 @@ async def _acquire_by_script_async(
                 return await _with_module_async(hop, options, identifier, deadline)
             if granted is not None or not waits:
                 return granted, sent
-            left = deadline - time.monotonic()
-            if left <= 0:
-                told = await hop.send(["SEM.LEAVE", options.name, identifier])
-                in_line = False
-                return (_told(options, identifier, _text(told)) if told else None), sent
-            seconds = _seconds(min(left, _NUDGE))
-            ticker = None
-            if ahead == 0 and 0 < retry < float(seconds):
-                ticker = _AsyncTicker(hop, options.name, retry)
-            try:
-                popped = await hop.blocking(["BLPOP", key, seconds], float(seconds))
-            finally:
-                if ticker is not None:
-                    await ticker.stop()
-            if not popped:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    told = await hop.send(["SEM.LEAVE", options.name, identifier])
+                    in_line = False
+                    return (_told(options, identifier, _text(told)) if told else None), sent
+                seconds = _seconds(min(left, _NUDGE))
+                ticker = None
+                if ahead == 0 and 0 < retry < float(seconds):
+                    ticker = _AsyncTicker(hop, options.name, retry)
+                try:
+                    popped = await hop.blocking(["BLPOP", key, seconds], float(seconds))
+                finally:
+                    if ticker is not None:
+                        await ticker.stop()
+                message = _text(popped[1]) if popped else None
+                retry, ahead = _nudge(message), 0
+                if not (retry and time.monotonic() - sent < _NUDGE):
+                    break
+            if message is None:
                 continue
-            message = _text(popped[1])
             if message.startswith(("G", "E")):
                 in_line = False
                 return _told(options, identifier, message), sent

@@ -99,42 +99,53 @@ final class ScriptWait {
         }
         return new Object[] {reply, at};
       }
-      long left = left();
-      if (left <= 0) {
-        Object message = hop.send(List.of("SEM.LEAVE", name, id));
-        placed = false;
-        return new Object[] {message == null ? null : granted(Commands.text(message)), at};
-      }
-      long block = Math.min(left, NUDGE_NANOS);
-      AtomicBoolean pending = new AtomicBoolean(true);
-      AtomicReference<ScheduledFuture<?>> tick = new AtomicReference<>();
-      if (ahead == 0 && retryMs > 0 && retryMs * 1_000_000L < block) {
-        arm(retryMs, pending, tick);
-      }
-      Object popped;
-      try {
-        popped = hop.blocking(
-            List.of("BLPOP", name + Commands.WAKE + ":" + id, Commands.secondsOfNanos(block)),
-            Commands.sentMillis(block));
-      } finally {
-        pending.set(false);
-        ScheduledFuture<?> armed = tick.get();
-        if (armed != null) {
-          armed.cancel(false);
-        }
-      }
-      String message = popped == null ? "" : Commands.text(((List<?>) popped).get(1));
-      if (Thread.currentThread().isInterrupted()) {
-        // The caller will never see a permit granted meanwhile: give it back.
-        if (message.startsWith("G")) {
+      String message;
+      // "H<ms>": first in line, a lease ends in ms: block again with a TICK then, while the
+      // last attempt keeps the place (held 6 s from it: the next comes within NUDGE).
+      while (true) {
+        long left = left();
+        if (left <= 0) {
+          Object kept = hop.send(List.of("SEM.LEAVE", name, id));
           placed = false;
-          try {
-            hop.send(List.of("SEM.RELEASE", name, id));
-          } catch (RuntimeException ignored) {
-            // the lease ends it
+          return new Object[] {kept == null ? null : granted(Commands.text(kept)), at};
+        }
+        long block = Math.min(left, NUDGE_NANOS);
+        AtomicBoolean pending = new AtomicBoolean(true);
+        AtomicReference<ScheduledFuture<?>> tick = new AtomicReference<>();
+        if (ahead == 0 && retryMs > 0 && retryMs * 1_000_000L < block) {
+          arm(retryMs, pending, tick);
+        }
+        Object popped;
+        try {
+          popped = hop.blocking(
+              List.of("BLPOP", name + Commands.WAKE + ":" + id, Commands.secondsOfNanos(block)),
+              Commands.sentMillis(block));
+        } finally {
+          pending.set(false);
+          ScheduledFuture<?> armed = tick.get();
+          if (armed != null) {
+            armed.cancel(false);
           }
         }
-        throw new WaitInterrupted(interrupted(), null);
+        message = popped == null ? "" : Commands.text(((List<?>) popped).get(1));
+        if (Thread.currentThread().isInterrupted()) {
+          // The caller will never see a permit granted meanwhile: give it back.
+          if (message.startsWith("G")) {
+            placed = false;
+            try {
+              hop.send(List.of("SEM.RELEASE", name, id));
+            } catch (RuntimeException ignored) {
+              // the lease ends it
+            }
+          }
+          throw new WaitInterrupted(interrupted(), null);
+        }
+        long nudge = nudgeMillis(message);
+        if (nudge <= 0 || System.nanoTime() - at >= NUDGE_NANOS) {
+          break;
+        }
+        retryMs = nudge;
+        ahead = 0;
       }
       if (message.startsWith("G") || message.startsWith("E")) {
         placed = false;
@@ -145,7 +156,20 @@ final class ScriptWait {
         redsem.moduleLoaded(hop.node);
         return withModule(hop);
       }
-      // nil: the next attempt renews the place; "H": first in line, a lease ends soon.
+      // nil: the next attempt renews the place; "H" (or "H<ms>" after NUDGE): it says when a
+      // lease ends.
+    }
+  }
+
+  /** The milliseconds an "H<ms>" message gives until a lease ends (0: the message is another). */
+  static long nudgeMillis(String message) {
+    if (message.length() < 2 || message.charAt(0) != 'H') {
+      return 0;
+    }
+    try {
+      return Math.max(Long.parseLong(message.substring(1)), 0);
+    } catch (NumberFormatException e) {
+      return 0;
     }
   }
 

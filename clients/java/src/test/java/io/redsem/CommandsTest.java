@@ -6,8 +6,20 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import java.util.List;
 import org.junit.jupiter.api.Test;
 
-/** The rules of Redis Cluster as the package applies them, before anything is sent. */
+/** The rules of Redis Cluster as the package applies them, before anything is sent, and the
+ * script line's messages. */
 class CommandsTest {
+  @Test
+  void anHMessageGivesTheMillisecondsToALeasesEnd() {
+    assertEquals(120, ScriptWait.nudgeMillis("H120"));
+    // "H" alone (an older script's): try again, which says when.
+    assertEquals(0, ScriptWait.nudgeMillis("H"));
+    assertEquals(0, ScriptWait.nudgeMillis("Hx"));
+    assertEquals(0, ScriptWait.nudgeMillis("H-5"));
+    assertEquals(0, ScriptWait.nudgeMillis("G17"));
+    assertEquals(0, ScriptWait.nudgeMillis(""));
+  }
+
   @Test
   void slotsAreRedisClusters() {
     assertEquals(15495, Commands.slot("a"));
