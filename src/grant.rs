@@ -9,7 +9,7 @@ use crate::error::SemError;
 use crate::fencing;
 use crate::queue::SemKey;
 use crate::request::Ask;
-use crate::semaphore::{self, AcquireRequest, Acquired, Store};
+use crate::semaphore::{self, AcquirePlan, AcquireRequest, Acquired, Store};
 use crate::state;
 use crate::store::RedisStore;
 
@@ -22,12 +22,13 @@ pub struct Grant {
 }
 
 /// How the rule is asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Try {
     /// Grant if the rule would.
     Acquire,
     /// Only renew a live permit of the identifier (others wait in line before it).
     RenewOnly,
+    /// Apply a plan made on these keys, unchanged since (a set's, see [`survey`]).
+    Planned(AcquirePlan<RedisString>),
 }
 
 /// The rule's request for `ask` now, with this node's ticket floor.
@@ -57,6 +58,7 @@ pub fn try_grant(
         Try::RenewOnly => {
             semaphore::renew(store, now_ms, holder, &request)?.unwrap_or(Acquired::Full)
         }
+        Try::Planned(plan) => plan.apply(store, holder)?,
     };
     let key = || SemKey {
         db: sem.0,
@@ -74,37 +76,51 @@ pub fn try_grant(
     Ok(Some(Grant { ticket, renewed }))
 }
 
-/// Whether each of a set's semaphores would grant its ask now, and whether it would only renew.
+/// One semaphore of a set, surveyed before any change: its acquire's plan, whether the plan
+/// grants, and whether it only renews.
+pub struct Planned {
+    plan: AcquirePlan<RedisString>,
+    pub fits: bool,
+    pub renews: bool,
+}
+
+/// Plans a set's acquire on every semaphore, changing nothing: an error is the set's.
 pub fn survey<'s, 'a: 's>(
     stores: impl IntoIterator<Item = &'s RedisStore<'a>>,
     asks: &[Ask],
     holder: &RedisString,
     now_ms: i64,
-) -> Result<Vec<(bool, bool)>, SemError> {
+) -> Result<Vec<Planned>, SemError> {
     stores
         .into_iter()
         .zip(asks)
         .map(|(store, ask)| {
-            let fits = semaphore::would_grant(store, now_ms, holder, &rule(ask))?;
-            let renews = store.deadline(holder).is_some_and(|d| d > now_ms);
-            Ok((fits, renews))
+            let plan = semaphore::plan_acquire(store, now_ms, holder, &rule(ask))?;
+            Ok(Planned {
+                fits: plan.grants(store, holder)?,
+                renews: store.deadline(holder).is_some_and(|d| d > now_ms),
+                plan,
+            })
         })
         .collect()
 }
 
-/// Grants a set whose every semaphore would grant (surveyed at `now_ms`, nothing changed since):
-/// one grant per semaphore, in the order named.
+/// Grants a set whose every semaphore's plan grants (`planned` by [`survey`] at `now_ms`,
+/// nothing changed since): one grant per semaphore, in the order named.
 pub fn grant_all<'s, 'a: 's>(
     stores: impl IntoIterator<Item = &'s mut RedisStore<'a>>,
     sems: &[(i32, &[u8])],
     asks: &[Ask],
+    planned: Vec<Planned>,
     holder: &RedisString,
     now_ms: i64,
     bind_to: Option<u64>,
 ) -> Result<Vec<Grant>, SemError> {
     let mut grants = Vec::with_capacity(sems.len());
-    for ((store, sem), ask) in stores.into_iter().zip(sems).zip(asks) {
-        match try_grant(store, *sem, ask, holder, now_ms, Try::Acquire, bind_to)? {
+    let each = stores.into_iter().zip(sems).zip(asks).zip(planned);
+    for (((store, sem), ask), planned) in each {
+        let how = Try::Planned(planned.plan);
+        match try_grant(store, *sem, ask, holder, now_ms, how, bind_to)? {
             Some(grant) => grants.push(grant),
             // Nothing changed between the survey and here.
             None => return Err(SemError::Internal),

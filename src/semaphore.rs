@@ -280,44 +280,120 @@ fn prune<S: Store>(store: &mut S, survey: &Survey<S::Id>) {
     }
 }
 
+/// What an acquire does, decided from reads alone: [`plan_acquire`] finds every error the
+/// acquire can answer before its first change, [`AcquirePlan::apply`] makes the changes, and
+/// [`AcquirePlan::grants`] tells without a change whether they grant (the survey of one
+/// semaphore of a set acquire, which takes all or none).
+pub struct AcquirePlan<Id> {
+    survey: Survey<Id>,
+    now_ms: i64,
+    request: AcquireRequest,
+    step: AcquireStep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AcquireStep {
+    /// One plain permit, no COUNT: one write of the holder tells a renewal from a grant (an
+    /// upsert while there is room; when full, a live holder's renewal only).
+    PlainOne { room: bool },
+    /// One fair permit, no COUNT, with room: one add-if-new tells a grant of `ticket` from a
+    /// renewal; `expired`: the identifier's lease ran out, and it is granted anew.
+    FairOne { ticket: u64, expired: bool },
+    /// A live holder's renewal: its deadline moves, its permits and ticket stay.
+    Renew { ticket: Option<u64> },
+    /// A new grant of `permits`.
+    Grant { ticket: Option<u64>, permits: u64 },
+    /// No room, and not a live holder.
+    Full,
+}
+
 /// SEM.ACQUIRE / SEM.ACQUIREFAIR: grants `id` the permits it asks for when they fit under
-/// `limit` with those in use. Everything that can fail is checked before the first change.
+/// `limit` with those in use (see [`AcquirePlan`]).
 pub fn acquire<S: Store>(
     store: &mut S,
     now_ms: i64,
     id: &S::Id,
     request: &AcquireRequest,
 ) -> Result<Acquired, SemError> {
-    let survey = survey(store, now_ms)?;
-    if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
-        return Err(SemError::KindMismatch { held });
-    }
+    plan_acquire(store, now_ms, id, request)?.apply(store, id)
+}
+
+/// The plan of [`acquire`], changing nothing.
+pub fn plan_acquire<S: Store>(
+    store: &S,
+    now_ms: i64,
+    id: &S::Id,
+    request: &AcquireRequest,
+) -> Result<AcquirePlan<S::Id>, SemError> {
+    let survey = survey_for(store, now_ms, request)?;
     let permits = request.permits();
     let limit = effective_limit(store, request)?;
     let room = survey.in_use().saturating_add(permits) <= limit;
-    let deadline = now_ms + request.lease_ms;
     // The common case takes one lookup: one permit, and no COUNT to compare with a renewal.
-    if request.count.is_none() {
-        match request.kind {
-            Kind::Plain => {
-                prune(store, &survey);
-                // A full semaphore still renews a holder that retries with its identifier.
+    let step = match (request.count, request.kind) {
+        (None, Kind::Plain) => AcquireStep::PlainOne { room },
+        (None, Kind::Fair) if room => AcquireStep::FairOne {
+            // The counter is checked first; the add-if-new then tells a grant from a renewal.
+            ticket: next_ticket(store.counter()?, request.ticket_floor, now_ms)?,
+            expired: survey.expired.iter().any(|e| e.id_bytes() == id.id_bytes()),
+        },
+        _ if is_live(store, id, now_ms) => AcquireStep::Renew {
+            ticket: renewal(store, id, request)?,
+        },
+        _ if !room => AcquireStep::Full,
+        _ => AcquireStep::Grant {
+            ticket: match request.kind {
+                Kind::Fair => Some(next_ticket(store.counter()?, request.ticket_floor, now_ms)?),
+                Kind::Plain => None,
+            },
+            permits,
+        },
+    };
+    Ok(AcquirePlan {
+        survey,
+        now_ms,
+        request: *request,
+        step,
+    })
+}
+
+impl<Id: IdBytes> AcquirePlan<Id> {
+    /// Whether [`apply`](Self::apply) grants (a new grant that fits, or a renewal), changing
+    /// nothing; an error is the one `apply` answers.
+    pub fn grants<S: Store<Id = Id>>(&self, store: &S, id: &Id) -> Result<bool, SemError> {
+        Ok(match self.step {
+            AcquireStep::PlainOne { room } => room || is_live(store, id, self.now_ms),
+            AcquireStep::FairOne { expired, .. } => {
+                if !expired && is_live(store, id, self.now_ms) {
+                    renewal(store, id, &self.request)?;
+                }
+                true
+            }
+            AcquireStep::Renew { .. } | AcquireStep::Grant { .. } => true,
+            AcquireStep::Full => false,
+        })
+    }
+
+    /// Makes the plan's changes, expired holders and leftovers removed first. An error (a
+    /// renewal's, found by the add-if-new's answer) has changed nothing.
+    pub fn apply<S: Store<Id = Id>>(self, store: &mut S, id: &Id) -> Result<Acquired, SemError> {
+        let survey = &self.survey;
+        let deadline = self.now_ms + self.request.lease_ms;
+        match self.step {
+            AcquireStep::PlainOne { room } => {
+                prune(store, survey);
                 let put = if room { Put::Upsert } else { Put::IfHeld };
-                return Ok(match store.put_holder(id, deadline, put) {
+                Ok(match store.put_holder(id, deadline, put) {
                     PutOutcome::NotHeld => Acquired::Full,
                     outcome => Acquired::Granted {
                         ticket: None,
                         renewed: outcome == PutOutcome::Updated,
                     },
-                });
+                })
             }
-            Kind::Fair if room => {
-                // The counter is checked first; one ZADD NX then tells a new grant from a
-                // renewal and makes the grant.
-                let ticket = next_ticket(store.counter()?, request.ticket_floor, now_ms)?;
-                let expired = survey.expired.iter().any(|e| e.id_bytes() == id.id_bytes());
+            AcquireStep::FairOne { ticket, expired } => {
                 if expired || store.put_holder(id, deadline, Put::IfNew) == PutOutcome::Added {
-                    prune(store, &survey);
+                    prune(store, survey);
                     if expired {
                         store.put_holder(id, deadline, Put::Upsert);
                     }
@@ -328,78 +404,52 @@ pub fn acquire<S: Store>(
                         renewed: false,
                     });
                 }
-                return renew_holder(store, &survey, id, request, deadline);
+                let ticket = renewal(store, id, &self.request)?;
+                Ok(renewed(store, survey, id, deadline, ticket))
             }
-            Kind::Fair => {}
+            AcquireStep::Renew { ticket } => Ok(renewed(store, survey, id, deadline, ticket)),
+            AcquireStep::Full => {
+                prune(store, survey);
+                Ok(Acquired::Full)
+            }
+            AcquireStep::Grant { ticket, permits } => {
+                prune(store, survey);
+                store.put_holder(id, deadline, Put::Upsert);
+                if let Some(ticket) = ticket {
+                    store.set_counter(ticket);
+                    store.put_owner(id, ticket);
+                }
+                if permits > 1 {
+                    store.put_weights(
+                        Some((id, permits)),
+                        &[],
+                        survey.extra.saturating_add(permits - 1),
+                    );
+                }
+                Ok(Acquired::Granted {
+                    ticket,
+                    renewed: false,
+                })
+            }
         }
     }
-    if store.deadline(id).is_some_and(|d| d > now_ms) {
-        return renew_holder(store, &survey, id, request, deadline);
-    }
-    if !room {
-        prune(store, &survey);
-        return Ok(Acquired::Full);
-    }
-    let ticket = match request.kind {
-        Kind::Fair => Some(next_ticket(store.counter()?, request.ticket_floor, now_ms)?),
-        Kind::Plain => None,
-    };
-    prune(store, &survey);
-    store.put_holder(id, deadline, Put::Upsert);
-    if let Some(ticket) = ticket {
-        store.set_counter(ticket);
-        store.put_owner(id, ticket);
-    }
-    if permits > 1 {
-        store.put_weights(
-            Some((id, permits)),
-            &[],
-            survey.extra.saturating_add(permits - 1),
-        );
-    }
-    Ok(Acquired::Granted {
-        ticket,
-        renewed: false,
-    })
 }
 
-/// Whether [`acquire`] would grant `id` now (a new grant that fits, or a renewal), changing
-/// nothing: the survey of one semaphore of a set acquire, which takes all or none. An error
-/// here is the error `acquire` would answer.
-pub fn would_grant<S: Store>(
+/// The survey of an acquire: a semaphore of the other kind is an error.
+fn survey_for<S: Store>(
     store: &S,
     now_ms: i64,
-    id: &S::Id,
     request: &AcquireRequest,
-) -> Result<bool, SemError> {
+) -> Result<Survey<S::Id>, SemError> {
     let survey = survey(store, now_ms)?;
-    if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
-        return Err(SemError::KindMismatch { held });
+    match survey.kind.filter(|&held| held != request.kind) {
+        Some(held) => Err(SemError::KindMismatch { held }),
+        None => Ok(survey),
     }
-    // Read where `acquire` reads it, so that a broken limit key is the same error here.
-    let limit = effective_limit(store, request)?;
-    if store.deadline(id).is_some_and(|d| d > now_ms) {
-        if let Some(count) = request.count {
-            let held = store.weight(id)?;
-            if count != held {
-                return Err(SemError::CountMismatch { held });
-            }
-        }
-        if request.kind == Kind::Fair {
-            store
-                .owner_score(id)
-                .and_then(ticket_from_score)
-                .ok_or(SemError::InvalidTicket)?;
-        }
-        return Ok(true);
-    }
-    if survey.in_use().saturating_add(request.permits()) > limit {
-        return Ok(false);
-    }
-    if request.kind == Kind::Fair {
-        next_ticket(store.counter()?, request.ticket_floor, now_ms)?;
-    }
-    Ok(true)
+}
+
+fn is_live<S: Store>(store: &S, id: &S::Id, now_ms: i64) -> bool {
+    store.deadline(id).is_some_and(|d| d > now_ms)
 }
 
 /// The limit an acquire applies: the one an operator stored for the semaphore while there is
@@ -408,37 +458,43 @@ pub fn effective_limit<S: Store>(store: &S, request: &AcquireRequest) -> Result<
     Ok(store.stored_limit()?.unwrap_or(request.limit))
 }
 
-/// Renews live holder `id`: its deadline moves, its permits and ticket stay. A COUNT other than
-/// what it holds, or (fair) an owner entry that is not a ticket, is an error that changes
-/// nothing.
-fn renew_holder<S: Store>(
-    store: &mut S,
-    survey: &Survey<S::Id>,
+/// What live holder `id`'s renewal answers: its ticket (fair). A COUNT other than what it
+/// holds, or (fair) an owner entry that is not a ticket, is an error.
+fn renewal<S: Store>(
+    store: &S,
     id: &S::Id,
     request: &AcquireRequest,
-    deadline: i64,
-) -> Result<Acquired, SemError> {
+) -> Result<Option<u64>, SemError> {
     if let Some(count) = request.count {
         let held = store.weight(id)?;
         if count != held {
             return Err(SemError::CountMismatch { held });
         }
     }
-    let ticket = match request.kind {
-        Kind::Plain => None,
-        Kind::Fair => Some(
-            store
-                .owner_score(id)
-                .and_then(ticket_from_score)
-                .ok_or(SemError::InvalidTicket)?,
-        ),
-    };
+    match request.kind {
+        Kind::Plain => Ok(None),
+        Kind::Fair => store
+            .owner_score(id)
+            .and_then(ticket_from_score)
+            .map(Some)
+            .ok_or(SemError::InvalidTicket),
+    }
+}
+
+/// Renews live holder `id`: its deadline moves.
+fn renewed<S: Store>(
+    store: &mut S,
+    survey: &Survey<S::Id>,
+    id: &S::Id,
+    deadline: i64,
+    ticket: Option<u64>,
+) -> Acquired {
     prune(store, survey);
     store.put_holder(id, deadline, Put::IfHeld);
-    Ok(Acquired::Granted {
+    Acquired::Granted {
         ticket,
         renewed: true,
-    })
+    }
 }
 
 /// SEM.ACQUIRE / SEM.ACQUIREFAIR while others wait for the semaphore (see `queue.rs`): only a
@@ -449,14 +505,40 @@ pub fn renew<S: Store>(
     id: &S::Id,
     request: &AcquireRequest,
 ) -> Result<Option<Acquired>, SemError> {
-    let survey = survey(store, now_ms)?;
-    if let Some(held) = survey.kind.filter(|&held| held != request.kind) {
-        return Err(SemError::KindMismatch { held });
-    }
-    if store.deadline(id).is_none_or(|d| d <= now_ms) {
+    let survey = survey_for(store, now_ms, request)?;
+    if !is_live(store, id, now_ms) {
         return Ok(None);
     }
-    renew_holder(store, &survey, id, request, now_ms + request.lease_ms).map(Some)
+    let plan = AcquirePlan {
+        step: AcquireStep::Renew {
+            ticket: renewal(store, id, request)?,
+        },
+        survey,
+        now_ms,
+        request: *request,
+    };
+    plan.apply(store, id).map(Some)
+}
+
+/// What a refresh or a release does to a holder, decided from reads alone (see
+/// [`AcquirePlan`]): [`plan_refresh`] and [`plan_release`] find every error, [`apply`]
+/// (HolderPlan::apply) makes the changes and tells what the holder was.
+pub struct HolderPlan<Id> {
+    survey: Survey<Id>,
+    step: HolderStep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HolderStep {
+    /// A refresh: a live holder's deadline moves here; one that is not live goes.
+    Refresh { deadline: i64 },
+    /// The release of a holder of one permit: removing it tells whether it was live (an
+    /// expired one went with the others first).
+    RemoveOne,
+    /// A release of what is not a live holder: it goes, and is told what it was.
+    NotLive,
+    /// The release of `giving` of the `held` permits of a live holder.
+    Give { giving: u64, held: u64 },
 }
 
 /// SEM.REFRESH: moves a live holder's deadline to `now + lease`; it keeps its permits. A holder
@@ -467,14 +549,20 @@ pub fn refresh<S: Store>(
     id: &S::Id,
     lease_ms: i64,
 ) -> Result<Holder, SemError> {
-    let survey = survey(store, now_ms)?;
-    prune(store, &survey);
-    Ok(match store.put_holder(id, now_ms + lease_ms, Put::IfHeld) {
-        PutOutcome::Updated => Holder::Live,
-        PutOutcome::Added | PutOutcome::NotHeld => {
-            store.remove(slice::from_ref(id));
-            survey.lost_or_absent(id)
-        }
+    Ok(plan_refresh(store, now_ms, lease_ms)?.apply(store, id))
+}
+
+/// The plan of [`refresh`], changing nothing: an error here is the refresh's.
+pub fn plan_refresh<S: Store>(
+    store: &S,
+    now_ms: i64,
+    lease_ms: i64,
+) -> Result<HolderPlan<S::Id>, SemError> {
+    Ok(HolderPlan {
+        survey: survey(store, now_ms)?,
+        step: HolderStep::Refresh {
+            deadline: now_ms + lease_ms,
+        },
     })
 }
 
@@ -487,55 +575,64 @@ pub fn release<S: Store>(
     id: &S::Id,
     count: Option<u64>,
 ) -> Result<Holder, SemError> {
+    Ok(plan_release(store, now_ms, id, count)?.apply(store, id))
+}
+
+/// The plan of [`release`], changing nothing: an error here is the release's.
+pub fn plan_release<S: Store>(
+    store: &S,
+    now_ms: i64,
+    id: &S::Id,
+    count: Option<u64>,
+) -> Result<HolderPlan<S::Id>, SemError> {
     let survey = survey(store, now_ms)?;
-    let weighted = store.has_weights();
-    if count.is_none() && !weighted {
-        // An expired `id` goes with the others, so what is left of it here was live.
-        prune(store, &survey);
-        return Ok(if store.remove(slice::from_ref(id)) == 1 {
-            Holder::Live
-        } else {
-            survey.lost_or_absent(id)
-        });
-    }
-    if store.deadline(id).is_none_or(|d| d <= now_ms) {
-        prune(store, &survey);
-        store.remove(slice::from_ref(id));
-        return Ok(survey.lost_or_absent(id));
-    }
-    let held = store.weight(id)?;
-    let giving = count.unwrap_or(held);
-    if giving > held {
-        return Err(SemError::CountTooLarge { held });
-    }
-    prune(store, &survey);
-    let extra = survey
-        .extra
-        .saturating_sub(giving.min(held.saturating_sub(1)));
-    if giving == held {
-        store.remove(slice::from_ref(id));
-        if held > 1 {
-            store.put_weights(None, &[id], extra);
-        }
+    let step = if count.is_none() && !store.has_weights() {
+        HolderStep::RemoveOne
+    } else if !is_live(store, id, now_ms) {
+        HolderStep::NotLive
     } else {
-        store.put_weights(Some((id, held.saturating_sub(giving))), &[], extra);
-    }
-    Ok(Holder::Live)
+        let held = store.weight(id)?;
+        let giving = count.unwrap_or(held);
+        if giving > held {
+            return Err(SemError::CountTooLarge { held });
+        }
+        HolderStep::Give { giving, held }
+    };
+    Ok(HolderPlan { survey, step })
 }
 
-/// Whether [`release`] of `id` (all its permits) would answer an error, changing nothing: the
-/// survey of one semaphore of a set release, which changes none when one fails.
-pub fn check_release<S: Store>(store: &S, now_ms: i64, id: &S::Id) -> Result<(), SemError> {
-    survey(store, now_ms)?;
-    if store.has_weights() && store.deadline(id).is_some_and(|d| d > now_ms) {
-        store.weight(id)?;
+impl<Id: IdBytes> HolderPlan<Id> {
+    pub fn apply<S: Store<Id = Id>>(self, store: &mut S, id: &Id) -> Holder {
+        let survey = &self.survey;
+        prune(store, survey);
+        let gone = |store: &mut S| {
+            store.remove(slice::from_ref(id));
+            survey.lost_or_absent(id)
+        };
+        match self.step {
+            HolderStep::Refresh { deadline } => match store.put_holder(id, deadline, Put::IfHeld) {
+                PutOutcome::Updated => Holder::Live,
+                PutOutcome::Added | PutOutcome::NotHeld => gone(store),
+            },
+            HolderStep::RemoveOne if store.remove(slice::from_ref(id)) == 1 => Holder::Live,
+            HolderStep::RemoveOne => survey.lost_or_absent(id),
+            HolderStep::NotLive => gone(store),
+            HolderStep::Give { giving, held } => {
+                let extra = survey
+                    .extra
+                    .saturating_sub(giving.min(held.saturating_sub(1)));
+                if giving == held {
+                    store.remove(slice::from_ref(id));
+                    if held > 1 {
+                        store.put_weights(None, &[id], extra);
+                    }
+                } else {
+                    store.put_weights(Some((id, held.saturating_sub(giving))), &[], extra);
+                }
+                Holder::Live
+            }
+        }
     }
-    Ok(())
-}
-
-/// Whether [`refresh`] would answer an error, changing nothing (see [`check_release`]).
-pub fn check_refresh<S: Store>(store: &S, now_ms: i64) -> Result<(), SemError> {
-    survey(store, now_ms).map(|_| ())
 }
 
 /// SEM.GET: permits in use by live holders, without removing anything (it runs on read-only

@@ -1,14 +1,14 @@
 //! `SEM.RELEASE` and `SEM.REFRESH`.
 
-use redis_module::RedisValue;
+use redis_module::{RedisString, RedisValue};
 
 use super::call::{identifier, Call};
 use crate::args::{parse_lease_ms, parse_release_count};
 use crate::config;
 use crate::error::SemError;
-use crate::semaphore;
+use crate::semaphore::{self, Holder};
 use crate::server::now_ms;
-use crate::store::Ending;
+use crate::store::{Ending, RedisStore};
 use crate::write::{Step, Write};
 
 /// `SEM.RELEASE name identifier [COUNT k]`
@@ -27,13 +27,9 @@ pub fn release<'a>(step: &Step<'a>, call: &Call<'a>) -> Result<RedisValue, SemEr
         }
     }
     let id = identifier(id)?;
-    let mut write = Write::open(step, &call.keys())?;
-    let released = semaphore::release(write.store_mut(), now_ms(), id, count)?;
-    write
-        .store_mut()
-        .holder_ended(released, id.as_slice(), Ending::Release);
-    write.commit();
-    Ok(RedisValue::Integer(released.reply()))
+    holder_ends(step, call, id, Ending::Release, |store, now| {
+        semaphore::release(store, now, id, count)
+    })
 }
 
 /// `SEM.REFRESH name identifier lease`
@@ -41,11 +37,24 @@ pub fn refresh<'a>(step: &Step<'a>, call: &Call<'a>) -> Result<RedisValue, SemEr
     let [id, lease] = call.exact_args()?;
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
+    holder_ends(step, call, id, Ending::Refresh, |store, now| {
+        semaphore::refresh(store, now, id, lease_ms)
+    })
+}
+
+/// A release or a refresh of one semaphore by `rule`, then what the holder's end owes (see
+/// `RedisStore::holder_ended`); the reply tells whether it was a live holder.
+fn holder_ends<'a>(
+    step: &Step<'a>,
+    call: &Call<'a>,
+    id: &RedisString,
+    ending: Ending,
+    rule: impl FnOnce(&mut RedisStore<'a>, i64) -> Result<Holder, SemError>,
+) -> Result<RedisValue, SemError> {
     let mut write = Write::open(step, &call.keys())?;
-    let refreshed = semaphore::refresh(write.store_mut(), now_ms(), id, lease_ms)?;
-    write
-        .store_mut()
-        .holder_ended(refreshed, id.as_slice(), Ending::Refresh);
+    let store = write.store_mut();
+    let found = rule(store, now_ms())?;
+    store.holder_ended(found, id.as_slice(), ending);
     write.commit();
-    Ok(RedisValue::Integer(refreshed.reply()))
+    Ok(RedisValue::Integer(found.reply()))
 }

@@ -15,13 +15,13 @@ use crate::grant;
 use crate::keys::{has_hash_tag, is_derived, set_name_positions, Command, DERIVED};
 use crate::queue::{set_arrival, SemKey, Wants};
 use crate::request::{parse_options, Ask, Form};
-use crate::semaphore::{self, Holder};
+use crate::semaphore::{self, Holder, HolderPlan};
 use crate::server::block::caller;
 use crate::server::command::Arg;
 use crate::server::{in_cluster, key_at, now_ms, selected_db};
 use crate::state;
 use crate::stats::{self, COUNTERS};
-use crate::store::{Ending, SemKeys};
+use crate::store::{Ending, RedisStore, SemKeys};
 use crate::waiting;
 use crate::waiting::block::wait_or_refuse;
 use crate::write::{Step, Write};
@@ -238,7 +238,7 @@ pub fn acquire_all<'a>(
     let all = survey
         .iter()
         .zip(arrivals)
-        .all(|(&(fits, renews), arrival)| fits && (renews || arrival.may_acquire()));
+        .all(|(p, arrival)| p.fits && (p.renews || arrival.may_acquire()));
     if !all {
         let refused = &COUNTERS.set_refused;
         let reply = wait_or_refuse(ctx, caller.client, wait_ms, now, refused, || {
@@ -263,6 +263,7 @@ pub fn acquire_all<'a>(
         writes.iter_mut().map(Write::store_mut),
         &sems,
         &asks,
+        survey,
         id,
         now,
         bind_to,
@@ -280,22 +281,11 @@ pub fn release_all<'a>(step: &Step<'a>, call: &SetCall<'a>) -> Result<RedisValue
         return Err(SemError::Arity(call.command.name()));
     };
     let id = identifier(id)?;
-    let mut writes = call.open_all(step)?;
+    let writes = call.open_all(step)?;
     let now = now_ms();
-    // Every semaphore is surveyed before the first change: an error changes none of them.
-    for write in &writes {
-        semaphore::check_release(write.store(), now, id)?;
-    }
-    let mut held = 0;
-    for write in &mut writes {
-        let found = semaphore::release(write.store_mut(), now, id, None)?;
-        held += i64::from(found == Holder::Live);
-        write
-            .store_mut()
-            .holder_ended(found, id.as_slice(), Ending::Release);
-    }
-    writes.into_iter().for_each(Write::commit);
-    Ok(RedisValue::Integer(held))
+    on_every(writes, id, Ending::Release, |store| {
+        semaphore::plan_release(store, now, id, None)
+    })
 }
 
 /// `SEM.REFRESHALL numsems name [name ...] identifier lease`
@@ -305,18 +295,31 @@ pub fn refresh_all<'a>(step: &Step<'a>, call: &SetCall<'a>) -> Result<RedisValue
     };
     let id = identifier(id)?;
     let lease_ms = parse_lease_ms(lease.as_slice(), config::max_lease_ms())?;
-    let mut writes = call.open_all(step)?;
+    let writes = call.open_all(step)?;
     let now = now_ms();
-    for write in &writes {
-        semaphore::check_refresh(write.store(), now)?;
-    }
+    on_every(writes, id, Ending::Refresh, |store| {
+        semaphore::plan_refresh(store, now, lease_ms)
+    })
+}
+
+/// Plans a release or a refresh of `id` on every semaphore before the first change (an error
+/// changes none of them), then applies each plan; the reply counts the live holders found.
+fn on_every<'r, 'a>(
+    mut writes: Vec<Write<'r, 'a>>,
+    id: &RedisString,
+    ending: Ending,
+    plan: impl Fn(&RedisStore<'a>) -> Result<HolderPlan<RedisString>, SemError>,
+) -> Result<RedisValue, SemError> {
+    let plans = writes
+        .iter()
+        .map(|write| plan(write.store()))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut held = 0;
-    for write in &mut writes {
-        let found = semaphore::refresh(write.store_mut(), now, id, lease_ms)?;
+    for (write, plan) in writes.iter_mut().zip(plans) {
+        let store = write.store_mut();
+        let found = plan.apply(store, id);
         held += i64::from(found == Holder::Live);
-        write
-            .store_mut()
-            .holder_ended(found, id.as_slice(), Ending::Refresh);
+        store.holder_ended(found, id.as_slice(), ending);
     }
     writes.into_iter().for_each(Write::commit);
     Ok(RedisValue::Integer(held))

@@ -938,9 +938,28 @@ fn a_large_request_at_the_head_is_measured_against_permits_in_use() {
     run_on(&mut store, &[(4, "r3", fair(4, 1000), Ok(Acquired::Full))]);
 }
 
-/// `would_grant` answers what `acquire` then does, and changes nothing.
+/// Whether an acquire's plan grants, as a set's survey asks it.
+fn would_grant<S: Store>(
+    store: &S,
+    now_ms: i64,
+    id: &S::Id,
+    request: &AcquireRequest,
+) -> Result<bool, SemError> {
+    plan_acquire(store, now_ms, id, request)?.grants(store, id)
+}
+
+/// The errors a set release's or refresh's plans find.
+fn check_release<S: Store>(store: &S, now_ms: i64, id: &S::Id) -> Result<(), SemError> {
+    plan_release(store, now_ms, id, None).map(drop)
+}
+
+fn check_refresh<S: Store>(store: &S, now_ms: i64) -> Result<(), SemError> {
+    plan_refresh(store, now_ms, 1_000).map(drop)
+}
+
+/// A plan tells what `acquire` then does, and changes nothing.
 #[test]
-fn would_grant_foretells_acquire_without_a_change() {
+fn a_plan_foretells_acquire_without_a_change() {
     let lease = 1_000;
     let held_by_h = |request: AcquireRequest, ticket| -> Vec<Step> {
         vec![(0, "h", request, Ok(granted(ticket)))]
@@ -991,7 +1010,7 @@ fn would_grant_foretells_acquire_without_a_change() {
 }
 
 #[test]
-fn would_grant_answers_the_errors_acquire_would() {
+fn a_plan_answers_the_errors_acquire_would() {
     let lease = 1_000;
     let store = run(&[(0, "h", fair(3, lease), Ok(granted(Some(1))))]);
     assert_eq!(
@@ -1043,9 +1062,9 @@ fn a_stored_limit_applies_instead_of_the_callers() {
     }
 }
 
-/// The checks of a set release or refresh find exactly the errors the rules would answer.
+/// The plans of a set release or refresh find exactly the errors the rules would answer.
 #[test]
-fn checks_find_the_errors_of_release_and_refresh() {
+fn plans_find_the_errors_of_release_and_refresh() {
     let lease = 60_000;
     let mut store = run(&[(0, "h", weighted(plain(5, lease), 2), Ok(granted(None)))]);
     assert_eq!(check_release(&store, T0 + 1, &id("h")), Ok(()));
@@ -1062,10 +1081,10 @@ fn checks_find_the_errors_of_release_and_refresh() {
     assert!(check_refresh(&store, T0 + 1).is_err());
 }
 
-/// A broken stored limit is the same error for `would_grant` as for `acquire`, a renewal's
+/// A broken stored limit is the same error for a plan as for `acquire`, a renewal's
 /// included (a set acquire must not find it only halfway through its grants).
 #[test]
-fn would_grant_reads_the_stored_limit_where_acquire_does() {
+fn a_plan_reads_the_stored_limit_where_acquire_does() {
     let lease = 60_000;
     let mut store = run(&[(0, "h", weighted(plain(5, lease), 3), Ok(granted(None)))]);
     store.stored_limit_is_garbage = true;

@@ -381,19 +381,34 @@ extern "C" fn on_role_changed(
     }
 }
 
+/// The data a server event passes with its `wanted` subevent (any with `None`).
+///
+/// # Safety
+/// `T` must be the type the server passes with this event.
+unsafe fn event_data<'a, T>(
+    subevent: u64,
+    wanted: Option<u64>,
+    data: *mut c_void,
+) -> Option<&'a T> {
+    if data.is_null() || wanted.is_some_and(|wanted| wanted != subevent) {
+        return None;
+    }
+    Some(&*data.cast::<T>())
+}
+
 extern "C" fn on_client_change(
     _ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
     data: *mut c_void,
 ) {
-    if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED || data.is_null() {
-        return;
-    }
+    let closed = Some(raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED);
     // SAFETY: for this event Redis passes a RedisModuleClientInfo (version 1 or later, whose
     // layout starts with version, flags, id).
-    let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
-    guard((), || (hooks().connection_closed)(info.id));
+    if let Some(info) = unsafe { event_data::<raw::RedisModuleClientInfo>(subevent, closed, data) }
+    {
+        guard((), || (hooks().connection_closed)(info.id));
+    }
 }
 
 extern "C" fn on_flush(
@@ -402,32 +417,27 @@ extern "C" fn on_flush(
     subevent: u64,
     data: *mut c_void,
 ) {
-    if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
-        return;
-    }
+    let ended = Some(raw::REDISMODULE_SUBEVENT_FLUSHDB_END);
     // SAFETY: for this event Redis passes a RedisModuleFlushInfo.
-    let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
-    guard((), || {
-        (hooks().flushed)((info.dbnum >= 0).then_some(info.dbnum))
-    });
-    super::timer::hurry(ctx);
+    if let Some(info) = unsafe { event_data::<raw::RedisModuleFlushInfo>(subevent, ended, data) } {
+        let db = (info.dbnum >= 0).then_some(info.dbnum);
+        guard((), || (hooks().flushed)(db));
+        super::timer::hurry(ctx);
+    }
 }
 
 extern "C" fn on_swap(
     ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
-    _subevent: u64,
+    subevent: u64,
     data: *mut c_void,
 ) {
-    if data.is_null() {
-        return;
-    }
     // SAFETY: for this event Redis passes a RedisModuleSwapDbInfo.
-    let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
-    guard((), || {
-        (hooks().swapped)(info.dbnum_first, info.dbnum_second)
-    });
-    super::timer::hurry(ctx);
+    if let Some(info) = unsafe { event_data::<raw::RedisModuleSwapDbInfo>(subevent, None, data) } {
+        let (first, second) = (info.dbnum_first, info.dbnum_second);
+        guard((), || (hooks().swapped)(first, second));
+        super::timer::hurry(ctx);
+    }
 }
 
 extern "C" fn on_config_change(
@@ -436,13 +446,16 @@ extern "C" fn on_config_change(
     subevent: u64,
     data: *mut c_void,
 ) {
-    if subevent != raw::REDISMODULE_SUBEVENT_CONFIG_CHANGE || data.is_null() {
-        return;
-    }
+    let changed = Some(raw::REDISMODULE_SUBEVENT_CONFIG_CHANGE);
     // SAFETY: for this event Redis passes a RedisModuleConfigChange whose names are C
     // strings, valid for the callback.
+    let Some(change) =
+        (unsafe { event_data::<raw::RedisModuleConfigChangeV1>(subevent, changed, data) })
+    else {
+        return;
+    };
+    // SAFETY: as above: `num_changes` names.
     let names: Vec<&[u8]> = unsafe {
-        let change = &*data.cast::<raw::RedisModuleConfigChangeV1>();
         (0..change.num_changes as usize)
             .map(|i| *change.config_names.add(i))
             .filter(|name| !name.is_null())

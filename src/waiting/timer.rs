@@ -225,13 +225,14 @@ fn grant_set<'a>(
     let now = clock_ms();
     let holder = writes[0].store().id(&asks[0].holder);
     let outcome = match grant::survey(writes.iter().map(Write::store), asks, &holder, now) {
-        Ok(fits) if fits.iter().all(|&(fits, _)| fits) => {
+        Ok(planned) if planned.iter().all(|p| p.fits) => {
             let refs: Vec<(i32, &[u8])> = sems.iter().map(|s| (s.db, &*s.name)).collect();
             let bind_to = asks[0].bind_to(client);
             match grant::grant_all(
                 writes.iter_mut().map(Write::store_mut),
                 &refs,
                 asks,
+                planned,
                 &holder,
                 now,
                 bind_to,

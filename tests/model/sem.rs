@@ -2,7 +2,7 @@
 //! the rules (semaphore.rs) and key expiry (store.rs), over the model's keyspace. Written from
 //! the documented rules; every error is decided before the first change, as in the module.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::json;
@@ -903,66 +903,70 @@ impl Sets {
         Ok(self.permits_field(id)?.unwrap_or(1))
     }
 
+    /// The keys at `now`, as sets rather than counts: the live and the expired holders; the
+    /// owner entries left once the expired holders' go with them, those of a live holder and
+    /// those of none. The recipe's keys are in step when as many entries are left as there are
+    /// live holders (the rules trust that without a walk); otherwise the semaphore is fair when
+    /// a live holder has an entry, and the entries of none go.
     fn survey(&self, now: i64) -> Result<Survey, SemErr> {
-        let (holders, owners) = (&self.holders, &self.owners);
-        let expired: Vec<Bytes> = holders
+        let live: BTreeSet<&[u8]> = self
+            .holders
+            .iter()
+            .filter(|(_, s)| is_live(*s, now))
+            .map(|(m, _)| m.as_slice())
+            .collect();
+        let expired: Vec<Bytes> = self
+            .holders
             .iter()
             .filter(|(_, s)| !is_live(*s, now))
             .map(|(m, _)| m.clone())
             .collect();
-        let live = (holders.len() - expired.len()) as u64;
-        let owner_count = owners.len() as u64;
-        let (kind, leftovers) = if owner_count == 0 {
-            ((live > 0).then_some(Kind::Plain), Leftovers::None)
-        } else if live == 0 {
+        let left: BTreeSet<&[u8]> = self
+            .owners
+            .iter()
+            .map(|(m, _)| m.as_slice())
+            .filter(|m| !expired.iter().any(|e| e == m))
+            .collect();
+        let of_none: Vec<Bytes> = left.difference(&live).map(|m| m.to_vec()).collect();
+        let (kind, leftovers) = if self.owners.is_empty() {
+            ((!live.is_empty()).then_some(Kind::Plain), Leftovers::None)
+        } else if live.is_empty() {
             (None, Leftovers::All)
+        } else if left.len() == live.len() {
+            (Some(Kind::Fair), Leftovers::None)
+        } else if left.is_disjoint(&live) {
+            (Some(Kind::Plain), Leftovers::All)
+        } else if of_none.is_empty() {
+            (Some(Kind::Fair), Leftovers::None)
         } else {
-            let expired_owners = expired.iter().filter(|id| owners.contains(id)).count() as u64;
-            if owner_count - expired_owners == live {
-                (Some(Kind::Fair), Leftovers::None)
-            } else {
-                let mut owned_live = 0;
-                let mut orphans = Vec::new();
-                for (id, _) in owners.iter() {
-                    match holders.score(id) {
-                        None => orphans.push(id.clone()),
-                        Some(s) if is_live(s, now) => owned_live += 1,
-                        Some(_) => {}
-                    }
-                }
-                if owned_live == 0 {
-                    (Some(Kind::Plain), Leftovers::All)
-                } else if orphans.is_empty() {
-                    (Some(Kind::Fair), Leftovers::None)
-                } else {
-                    (Some(Kind::Fair), Leftovers::Some(orphans))
-                }
-            }
+            (Some(Kind::Fair), Leftovers::Some(of_none))
         };
+        // The extra permits: the stored total less what the expired weighted holders held.
         let (extra, weights) = if self.permits.is_empty() {
             (0, Weights::Keep)
-        } else if live == 0 {
+        } else if live.is_empty() {
             (0, Weights::Clear)
         } else {
-            let mut extra = self.permits_field(b"")?.unwrap_or(0);
-            let mut pruned = Vec::new();
+            let mut lost = Vec::new();
             for id in &expired {
                 let permits = self.weight(id)?;
                 if permits > 1 {
-                    extra = extra.saturating_sub(permits - 1);
-                    pruned.push(id.clone());
+                    lost.push((id.clone(), permits - 1));
                 }
             }
-            let weights = if pruned.is_empty() {
+            let stored = self.permits_field(b"")?.unwrap_or(0);
+            let gone = lost.iter().fold(0u64, |sum, (_, n)| sum.saturating_add(*n));
+            let extra = stored.saturating_sub(gone);
+            let weights = if lost.is_empty() {
                 Weights::Keep
             } else {
-                Weights::Prune(pruned)
+                Weights::Prune(lost.into_iter().map(|(id, _)| id).collect())
             };
             (extra, weights)
         };
         Ok(Survey {
             expired,
-            live,
+            live: live.len() as u64,
             extra,
             kind,
             leftovers,
