@@ -10,6 +10,7 @@ mod fencing;
 mod grant;
 mod keys;
 mod memory;
+mod names;
 mod queue;
 mod request;
 mod semaphore;
@@ -104,6 +105,7 @@ fn hooks() -> Hooks {
         flushed: waiting::flushed,
         swapped: waiting::swapped,
         follows_keys: state::follows_foreign_changes,
+        may_concern: state::may_concern,
         key_changed: waiting::touched,
         slot_changed: waiting::recheck_all,
         key_evicted,

@@ -429,6 +429,18 @@ impl<H: Handle> Registry<H> {
         }
     }
 
+    /// The lease end a newcomer found at `at_ms` as it joined `sem`'s line without the head
+    /// being looked at: one already scheduled that comes first stays (the head's, found when it
+    /// was last looked at: a lease that has ended since is no longer live for the newcomer,
+    /// but its end may still free the head's permits).
+    pub fn newcomer_lease_end(&mut self, sem: &SemKey, at_ms: Option<i64>) {
+        match (self.lease_ends.get(sem), at_ms) {
+            (Some(&(scheduled, _)), Some(at)) if scheduled <= at => {}
+            (Some(_), None) => {}
+            _ => self.set_lease_end(sem, at_ms),
+        }
+    }
+
     /// Whether a lease end at `at_ms` may serve somebody waiting for `sem`: not when the line's
     /// only waiter stops waiting first (a newcomer schedules the lease end again as it
     /// arrives). Longer lines and waits for empty are taken as needing it (a look-up each).
@@ -878,6 +890,30 @@ mod tests {
         r.remove(a);
         assert_eq!(r.take_due(10_000), [Due::LeaseEnd(sem("s"))]);
         assert_eq!(r.next_due_ms(), None);
+    }
+
+    /// A newcomer, which looks at the holders without the head, moves the line's lease end
+    /// earlier only: the end it cannot see (a lease that ended before it looked) stays.
+    #[test]
+    fn a_newcomer_moves_a_lease_end_earlier_only() {
+        // (scheduled, the newcomer's, then due)
+        let table = [
+            (None, Some(100), Some(100)),
+            (None, None, None),
+            (Some(100), Some(200), Some(100)),
+            (Some(100), None, Some(100)),
+            (Some(200), Some(100), Some(100)),
+            (Some(100), Some(100), Some(100)),
+        ];
+        for (i, (scheduled, found, due)) in table.into_iter().enumerate() {
+            let mut r = Registry::default();
+            r.enqueue(sem("s"), 1, ask("a"), 0, None, 40);
+            r.set_lease_end(&sem("s"), scheduled);
+            r.enqueue(sem("s"), 2, ask("b"), 5, None, 41);
+            r.newcomer_lease_end(&sem("s"), found);
+            assert_eq!(r.next_due_ms(), due, "case {i}");
+            assert_eq!(r.scheduled(), usize::from(due.is_some()), "case {i}");
+        }
     }
 
     #[test]

@@ -1,24 +1,24 @@
-//! The waiting side's state, in one place: the registry of waiters and BOUND permits
-//! (`queue.rs`), the work left for the timer, and the counts the hot paths read without a
-//! borrow (waiters, bindings, pending work, commands under way, answers given). A change goes
-//! through [`with`], which keeps those counts and the names filter in step with the registry and
-//! has the timer end the server events nothing needs any more; a look goes through [`read`],
-//! which changes nothing.
+//! The waiting side's state and its one owner ([`Waiting`]): the registry of waiters and BOUND
+//! permits (`queue.rs`), the work left for the timer, the counts the hot paths read without a
+//! borrow (waiters, bindings, pending work, commands under way, answers given) and the filter of
+//! waited names the server's key callbacks ask first (`names.rs`, through the hooks table). A
+//! change goes through [`with`], which keeps those counts and the names filter in step with the
+//! registry and has the timer end the server events nothing needs any more; a look goes through
+//! [`read`], which changes nothing.
 //!
-//! What the server layer keeps of its own (it imports nothing above it) stays there, read through
-//! its functions: the events followed and the keyspace watch (`server/events.rs`), the names
-//! filter's bits (`server/names.rs`), the timer's arming (`server/timer.rs`).
+//! What the server layer keeps of what it told the server stays there, read through its
+//! functions: the events followed and the keyspace watch (`server/events.rs`), the timer's
+//! arming (`server/timer.rs`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use redis_module::{Context, RedisString};
 
+use crate::names::Names;
 use crate::queue::{Binding, Handle, Registry, SemKey, WaiterId};
 use crate::server::block::{self, Blocked};
 use crate::server::events;
-use crate::server::names as server_names;
 use crate::server::timer;
 
 /// Work to do from the timer, where keys may be written.
@@ -57,69 +57,105 @@ impl Handle for Blocked {
     }
 }
 
+/// The one owner of the waiting side's state.
+struct Waiting {
+    /// Borrowed by [`read`] and [`with`] only.
+    state: RefCell<Option<State>>,
+    /// Waiters and bindings, readable without a borrow: the hot paths of commands and the
+    /// filter only look further when they are not zero.
+    waiters: Cell<usize>,
+    bindings: Cell<usize>,
+    /// Work waiting for the timer.
+    pending: Cell<usize>,
+    /// Waiters answered and permits given back since the module loaded: a slice of work ends
+    /// only after real work, so the first answer due after a command comes before the next
+    /// command is read.
+    answered: Cell<usize>,
+    /// Commands of the module and timer runs under way (a module's call from a keyspace event
+    /// may run one inside another).
+    scopes: Cell<usize>,
+    /// The names somebody waits on.
+    names: Names,
+}
+
 thread_local! {
     /// Redis runs every command, callback and timer on its main thread: a re-entry (a callback
     /// coming back while the state is borrowed) is a clear panic, never a deadlock.
-    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    static WAITING: Waiting = const {
+        Waiting {
+            state: RefCell::new(None),
+            waiters: Cell::new(0),
+            bindings: Cell::new(0),
+            pending: Cell::new(0),
+            answered: Cell::new(0),
+            scopes: Cell::new(0),
+            names: Names::new(),
+        }
+    };
 }
 
-/// Waiters and bindings, readable without a borrow: the hot paths of commands and the filter
-/// only look further when they are not zero.
-static WAITERS: AtomicUsize = AtomicUsize::new(0);
-static BINDINGS: AtomicUsize = AtomicUsize::new(0);
-/// Work waiting for the timer.
-static PENDING: AtomicUsize = AtomicUsize::new(0);
+fn waiting<T>(f: impl FnOnce(&Waiting) -> T) -> T {
+    WAITING.with(f)
+}
 
 /// Looks at the state; changes nothing. Never call into Redis inside: a callback could come back
 /// here.
 pub fn read<T>(f: impl FnOnce(&State) -> T) -> T {
-    STATE.with(|cell| match &*cell.borrow() {
+    waiting(|w| match &*w.state.borrow() {
         Some(state) => f(state),
         None => f(&State::default()),
     })
 }
 
-/// Waiters answered and permits given back since the module loaded: a slice of work ends only
-/// after real work, so the first answer due after a command comes before the next command is
-/// read.
-static ANSWERED: AtomicUsize = AtomicUsize::new(0);
-
 /// Counts an answer or a give-back as work done.
 pub fn answered() {
-    ANSWERED.fetch_add(1, Ordering::Relaxed);
+    waiting(|w| w.answered.set(w.answered.get().wrapping_add(1)));
 }
 
 /// Answers and give-backs so far (see [`answered`]).
 pub fn answers() -> usize {
-    ANSWERED.load(Ordering::Relaxed)
+    waiting(|w| w.answered.get())
+}
+
+/// Somebody starts to wait on `name` of database `db` (see [`may_concern`]).
+pub fn watch_name(db: i32, name: &[u8]) {
+    waiting(|w| w.names.watch(db, name));
+}
+
+/// Whether `key` of database `db` may be a waited semaphore's, or one of its derived keys (the
+/// names filter: a hash and a load).
+pub fn may_concern(db: i32, key: &[u8]) -> bool {
+    waiting(|w| w.names.may_concern(db, key))
+}
+
+/// Whether another hand's change to a key may concern a waiter: somebody waits, and no command
+/// of the module or timer run is under way (those serve the lines they write themselves).
+pub fn follows_foreign_changes() -> bool {
+    waiting(|w| w.waiters.get() > 0 && w.scopes.get() == 0)
 }
 
 /// Changes the state with `f`. Never call into Redis inside: a callback could come back here.
 pub fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
-    let (result, waiters, bindings) = STATE.with(|cell| {
-        let mut state = cell.borrow_mut();
+    let (result, waiters, bindings, scopes) = waiting(|w| {
+        let mut state = w.state.borrow_mut();
         let state = state.get_or_insert_with(State::default);
         let result = f(state);
         let (waiters, bindings) = (state.registry.total_waiters(), state.registry.bound_count());
-        if waiters == 0 && WAITERS.load(Ordering::Relaxed) != 0 {
-            server_names::forget_all();
+        if waiters == 0 && w.waiters.get() != 0 {
+            w.names.forget_all();
         }
-        WAITERS.store(waiters, Ordering::Relaxed);
-        BINDINGS.store(bindings, Ordering::Relaxed);
-        PENDING.store(state.work.len(), Ordering::Relaxed);
-        (result, waiters, bindings)
+        w.waiters.set(waiters);
+        w.bindings.set(bindings);
+        w.pending.set(state.work.len());
+        (result, waiters, bindings, w.scopes.get())
     });
-    if SCOPES.load(Ordering::Relaxed) == 0 && events::can_end(waiters > 0, bindings > 0) {
+    if scopes == 0 && events::can_end(waiters > 0, bindings > 0) {
         // Some events are not needed any more: the timer ends them right after this callback
         // (never here: it may run inside the server's walk of its listeners).
         timer::arm_now();
     }
     result
 }
-
-/// Commands of the module and timer runs under way (a module's call from a keyspace event may
-/// run one inside another).
-static SCOPES: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs a command (`from_timer`: a timer run) that may end the last wait or BOUND permit; at its
 /// end the events nothing needs any more end, where the server walks none of its lists of
@@ -129,14 +165,14 @@ pub fn scope<T>(ctx: &Context, from_timer: bool, work: impl FnOnce() -> T) -> T 
     struct Leave;
     impl Drop for Leave {
         fn drop(&mut self) {
-            SCOPES.fetch_sub(1, Ordering::Relaxed);
+            waiting(|w| w.scopes.set(w.scopes.get().saturating_sub(1)));
         }
     }
-    SCOPES.fetch_add(1, Ordering::Relaxed);
+    waiting(|w| w.scopes.set(w.scopes.get() + 1));
     let leave = Leave;
     let result = work();
     drop(leave);
-    if SCOPES.load(Ordering::Relaxed) == 0 && events::can_end(queued_anywhere(), any_bindings()) {
+    if waiting(|w| w.scopes.get()) == 0 && events::can_end(queued_anywhere(), any_bindings()) {
         if from_timer || block::from_connection(ctx) {
             settle(ctx);
         } else {
@@ -174,23 +210,17 @@ pub fn is_idle(s: &State) -> bool {
 
 /// Whether anybody waits for any semaphore (no borrow).
 pub fn queued_anywhere() -> bool {
-    WAITERS.load(Ordering::Relaxed) > 0
+    waiting(|w| w.waiters.get() > 0)
 }
 
 /// Whether some connection holds BOUND permits.
 pub fn any_bindings() -> bool {
-    BINDINGS.load(Ordering::Relaxed) > 0
+    waiting(|w| w.bindings.get() > 0)
 }
 
 /// Whether work waits for the timer.
 pub fn any_pending() -> bool {
-    PENDING.load(Ordering::Relaxed) > 0
-}
-
-/// Whether another hand's change to a key may concern a waiter: somebody waits, and no command
-/// of the module or timer run is under way (those serve the lines they write themselves).
-pub fn follows_foreign_changes() -> bool {
-    queued_anywhere() && SCOPES.load(Ordering::Relaxed) == 0
+    waiting(|w| w.pending.get() > 0)
 }
 
 /// Waiters of `sem`, without a borrow when nobody waits anywhere.

@@ -369,3 +369,54 @@ fn same_type_overwrites_serve_the_line() {
         "answered after {took:?}"
     );
 }
+
+/// A newcomer that joins a line after a lease that frees the head's permits has ended, and
+/// before the timer has run (the server was busy past that end), leaves that lease end in
+/// place: the head is granted at it, not when something else happens. The newcomer looks at
+/// the holders only after that end, when the lease is no longer live.
+#[test]
+fn a_newcomer_after_a_lease_end_leaves_the_head_served_at_it() {
+    for command in ["SEM.ACQUIRE", "SEM.ACQUIREFAIR"] {
+        let server = Server::start_with(&DEBUG_ARGS);
+        let mut c = server.connection();
+        // Two of three permits held: one for 0.3 s, one for a minute.
+        for (holder, lease) in [("short", "0.3"), ("long", "60")] {
+            let granted: String = run(&mut c, &[command, "k", "3", lease, "ID", holder]);
+            assert_eq!(granted, holder);
+        }
+        // The head needs two permits: it waits for the short lease to end.
+        let head = wait_in_line(
+            &server,
+            &mut c,
+            &[
+                command, "k", "3", "60", "ID", "head", "COUNT", "2", "WAIT", "4",
+            ],
+        );
+        // The server is busy past that end; the newcomer's call, read with the busy one, runs
+        // before the timer does.
+        let mut raw = Raw::connect(&server);
+        raw.send(&[
+            &["DEBUG", "SLEEP", "0.5"],
+            &[command, "k", "3", "60", "ID", "new", "WAIT", "8"],
+        ]);
+        assert_eq!(raw.reply(), "OK");
+        let served = Instant::now();
+        let reply = head.reply().expect("the head's reply");
+        assert_eq!(
+            bulk(&reply).as_deref(),
+            Some("head"),
+            "{command}: the head, its permits free since the short lease ended, got {reply:?}"
+        );
+        assert!(
+            served.elapsed() < Duration::from_secs(1),
+            "{command}: the head was granted {:?} after the server woke",
+            served.elapsed()
+        );
+        assert_eq!(holders(&mut c, "k"), ["head", "long"], "{command}");
+        // Three permits are held: the newcomer still waits.
+        assert_eq!(waiters_in_line(&mut c, "k"), 1, "{command}");
+        let released: i64 = run(&mut c, &["SEM.RELEASE", "k", "long"]);
+        assert_eq!(released, 1);
+        assert_eq!(raw.reply(), "new", "{command}");
+    }
+}

@@ -499,7 +499,7 @@ extern "C" fn on_key_event(
                 std::slice::from_raw_parts(ptr.cast::<u8>(), len),
             )
         };
-        if super::names::may_concern(db, name) {
+        if (hooks().may_concern)(db, name) {
             guard((), || (hooks().key_changed)(db, name));
             super::timer::hurry(ctx);
         }
@@ -532,7 +532,7 @@ extern "C" fn on_key_server_event(
         )
     };
     // Nearly every key the server reports is no waited semaphore's: the filter answers first.
-    if super::names::may_concern(db, name) && (hooks().follows_keys)() {
+    if (hooks().may_concern)(db, name) && (hooks().follows_keys)() {
         guard((), || (hooks().key_changed)(db, name));
         super::timer::hurry(ctx);
     }

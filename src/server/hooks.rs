@@ -43,6 +43,9 @@ pub struct Hooks {
     pub swapped: fn(a: i32, b: i32),
     /// Whether anybody waits: asked before [`Hooks::key_changed`] and [`Hooks::slot_changed`].
     pub follows_keys: fn() -> bool,
+    /// Whether `key` of database `db` may be a waited semaphore's or one of its derived keys
+    /// (a filter of the waited names, asked first: nearly every key is no waited one's).
+    pub may_concern: fn(db: i32, key: &[u8]) -> bool,
     /// Another client deleted, renamed, moved, expired or evicted `key` of database `db`.
     pub key_changed: fn(db: i32, key: &[u8]),
     /// `CLUSTER SETSLOT` while somebody waits: a slot change may take waited-on semaphores

@@ -14,7 +14,6 @@ pub mod hooks;
 pub mod info;
 pub mod key;
 pub mod memory;
-pub mod names;
 pub mod timer;
 
 use std::os::raw::c_int;

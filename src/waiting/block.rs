@@ -11,9 +11,8 @@ use crate::queue::{SemKey, Wants};
 use crate::server::block;
 use crate::server::events::{self, Needs};
 use crate::server::memory as server_memory;
-use crate::server::names as server_names;
 use crate::server::{is_valkey, timer};
-use crate::state::{read, with};
+use crate::state::{self, read, with};
 use crate::stats::{self, COUNTERS};
 
 /// The bounds on waiters' memory the settings give now.
@@ -88,14 +87,14 @@ pub fn block(
     let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));
     for (sem, _) in sems {
-        server_names::watch(sem.db, &sem.name);
+        state::watch_name(sem.db, &sem.name);
     }
     let due = with(|s| {
         let first = sems[0].0.clone();
         s.registry
             .enqueue(first, client, wants, now_ms, until, blocked);
         for (sem, next) in sems {
-            s.registry.set_lease_end(sem, *next);
+            s.registry.newcomer_lease_end(sem, *next);
         }
         s.registry.next_due_ms()
     });

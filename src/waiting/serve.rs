@@ -105,6 +105,8 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     stats::count(&COUNTERS.lines_served);
     // Nothing is looked up once the last waiter anywhere is answered (a hand-off's usual end).
     let mut granted_any = false;
+    // When the head was last looked at: a lease that ends after that may free its permits.
+    let mut looked_at = None;
     while state::queued_anywhere() {
         let head = read(|s| {
             let head = s.registry.head(sem)?;
@@ -133,15 +135,10 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         let holder = store.id(&ask.holder);
         let bind_to = ask.bind_to(client);
         let sem_ref = (sem.db, &*sem.name);
-        let granted = grant::try_grant(
-            store,
-            sem_ref,
-            &ask,
-            &holder,
-            clock_ms(),
-            Try::Acquire,
-            bind_to,
-        );
+        let now_ms = clock_ms();
+        looked_at = Some(now_ms);
+        let granted =
+            grant::try_grant(store, sem_ref, &ask, &holder, now_ms, Try::Acquire, bind_to);
         let outcome = match granted {
             Ok(None) | Err(SemError::KindMismatch { .. }) => break,
             Ok(Some(grant)) => Outcome::Granted {
@@ -163,8 +160,9 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
     }
     let now_ms = clock_ms();
     answer_if_empty(store, sem, now_ms);
-    // The next lease end matters only to a line still waited (a walk of the holders).
-    let next = state::is_waited(sem).then(|| store.next_deadline(now_ms));
+    // The next lease end matters only to a line still waited (a walk of the holders): the first
+    // after the head was looked at (one that has passed since is due at once).
+    let next = state::is_waited(sem).then(|| store.next_deadline(looked_at.unwrap_or(now_ms)));
     let due = with(|s| {
         if let Some(next) = next.filter(|_| s.registry.is_waited(sem)) {
             s.registry.set_lease_end(sem, next);
