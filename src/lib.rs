@@ -76,7 +76,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             };
             server::filter::register(ctx.ctx, mode)
         })
-        .and_then(|()| server::events::subscribe(ctx.ctx, version, config::key_events()));
+        .and_then(|()| {
+            state::following(|f| {
+                server::events::subscribe(ctx.ctx, f, version, config::key_events())
+            })
+        });
     server::memory::refresh(ctx.ctx);
     if let Err(reason) = registered {
         ctx.log_warning(&format!("redsem: {reason}"));

@@ -1,14 +1,13 @@
-//! The waiting side's state and its one owner ([`Waiting`]): the registry of waiters and BOUND
+//! The waiting side's state and its one owner (`Waiting`): the registry of waiters and BOUND
 //! permits (`queue.rs`), the work left for the timer, the counts the hot paths read without a
 //! borrow (waiters, bindings, pending work, commands under way, answers given) and the filter of
 //! waited names the server's key callbacks ask first (`names.rs`, through the hooks table). A
 //! change goes through [`with`], which keeps those counts and the names filter in step with the
 //! registry and has the timer end the server events nothing needs any more; a look goes through
-//! [`read`], which changes nothing.
-//!
-//! What the server layer keeps of what it told the server stays there, read through its
-//! functions: the events followed and the keyspace watch (`server/events.rs`), the timer's
-//! arming (`server/timer.rs`).
+//! [`read`], which changes nothing. It also keeps what is followed of the server's events
+//! (`server/events.rs`'s `Following`, changed only by that layer's functions). The timer's
+//! arming stays with the timer (`server/timer.rs`): its callbacks read it before any call
+//! above server/.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
@@ -18,7 +17,7 @@ use redis_module::{Context, RedisString};
 use crate::names::Names;
 use crate::queue::{Binding, Handle, Registry, SemKey, WaiterId};
 use crate::server::block::{self, Blocked};
-use crate::server::events;
+use crate::server::events::{self, Following};
 use crate::server::timer;
 
 /// Work to do from the timer, where keys may be written.
@@ -76,6 +75,8 @@ struct Waiting {
     scopes: Cell<usize>,
     /// The names somebody waits on.
     names: Names,
+    /// What is followed of the server's events now.
+    following: Following,
 }
 
 thread_local! {
@@ -90,6 +91,7 @@ thread_local! {
             answered: Cell::new(0),
             scopes: Cell::new(0),
             names: Names::new(),
+            following: Following::new(),
         }
     };
 }
@@ -105,6 +107,11 @@ pub fn read<T>(f: impl FnOnce(&State) -> T) -> T {
         Some(state) => f(state),
         None => f(&State::default()),
     })
+}
+
+/// Runs `f` with what is followed of the server's events (see `server/events.rs`).
+pub fn following<T>(f: impl FnOnce(&Following) -> T) -> T {
+    waiting(|w| f(&w.following))
 }
 
 /// Counts an answer or a give-back as work done.
@@ -149,7 +156,7 @@ pub fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
         w.pending.set(state.work.len());
         (result, waiters, bindings, w.scopes.get())
     });
-    if scopes == 0 && events::can_end(waiters > 0, bindings > 0) {
+    if scopes == 0 && following(|f| events::can_end(f, waiters > 0, bindings > 0)) {
         // Some events are not needed any more: the timer ends them right after this callback
         // (never here: it may run inside the server's walk of its listeners).
         timer::arm_now();
@@ -172,7 +179,8 @@ pub fn scope<T>(ctx: &Context, from_timer: bool, work: impl FnOnce() -> T) -> T 
     let leave = Leave;
     let result = work();
     drop(leave);
-    if waiting(|w| w.scopes.get()) == 0 && events::can_end(queued_anywhere(), any_bindings()) {
+    let (waiters, bindings) = (queued_anywhere(), any_bindings());
+    if waiting(|w| w.scopes.get()) == 0 && following(|f| events::can_end(f, waiters, bindings)) {
         if from_timer || block::from_connection(ctx) {
             settle(ctx);
         } else {
@@ -186,10 +194,10 @@ pub fn scope<T>(ctx: &Context, from_timer: bool, work: impl FnOnce() -> T) -> T 
 /// the timer once nothing is left for it.
 fn settle(ctx: &Context) {
     let (waiting, bound) = (queued_anywhere(), any_bindings());
-    if !events::can_end(waiting, bound) {
+    if !following(|f| events::can_end(f, waiting, bound)) {
         return;
     }
-    events::settle(ctx.ctx, waiting, bound);
+    following(|f| events::settle(ctx.ctx, f, waiting, bound));
     if !waiting && !bound && !any_pending() && read(|s| s.registry.next_due_ms()).is_none() {
         timer::disarm();
     }

@@ -41,7 +41,6 @@
 
 use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use redis_module::raw;
 
@@ -66,13 +65,14 @@ fn server_event(
 /// its major and minor version; `prefer`: the `key-events` module argument.
 pub fn subscribe(
     ctx: *mut raw::RedisModuleCtx,
+    following: &Following,
     server: (bool, u32, u32),
     prefer: KeyEvents,
 ) -> Result<(), String> {
-    FOLLOWING_KEYS.store(false, Ordering::Relaxed);
-    FOLLOWED.store(0, Ordering::Relaxed);
     let watch = choose(server, prefer, can_unfollow_keys(), key_event_supported())?;
-    WATCH.store(watch as u8, Ordering::Relaxed);
+    following.groups.set(0);
+    following.keys.set(false);
+    following.watch.set(watch);
     let for_good = [
         (raw::REDISMODULE_EVENT_LOADING, Some(on_loading as Callback)),
         (
@@ -126,13 +126,25 @@ pub enum KeyWatch {
     KeyEvent = 2,
 }
 
-static WATCH: AtomicU8 = AtomicU8::new(0);
+/// What the module follows of the server's events beyond those followed for good, as this
+/// layer told the server: the waiting side's owner (`state.rs`) keeps it, and only the
+/// functions here change it.
+pub struct Following {
+    /// How changes to keys are followed on this server (chosen at load).
+    watch: Cell<KeyWatch>,
+    /// The groups of server events followed now (`DATABASES`, `CONNECTIONS`).
+    groups: Cell<u8>,
+    /// Whether changes to keys are followed now.
+    keys: Cell<bool>,
+}
 
-fn watch() -> KeyWatch {
-    match WATCH.load(Ordering::Relaxed) {
-        1 => KeyWatch::KeyspaceForGood,
-        2 => KeyWatch::KeyEvent,
-        _ => KeyWatch::KeyspaceWhileWaiting,
+impl Following {
+    pub const fn new() -> Following {
+        Following {
+            watch: Cell::new(KeyWatch::KeyspaceWhileWaiting),
+            groups: Cell::new(0),
+            keys: Cell::new(false),
+        }
     }
 }
 
@@ -197,9 +209,7 @@ pub enum Needs {
     Bound,
 }
 
-/// The server events followed for now, by the groups below.
-static FOLLOWED: AtomicU8 = AtomicU8::new(0);
-/// `FLUSHDB`/`FLUSHALL` and `SWAPDB`.
+/// `FLUSHDB`/`FLUSHALL` and `SWAPDB` (a group of [`Following`]).
 const DATABASES: u8 = 1;
 /// Connections closing.
 const CONNECTIONS: u8 = 2;
@@ -219,12 +229,12 @@ fn events_of(group: u8) -> &'static [(u64, Callback)] {
 
 /// Starts following the server events `needs` asks for, if the module does not already (the
 /// server took them at load: see [`subscribe`]).
-pub fn follow(ctx: *mut raw::RedisModuleCtx, needs: Needs) {
+pub fn follow(ctx: *mut raw::RedisModuleCtx, following: &Following, needs: Needs) {
     let wanted = match needs {
         Needs::Waiting => DATABASES,
         Needs::Bound => DATABASES | CONNECTIONS,
     };
-    let followed = FOLLOWED.load(Ordering::Relaxed);
+    let followed = following.groups.get();
     let mut now = followed;
     for group in [DATABASES, CONNECTIONS] {
         if wanted & group != 0 && followed & group == 0 {
@@ -234,29 +244,29 @@ pub fn follow(ctx: *mut raw::RedisModuleCtx, needs: Needs) {
             now |= group;
         }
     }
-    FOLLOWED.store(now, Ordering::Relaxed);
+    following.groups.set(now);
 }
 
 /// Starts following what a waiting client needs: changes to keys, flushes and swapped
 /// databases. Before the caller waits: an error changes nothing.
-pub fn follow_waits(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
-    follow_keys(ctx)?;
-    follow(ctx, Needs::Waiting);
+pub fn follow_waits(ctx: *mut raw::RedisModuleCtx, following: &Following) -> Result<(), SemError> {
+    follow_keys(ctx, following)?;
+    follow(ctx, following, Needs::Waiting);
     Ok(())
 }
 
 /// Whether the module follows something it could stop following now (`waiting`: anybody
 /// waits; `bound`: anybody holds a BOUND permit), with [`settle`].
-pub fn can_end(waiting: bool, bound: bool) -> bool {
+pub fn can_end(following: &Following, waiting: bool, bound: bool) -> bool {
     !waiting
-        && ((FOLLOWING_KEYS.load(Ordering::Relaxed) && watch() != KeyWatch::KeyspaceForGood)
-            || (!bound && FOLLOWED.load(Ordering::Relaxed) != 0))
+        && ((following.keys.get() && following.watch.get() != KeyWatch::KeyspaceForGood)
+            || (!bound && following.groups.get() != 0))
 }
 
 /// The module's subscriptions to server and keyspace events now (each costs other commands a
 /// little: the module comment).
-pub fn subscriptions() -> u64 {
-    let followed = FOLLOWED.load(Ordering::Relaxed);
+pub fn subscriptions(following: &Following) -> u64 {
+    let followed = following.groups.get();
     let mut count = 3;
     if followed & DATABASES != 0 {
         count += 2;
@@ -264,18 +274,16 @@ pub fn subscriptions() -> u64 {
     if followed & CONNECTIONS != 0 {
         count += 1;
     }
-    count
-        + u64::from(FOLLOWING_KEYS.load(Ordering::Relaxed))
-        + u64::from(super::memory::follows_evictions())
+    count + u64::from(following.keys.get()) + u64::from(super::memory::follows_evictions())
 }
 
 /// Stops following what nobody needs now (`waiting`: anybody waits; `bound`: anybody holds a
 /// BOUND permit). Never inside a walk of the server's listeners (see the module comment).
-pub fn settle(ctx: *mut raw::RedisModuleCtx, waiting: bool, bound: bool) {
+pub fn settle(ctx: *mut raw::RedisModuleCtx, following: &Following, waiting: bool, bound: bool) {
     if !waiting {
-        stop_following_keys(ctx);
+        stop_following_keys(ctx, following);
     }
-    let followed = FOLLOWED.load(Ordering::Relaxed);
+    let followed = following.groups.get();
     if waiting || bound || followed == 0 {
         return;
     }
@@ -286,11 +294,9 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, waiting: bool, bound: bool) {
             }
         }
     }
-    FOLLOWED.store(0, Ordering::Relaxed);
+    following.groups.set(0);
 }
 
-/// Whether the module follows changes to keys ([`KeyWatch`]).
-static FOLLOWING_KEYS: AtomicBool = AtomicBool::new(false);
 /// The classes followed: deletions, renames and moves; expiries; evictions.
 const KEY_CLASSES: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
     | raw::REDISMODULE_NOTIFY_EXPIRED
@@ -299,11 +305,11 @@ const KEY_CLASSES: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
 /// Starts following deletions, renames, moves, expiries and evictions of keys when a client
 /// waits (and the module does not follow them already): until then nothing needs them. What is
 /// followed where, and why: see the module comment.
-fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
-    if FOLLOWING_KEYS.load(Ordering::Relaxed) {
+fn follow_keys(ctx: *mut raw::RedisModuleCtx, following: &Following) -> Result<(), SemError> {
+    if following.keys.get() {
         return Ok(());
     }
-    let followed = match watch() {
+    let followed = match following.watch.get() {
         // Taken at load ([`subscribe`]).
         KeyWatch::KeyEvent => {
             server_event(ctx, raw::REDISMODULE_EVENT_KEY, Some(on_key_server_event))
@@ -321,7 +327,7 @@ fn follow_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), SemError> {
     if !followed {
         return Err(SemError::Internal);
     }
-    FOLLOWING_KEYS.store(true, Ordering::Relaxed);
+    following.keys.set(true);
     Ok(())
 }
 
@@ -333,11 +339,11 @@ fn can_unfollow_keys() -> bool {
 
 /// Stops following changes to keys (nobody waits), where the server can end that: every
 /// write's event costs other commands a walk of the subscribers. The next wait follows again.
-fn stop_following_keys(ctx: *mut raw::RedisModuleCtx) {
-    if !FOLLOWING_KEYS.load(Ordering::Relaxed) {
+fn stop_following_keys(ctx: *mut raw::RedisModuleCtx, following: &Following) {
+    if !following.keys.get() {
         return;
     }
-    let ended = match watch() {
+    let ended = match following.watch.get() {
         KeyWatch::KeyspaceForGood => false,
         KeyWatch::KeyEvent => server_event(ctx, raw::REDISMODULE_EVENT_KEY, None),
         KeyWatch::KeyspaceWhileWaiting => {
@@ -353,7 +359,7 @@ fn stop_following_keys(ctx: *mut raw::RedisModuleCtx) {
         }
     };
     if ended {
-        FOLLOWING_KEYS.store(false, Ordering::Relaxed);
+        following.keys.set(false);
     }
 }
 

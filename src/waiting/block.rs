@@ -75,14 +75,14 @@ pub fn block(
     wait_ms: i64,
 ) -> Result<(), SemError> {
     check_room(sems.iter().map(|(sem, _)| sem))?;
-    events::follow_waits(ctx.ctx)?;
+    state::following(|f| events::follow_waits(ctx.ctx, f))?;
     let bound = match &wants {
         Wants::Permits(ask) => ask.bound,
         Wants::Set(parts) => parts.iter().any(|(_, ask)| ask.bound),
         Wants::Empty => false,
     };
     if bound {
-        events::follow(ctx.ctx, Needs::Bound);
+        state::following(|f| events::follow(ctx.ctx, f, Needs::Bound));
     }
     let blocked = block::block(ctx).ok_or(SemError::CannotWait)?;
     let until = (wait_ms > 0).then(|| now_ms.saturating_add(wait_ms));

@@ -27,7 +27,9 @@ use crate::server::events::{self, Needs};
 use crate::server::hooks::Left;
 use crate::server::memory as server_memory;
 use crate::server::timer as server_timer;
-use crate::state::{any_bindings, defer, is_waited, queued_anywhere, read, with, GiveBack, Work};
+use crate::state::{
+    self, any_bindings, defer, is_waited, queued_anywhere, read, with, GiveBack, Work,
+};
 use crate::stats::{self, COUNTERS};
 use block::{memory_bounds, per_waiter_bytes};
 use outcome::Outcome;
@@ -35,7 +37,7 @@ use serve::end_wait;
 
 /// A permit was granted BOUND to the caller's connection: follow connections closing.
 pub fn follow_bound(ctx: &Context) {
-    events::follow(ctx.ctx, Needs::Bound);
+    state::following(|f| events::follow(ctx.ctx, f, Needs::Bound));
 }
 
 /// Whether anybody waits for the semaphore `name` of database `db`.
@@ -91,7 +93,10 @@ pub fn gauges() -> Vec<(&'static str, u64)> {
         ("waiting_for_empty", empty as u64),
         ("scheduled_wakeups", scheduled as u64),
         ("armed_timers", u64::from(server_timer::is_armed())),
-        ("event_subscriptions", events::subscriptions()),
+        (
+            "event_subscriptions",
+            state::following(events::subscriptions),
+        ),
         ("bound_holders", bound as u64),
         ("waiters_memory", blocked as u64 * per_waiter_bytes()),
         (
