@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 
-use crate::server::events::KeyEvents;
 use crate::types::MAX_LEASE_MS;
 
 /// One numeric setting: its name (after `sem.`), bounds, and current value (the default until
@@ -96,6 +95,17 @@ static COMMAND_FILTER: AtomicBool = AtomicBool::new(true);
 
 pub fn command_filter() -> bool {
     COMMAND_FILTER.load(Ordering::Relaxed)
+}
+
+/// What the `key-events` module argument asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyEvents {
+    /// The cheapest way this server offers (`server/events.rs`, `choose`).
+    Auto,
+    /// Keyspace events.
+    Keyspace,
+    /// The key server event (Redis 7.2 and later, Valkey).
+    Server,
 }
 
 /// `key-events auto|keyspace|server`, a module argument only (chosen at load): how the module

@@ -66,7 +66,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             })
         })
         .and_then(|()| server::command_info::register(ctx.ctx))
-        .and_then(|()| server::timer::init(ctx.ctx))
+        .and_then(|()| state::arming(|a| server::timer::init(ctx.ctx, a)))
         .and_then(|()| server::info::register(ctx.ctx))
         .and_then(|()| {
             let (valkey, major, minor) = version;
@@ -93,7 +93,15 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
 /// What the server's callbacks (server/) hand on, and to whom.
 fn hooks() -> Hooks {
     Hooks {
-        timer_fired: waiting::timer::on_timer,
+        timer_fired: |ctx| {
+            state::arming(server::timer::fires);
+            waiting::timer::on_timer(ctx);
+        },
+        timer_job: |ctx| {
+            state::arming(server::timer::job_runs);
+            waiting::timer::on_timer(ctx);
+        },
+        hurry: |ctx| state::arming(|a| server::timer::hurry(ctx.ctx, a)),
         reply: waiting::outcome::reply_hook,
         free: waiting::outcome::free_hook,
         left: waiting::left,

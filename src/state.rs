@@ -4,10 +4,9 @@
 //! waited names the server's key callbacks ask first (`names.rs`, through the hooks table). A
 //! change goes through [`with`], which keeps those counts and the names filter in step with the
 //! registry and has the timer end the server events nothing needs any more; a look goes through
-//! [`read`], which changes nothing. It also keeps what is followed of the server's events
-//! (`server/events.rs`'s `Following`, changed only by that layer's functions). The timer's
-//! arming stays with the timer (`server/timer.rs`): its callbacks read it before any call
-//! above server/.
+//! [`read`], which changes nothing. It also keeps what is followed of the server's events and
+//! how the timer is armed (`server/events.rs`'s `Following`, `server/timer.rs`'s `Arming`),
+//! which only those layer's functions change.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
@@ -18,7 +17,7 @@ use crate::names::Names;
 use crate::queue::{Binding, Handle, Registry, SemKey, WaiterId};
 use crate::server::block::{self, Blocked};
 use crate::server::events::{self, Following};
-use crate::server::timer;
+use crate::server::timer::{self, Arming};
 
 /// Work to do from the timer, where keys may be written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -77,6 +76,8 @@ struct Waiting {
     names: Names,
     /// What is followed of the server's events now.
     following: Following,
+    /// The module's timer, as armed.
+    arming: Arming,
 }
 
 thread_local! {
@@ -92,6 +93,7 @@ thread_local! {
             scopes: Cell::new(0),
             names: Names::new(),
             following: Following::new(),
+            arming: Arming::new(),
         }
     };
 }
@@ -112,6 +114,11 @@ pub fn read<T>(f: impl FnOnce(&State) -> T) -> T {
 /// Runs `f` with what is followed of the server's events (see `server/events.rs`).
 pub fn following<T>(f: impl FnOnce(&Following) -> T) -> T {
     waiting(|w| f(&w.following))
+}
+
+/// Runs `f` with the module's timer as armed (see `server/timer.rs`).
+pub fn arming<T>(f: impl FnOnce(&Arming) -> T) -> T {
+    waiting(|w| f(&w.arming))
 }
 
 /// Counts an answer or a give-back as work done.
@@ -159,7 +166,7 @@ pub fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
     if scopes == 0 && following(|f| events::can_end(f, waiters > 0, bindings > 0)) {
         // Some events are not needed any more: the timer ends them right after this callback
         // (never here: it may run inside the server's walk of its listeners).
-        timer::arm_now();
+        arming(timer::arm_now);
     }
     result
 }
@@ -184,7 +191,7 @@ pub fn scope<T>(ctx: &Context, from_timer: bool, work: impl FnOnce() -> T) -> T 
         if from_timer || block::from_connection(ctx) {
             settle(ctx);
         } else {
-            timer::arm_now();
+            arming(timer::arm_now);
         }
     }
     result
@@ -199,7 +206,7 @@ fn settle(ctx: &Context) {
     }
     following(|f| events::settle(ctx.ctx, f, waiting, bound));
     if !waiting && !bound && !any_pending() && read(|s| s.registry.next_due_ms()).is_none() {
-        timer::disarm();
+        arming(timer::disarm);
     }
 }
 
@@ -207,7 +214,7 @@ fn settle(ctx: &Context) {
 /// `MODULE UNLOAD` refused.
 pub fn disarm_if_idle() {
     if read(is_idle) {
-        timer::disarm();
+        arming(timer::disarm);
     }
 }
 
@@ -248,7 +255,7 @@ pub fn is_waited(sem: &SemKey) -> bool {
 /// of the event loop: before the server reads another command.
 pub fn defer(work: Work) {
     with(|s| s.work.insert(work));
-    timer::arm_now();
+    arming(timer::arm_now);
 }
 
 /// The bindings that follow a grant of `holder` in `sem`: a give-back of its old permit still

@@ -42,8 +42,9 @@
 use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
 
-use redis_module::raw;
+use redis_module::{raw, Context};
 
+use crate::config::KeyEvents;
 use crate::error::SemError;
 use crate::server::guard;
 use crate::server::hooks::hooks;
@@ -102,17 +103,6 @@ pub fn subscribe(
         true => Ok(()),
         false => Err("the server refused the event subscriptions".into()),
     }
-}
-
-/// What the `key-events` module argument asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyEvents {
-    /// The cheapest way this server offers ([`choose`]).
-    Auto,
-    /// Keyspace events.
-    Keyspace,
-    /// The key server event (Redis 7.2 and later, Valkey).
-    Server,
 }
 
 /// How the module hears of another client's change to a waited semaphore's keys.
@@ -428,7 +418,7 @@ extern "C" fn on_flush(
     if let Some(info) = unsafe { event_data::<raw::RedisModuleFlushInfo>(subevent, ended, data) } {
         let db = (info.dbnum >= 0).then_some(info.dbnum);
         guard((), || (hooks().flushed)(db));
-        super::timer::hurry(ctx);
+        (hooks().hurry)(&Context::new(ctx));
     }
 }
 
@@ -442,7 +432,7 @@ extern "C" fn on_swap(
     if let Some(info) = unsafe { event_data::<raw::RedisModuleSwapDbInfo>(subevent, None, data) } {
         let (first, second) = (info.dbnum_first, info.dbnum_second);
         guard((), || (hooks().swapped)(first, second));
-        super::timer::hurry(ctx);
+        (hooks().hurry)(&Context::new(ctx));
     }
 }
 
@@ -507,7 +497,7 @@ extern "C" fn on_key_event(
         };
         if (hooks().may_concern)(db, name) {
             guard((), || (hooks().key_changed)(db, name));
-            super::timer::hurry(ctx);
+            (hooks().hurry)(&Context::new(ctx));
         }
     }
     raw::REDISMODULE_OK as c_int
@@ -540,7 +530,7 @@ extern "C" fn on_key_server_event(
     // Nearly every key the server reports is no waited semaphore's: the filter answers first.
     if (hooks().may_concern)(db, name) && (hooks().follows_keys)() {
         guard((), || (hooks().key_changed)(db, name));
-        super::timer::hurry(ctx);
+        (hooks().hurry)(&Context::new(ctx));
     }
 }
 

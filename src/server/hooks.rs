@@ -22,6 +22,11 @@ pub type InfoFields = (Vec<(&'static str, u64)>, Vec<(&'static str, String)>);
 pub struct Hooks {
     /// The module's timer fired.
     pub timer_fired: fn(&Context),
+    /// A post-notification job the timer asked for (`timer::hurry`) runs.
+    pub timer_job: fn(&Context),
+    /// The end of a callback for another client's change: work deferred to the timer may run
+    /// right after it (`timer::hurry`).
+    pub hurry: fn(&Context),
     /// The reply of a client unblocked with `data` (what `block::unblock` was given).
     pub reply: fn(data: *mut c_void) -> RedisResult,
     /// `data` of an unblocked client is done with (replied, or its client is gone): it is the

@@ -8,7 +8,7 @@ use std::os::raw::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use redis_module::raw;
+use redis_module::{raw, Context};
 
 use crate::server::guard;
 use crate::server::hooks::hooks;
@@ -131,7 +131,7 @@ extern "C" fn on_evicted(
     };
     let concerned = guard(false, || (hooks().key_evicted)(db, name));
     if concerned {
-        super::timer::hurry(ctx);
+        (hooks().hurry)(&Context::new(ctx));
     }
     guard((), || {
         if !concerned {

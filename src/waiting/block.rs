@@ -99,7 +99,7 @@ pub fn block(
         s.registry.next_due_ms()
     });
     if let Some(at) = due {
-        timer::arm(at, now_ms);
+        state::arming(|a| timer::arm(a, at, now_ms));
     }
     Ok(())
 }

@@ -26,7 +26,6 @@ use crate::queue::SemKey;
 use crate::server::events::{self, Needs};
 use crate::server::hooks::Left;
 use crate::server::memory as server_memory;
-use crate::server::timer as server_timer;
 use crate::state::{
     self, any_bindings, defer, is_waited, queued_anywhere, read, with, GiveBack, Work,
 };
@@ -92,7 +91,7 @@ pub fn gauges() -> Vec<(&'static str, u64)> {
         ("waiters", waiters as u64),
         ("waiting_for_empty", empty as u64),
         ("scheduled_wakeups", scheduled as u64),
-        ("armed_timers", u64::from(server_timer::is_armed())),
+        ("armed_timers", u64::from(state::arming(|a| a.is_armed()))),
         (
             "event_subscriptions",
             state::following(events::subscriptions),

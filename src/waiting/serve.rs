@@ -170,7 +170,7 @@ pub fn serve(store: &mut RedisStore, sem: &SemKey, slice: &Slice) {
         s.registry.next_due_ms()
     });
     if let Some(at) = due {
-        timer::arm(at, now_ms);
+        state::arming(|a| timer::arm(a, at, now_ms));
     }
 }
 
@@ -212,7 +212,7 @@ pub fn answer(id: WaiterId, outcome: Outcome) {
     }
     // Nothing left for the timer: an armed timer keeps `MODULE UNLOAD` refused.
     if idle {
-        timer::disarm();
+        state::arming(timer::disarm);
     }
 }
 

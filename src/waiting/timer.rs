@@ -46,7 +46,7 @@ fn timer_run(ctx: &Context) {
         if slice.is_over(steps, IDLE_STEPS) {
             stats::count(&COUNTERS.timer_runs_continued);
             let now = clock_ms();
-            timer::arm(now, now);
+            state::arming(|a| timer::arm(a, now, now));
             return;
         }
         steps += 1;
@@ -76,7 +76,7 @@ fn timer_run(ctx: &Context) {
         }
     }
     if let Some(at) = read(|s| s.registry.next_due_ms()) {
-        timer::arm(at, clock_ms());
+        state::arming(|a| timer::arm(a, at, clock_ms()));
     }
 }
 
@@ -132,7 +132,7 @@ fn wait_for_writes(now: i64) {
         };
         with(|s| s.work.extend(sems.into_iter().map(Work::Serve)));
     }
-    timer::arm(now + PAUSE_RECHECK_MS, now);
+    state::arming(|a| timer::arm(a, now + PAUSE_RECHECK_MS, now));
 }
 
 /// A semaphore's key names, made outside any command of ours.
@@ -260,7 +260,7 @@ fn grant_set<'a>(
                 s.registry.next_due_ms()
             });
             if let Some(at) = due {
-                timer::arm(at, now);
+                state::arming(|a| timer::arm(a, at, now));
             }
             writes.into_iter().for_each(Write::close_unchanged);
             return;
