@@ -5,7 +5,8 @@
 //! tells). Names are added when a client starts to wait, and all are forgotten when nobody waits
 //! any more. The waiting side's one owner (`state.rs`) holds the filter.
 
-use std::cell::Cell;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize};
 
 use crate::keys::DERIVED;
 
@@ -17,11 +18,11 @@ const WORDS: usize = 1024;
 const TOUCHED: usize = 32;
 
 pub struct Names {
-    bits: [Cell<u64>; WORDS],
+    bits: [AtomicU64; WORDS],
     /// The words set since the filter was last cleared, while they are few (a count above
     /// `TOUCHED` means many).
-    touched: [Cell<u16>; TOUCHED],
-    touched_len: Cell<usize>,
+    touched: [AtomicU16; TOUCHED],
+    touched_len: AtomicUsize,
 }
 
 /// A hash of the database, the name's length and its first and last eight bytes: a handful of
@@ -46,34 +47,29 @@ fn bit(db: i32, name: &[u8]) -> (usize, u64) {
 impl Names {
     pub const fn new() -> Names {
         Names {
-            bits: [const { Cell::new(0) }; WORDS],
-            touched: [const { Cell::new(0) }; TOUCHED],
-            touched_len: Cell::new(0),
+            bits: [const { AtomicU64::new(0) }; WORDS],
+            touched: [const { AtomicU16::new(0) }; TOUCHED],
+            touched_len: AtomicUsize::new(0),
         }
     }
 
     /// Somebody waits on the semaphore `name` of database `db`.
     pub fn watch(&self, db: i32, name: &[u8]) {
         let (word, mask) = bit(db, name);
-        let bits = &self.bits[word];
-        if bits.get() & mask != 0 {
+        if self.bits[word].fetch_or(mask, Relaxed) != 0 {
             return;
         }
-        let fresh = bits.get() == 0;
-        bits.set(bits.get() | mask);
-        if !fresh {
-            return;
-        }
-        let len = self.touched_len.get();
+        let len = self.touched_len.load(Relaxed);
         if let Some(slot) = self.touched.get(len) {
-            slot.set(word as u16);
+            slot.store(word as u16, Relaxed);
         }
-        self.touched_len.set(len.saturating_add(1).min(TOUCHED + 1));
+        self.touched_len
+            .store(len.saturating_add(1).min(TOUCHED + 1), Relaxed);
     }
 
     fn holds(&self, db: i32, name: &[u8]) -> bool {
         let (word, mask) = bit(db, name);
-        self.bits[word].get() & mask != 0
+        self.bits[word].load(Relaxed) & mask != 0
     }
 
     /// Whether `key` of database `db` may be a waited semaphore's, or one of its derived keys.
@@ -91,16 +87,16 @@ impl Names {
 
     /// Nobody waits any more.
     pub fn forget_all(&self) {
-        let len = self.touched_len.replace(0);
+        let len = self.touched_len.swap(0, Relaxed);
         match self.touched.get(..len) {
             Some(touched) => {
                 for word in touched {
-                    self.bits[usize::from(word.get())].set(0);
+                    self.bits[usize::from(word.load(Relaxed))].store(0, Relaxed);
                 }
             }
             None => {
                 for word in &self.bits {
-                    word.set(0);
+                    word.store(0, Relaxed);
                 }
             }
         }
@@ -140,7 +136,7 @@ mod tests {
             }
             assert!(names.may_concern(0, b"sem0"));
             names.forget_all();
-            let set = names.bits.iter().filter(|w| w.get() != 0).count();
+            let set = names.bits.iter().filter(|w| w.load(Relaxed) != 0).count();
             assert_eq!(set, 0, "{count} names watched");
         }
     }

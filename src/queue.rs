@@ -434,11 +434,14 @@ impl<H: Handle> Registry<H> {
     /// was last looked at: a lease that has ended since is no longer live for the newcomer,
     /// but its end may still free the head's permits).
     pub fn newcomer_lease_end(&mut self, sem: &SemKey, at_ms: Option<i64>) {
-        match (self.lease_ends.get(sem), at_ms) {
-            (Some(&(scheduled, _)), Some(at)) if scheduled <= at => {}
-            (Some(_), None) => {}
-            _ => self.set_lease_end(sem, at_ms),
+        if let Some(&(scheduled, _)) = self.lease_ends.get(sem) {
+            if at_ms.is_none_or(|at| scheduled <= at) {
+                return;
+            }
+        } else if at_ms.is_none() {
+            return;
         }
+        self.set_lease_end(sem, at_ms);
     }
 
     /// Whether a lease end at `at_ms` may serve somebody waiting for `sem`: not when the line's

@@ -193,6 +193,7 @@ impl<Id: IdBytes> Survey<Id> {
     }
 }
 
+#[inline(always)]
 fn survey<S: Store>(store: &S, now_ms: i64) -> Result<Survey<S::Id>, SemError> {
     let expired = store.expired(now_ms);
     let live = store.holder_count().saturating_sub(expired.len() as u64);
@@ -319,6 +320,7 @@ pub fn acquire<S: Store>(
 }
 
 /// The plan of [`acquire`], changing nothing.
+#[inline(always)]
 pub fn plan_acquire<S: Store>(
     store: &S,
     now_ms: i64,
@@ -376,6 +378,7 @@ impl<Id: IdBytes> AcquirePlan<Id> {
 
     /// Makes the plan's changes, expired holders and leftovers removed first. An error (a
     /// renewal's, found by the add-if-new's answer) has changed nothing.
+    #[inline(always)]
     pub fn apply<S: Store<Id = Id>>(self, store: &mut S, id: &Id) -> Result<Acquired, SemError> {
         let survey = &self.survey;
         let deadline = self.now_ms + self.request.lease_ms;
@@ -436,6 +439,7 @@ impl<Id: IdBytes> AcquirePlan<Id> {
 }
 
 /// The survey of an acquire: a semaphore of the other kind is an error.
+#[inline(always)]
 fn survey_for<S: Store>(
     store: &S,
     now_ms: i64,
@@ -553,6 +557,7 @@ pub fn refresh<S: Store>(
 }
 
 /// The plan of [`refresh`], changing nothing: an error here is the refresh's.
+#[inline(always)]
 pub fn plan_refresh<S: Store>(
     store: &S,
     now_ms: i64,
@@ -579,6 +584,7 @@ pub fn release<S: Store>(
 }
 
 /// The plan of [`release`], changing nothing: an error here is the release's.
+#[inline(always)]
 pub fn plan_release<S: Store>(
     store: &S,
     now_ms: i64,
@@ -602,6 +608,7 @@ pub fn plan_release<S: Store>(
 }
 
 impl<Id: IdBytes> HolderPlan<Id> {
+    #[inline(always)]
     pub fn apply<S: Store<Id = Id>>(self, store: &mut S, id: &Id) -> Holder {
         let survey = &self.survey;
         prune(store, survey);

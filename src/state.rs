@@ -8,8 +8,11 @@
 //! how the timer is armed (`server/events.rs`'s `Following`, `server/timer.rs`'s `Arming`),
 //! which only those layer's functions change.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeSet;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+use std::thread::LocalKey;
 
 use redis_module::{Context, RedisString};
 
@@ -55,23 +58,26 @@ impl Handle for Blocked {
     }
 }
 
-/// The one owner of the waiting side's state.
+/// The one owner of the waiting side's state. What the hot paths and the server's callbacks
+/// read (the counts, the names filter, what is followed, the timer as armed) is kept where it
+/// is read without a borrow or a thread-local look-up; the registry and the timer's work sit
+/// behind a borrow on the main thread.
 struct Waiting {
     /// Borrowed by [`read`] and [`with`] only.
-    state: RefCell<Option<State>>,
-    /// Waiters and bindings, readable without a borrow: the hot paths of commands and the
-    /// filter only look further when they are not zero.
-    waiters: Cell<usize>,
-    bindings: Cell<usize>,
+    state: &'static LocalKey<RefCell<Option<State>>>,
+    /// Waiters and bindings: the hot paths of commands and the filter only look further when
+    /// they are not zero.
+    waiters: AtomicUsize,
+    bindings: AtomicUsize,
     /// Work waiting for the timer.
-    pending: Cell<usize>,
+    pending: AtomicUsize,
     /// Waiters answered and permits given back since the module loaded: a slice of work ends
     /// only after real work, so the first answer due after a command comes before the next
     /// command is read.
-    answered: Cell<usize>,
+    answered: AtomicUsize,
     /// Commands of the module and timer runs under way (a module's call from a keyspace event
     /// may run one inside another).
-    scopes: Cell<usize>,
+    scopes: AtomicUsize,
     /// The names somebody waits on.
     names: Names,
     /// What is followed of the server's events now.
@@ -83,31 +89,33 @@ struct Waiting {
 thread_local! {
     /// Redis runs every command, callback and timer on its main thread: a re-entry (a callback
     /// coming back while the state is borrowed) is a clear panic, never a deadlock.
-    static WAITING: Waiting = const {
-        Waiting {
-            state: RefCell::new(None),
-            waiters: Cell::new(0),
-            bindings: Cell::new(0),
-            pending: Cell::new(0),
-            answered: Cell::new(0),
-            scopes: Cell::new(0),
-            names: Names::new(),
-            following: Following::new(),
-            arming: Arming::new(),
-        }
-    };
+    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
 }
 
+static WAITING: Waiting = Waiting {
+    state: &STATE,
+    waiters: AtomicUsize::new(0),
+    bindings: AtomicUsize::new(0),
+    pending: AtomicUsize::new(0),
+    answered: AtomicUsize::new(0),
+    scopes: AtomicUsize::new(0),
+    names: Names::new(),
+    following: Following::new(),
+    arming: Arming::new(),
+};
+
 fn waiting<T>(f: impl FnOnce(&Waiting) -> T) -> T {
-    WAITING.with(f)
+    f(&WAITING)
 }
 
 /// Looks at the state; changes nothing. Never call into Redis inside: a callback could come back
 /// here.
 pub fn read<T>(f: impl FnOnce(&State) -> T) -> T {
-    waiting(|w| match &*w.state.borrow() {
-        Some(state) => f(state),
-        None => f(&State::default()),
+    waiting(|w| {
+        w.state.with(|cell| match &*cell.borrow() {
+            Some(state) => f(state),
+            None => f(&State::default()),
+        })
     })
 }
 
@@ -123,12 +131,12 @@ pub fn arming<T>(f: impl FnOnce(&Arming) -> T) -> T {
 
 /// Counts an answer or a give-back as work done.
 pub fn answered() {
-    waiting(|w| w.answered.set(w.answered.get().wrapping_add(1)));
+    waiting(|w| w.answered.fetch_add(1, Relaxed));
 }
 
 /// Answers and give-backs so far (see [`answered`]).
 pub fn answers() -> usize {
-    waiting(|w| w.answered.get())
+    waiting(|w| w.answered.load(Relaxed))
 }
 
 /// Somebody starts to wait on `name` of database `db` (see [`may_concern`]).
@@ -145,23 +153,26 @@ pub fn may_concern(db: i32, key: &[u8]) -> bool {
 /// Whether another hand's change to a key may concern a waiter: somebody waits, and no command
 /// of the module or timer run is under way (those serve the lines they write themselves).
 pub fn follows_foreign_changes() -> bool {
-    waiting(|w| w.waiters.get() > 0 && w.scopes.get() == 0)
+    waiting(|w| w.waiters.load(Relaxed) > 0 && w.scopes.load(Relaxed) == 0)
 }
 
 /// Changes the state with `f`. Never call into Redis inside: a callback could come back here.
 pub fn with<T>(f: impl FnOnce(&mut State) -> T) -> T {
     let (result, waiters, bindings, scopes) = waiting(|w| {
-        let mut state = w.state.borrow_mut();
-        let state = state.get_or_insert_with(State::default);
-        let result = f(state);
-        let (waiters, bindings) = (state.registry.total_waiters(), state.registry.bound_count());
-        if waiters == 0 && w.waiters.get() != 0 {
-            w.names.forget_all();
-        }
-        w.waiters.set(waiters);
-        w.bindings.set(bindings);
-        w.pending.set(state.work.len());
-        (result, waiters, bindings, w.scopes.get())
+        w.state.with(|cell| {
+            let mut state = cell.borrow_mut();
+            let state = state.get_or_insert_with(State::default);
+            let result = f(state);
+            let (waiters, bindings) =
+                (state.registry.total_waiters(), state.registry.bound_count());
+            if waiters == 0 && w.waiters.load(Relaxed) != 0 {
+                w.names.forget_all();
+            }
+            w.waiters.store(waiters, Relaxed);
+            w.bindings.store(bindings, Relaxed);
+            w.pending.store(state.work.len(), Relaxed);
+            (result, waiters, bindings, w.scopes.load(Relaxed))
+        })
     });
     if scopes == 0 && following(|f| events::can_end(f, waiters > 0, bindings > 0)) {
         // Some events are not needed any more: the timer ends them right after this callback
@@ -179,15 +190,17 @@ pub fn scope<T>(ctx: &Context, from_timer: bool, work: impl FnOnce() -> T) -> T 
     struct Leave;
     impl Drop for Leave {
         fn drop(&mut self) {
-            waiting(|w| w.scopes.set(w.scopes.get().saturating_sub(1)));
+            waiting(|w| w.scopes.fetch_sub(1, Relaxed));
         }
     }
-    waiting(|w| w.scopes.set(w.scopes.get() + 1));
+    waiting(|w| w.scopes.fetch_add(1, Relaxed));
     let leave = Leave;
     let result = work();
     drop(leave);
     let (waiters, bindings) = (queued_anywhere(), any_bindings());
-    if waiting(|w| w.scopes.get()) == 0 && following(|f| events::can_end(f, waiters, bindings)) {
+    if waiting(|w| w.scopes.load(Relaxed)) == 0
+        && following(|f| events::can_end(f, waiters, bindings))
+    {
         if from_timer || block::from_connection(ctx) {
             settle(ctx);
         } else {
@@ -225,17 +238,17 @@ pub fn is_idle(s: &State) -> bool {
 
 /// Whether anybody waits for any semaphore (no borrow).
 pub fn queued_anywhere() -> bool {
-    waiting(|w| w.waiters.get() > 0)
+    waiting(|w| w.waiters.load(Relaxed) > 0)
 }
 
 /// Whether some connection holds BOUND permits.
 pub fn any_bindings() -> bool {
-    waiting(|w| w.bindings.get() > 0)
+    waiting(|w| w.bindings.load(Relaxed) > 0)
 }
 
 /// Whether work waits for the timer.
 pub fn any_pending() -> bool {
-    waiting(|w| w.pending.get() > 0)
+    waiting(|w| w.pending.load(Relaxed) > 0)
 }
 
 /// Waiters of `sem`, without a borrow when nobody waits anywhere.

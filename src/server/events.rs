@@ -41,6 +41,8 @@
 
 use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU8};
 
 use redis_module::{raw, Context};
 
@@ -71,9 +73,9 @@ pub fn subscribe(
     prefer: KeyEvents,
 ) -> Result<(), String> {
     let watch = choose(server, prefer, can_unfollow_keys(), key_event_supported())?;
-    following.groups.set(0);
-    following.keys.set(false);
-    following.watch.set(watch);
+    following.groups.store(0, Relaxed);
+    following.keys.store(false, Relaxed);
+    following.watch.store(watch as u8, Relaxed);
     let for_good = [
         (raw::REDISMODULE_EVENT_LOADING, Some(on_loading as Callback)),
         (
@@ -120,20 +122,28 @@ pub enum KeyWatch {
 /// layer told the server: the waiting side's owner (`state.rs`) keeps it, and only the
 /// functions here change it.
 pub struct Following {
-    /// How changes to keys are followed on this server (chosen at load).
-    watch: Cell<KeyWatch>,
+    /// How changes to keys are followed on this server (chosen at load: a [`KeyWatch`]).
+    watch: AtomicU8,
     /// The groups of server events followed now (`DATABASES`, `CONNECTIONS`).
-    groups: Cell<u8>,
+    groups: AtomicU8,
     /// Whether changes to keys are followed now.
-    keys: Cell<bool>,
+    keys: AtomicBool,
 }
 
 impl Following {
     pub const fn new() -> Following {
         Following {
-            watch: Cell::new(KeyWatch::KeyspaceWhileWaiting),
-            groups: Cell::new(0),
-            keys: Cell::new(false),
+            watch: AtomicU8::new(KeyWatch::KeyspaceWhileWaiting as u8),
+            groups: AtomicU8::new(0),
+            keys: AtomicBool::new(false),
+        }
+    }
+
+    fn watch(&self) -> KeyWatch {
+        match self.watch.load(Relaxed) {
+            1 => KeyWatch::KeyspaceForGood,
+            2 => KeyWatch::KeyEvent,
+            _ => KeyWatch::KeyspaceWhileWaiting,
         }
     }
 }
@@ -224,7 +234,7 @@ pub fn follow(ctx: *mut raw::RedisModuleCtx, following: &Following, needs: Needs
         Needs::Waiting => DATABASES,
         Needs::Bound => DATABASES | CONNECTIONS,
     };
-    let followed = following.groups.get();
+    let followed = following.groups.load(Relaxed);
     let mut now = followed;
     for group in [DATABASES, CONNECTIONS] {
         if wanted & group != 0 && followed & group == 0 {
@@ -234,7 +244,7 @@ pub fn follow(ctx: *mut raw::RedisModuleCtx, following: &Following, needs: Needs
             now |= group;
         }
     }
-    following.groups.set(now);
+    following.groups.store(now, Relaxed);
 }
 
 /// Starts following what a waiting client needs: changes to keys, flushes and swapped
@@ -249,14 +259,14 @@ pub fn follow_waits(ctx: *mut raw::RedisModuleCtx, following: &Following) -> Res
 /// waits; `bound`: anybody holds a BOUND permit), with [`settle`].
 pub fn can_end(following: &Following, waiting: bool, bound: bool) -> bool {
     !waiting
-        && ((following.keys.get() && following.watch.get() != KeyWatch::KeyspaceForGood)
-            || (!bound && following.groups.get() != 0))
+        && ((following.keys.load(Relaxed) && following.watch() != KeyWatch::KeyspaceForGood)
+            || (!bound && following.groups.load(Relaxed) != 0))
 }
 
 /// The module's subscriptions to server and keyspace events now (each costs other commands a
 /// little: the module comment).
 pub fn subscriptions(following: &Following) -> u64 {
-    let followed = following.groups.get();
+    let followed = following.groups.load(Relaxed);
     let mut count = 3;
     if followed & DATABASES != 0 {
         count += 2;
@@ -264,7 +274,7 @@ pub fn subscriptions(following: &Following) -> u64 {
     if followed & CONNECTIONS != 0 {
         count += 1;
     }
-    count + u64::from(following.keys.get()) + u64::from(super::memory::follows_evictions())
+    count + u64::from(following.keys.load(Relaxed)) + u64::from(super::memory::follows_evictions())
 }
 
 /// Stops following what nobody needs now (`waiting`: anybody waits; `bound`: anybody holds a
@@ -273,7 +283,7 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, following: &Following, waiting: boo
     if !waiting {
         stop_following_keys(ctx, following);
     }
-    let followed = following.groups.get();
+    let followed = following.groups.load(Relaxed);
     if waiting || bound || followed == 0 {
         return;
     }
@@ -284,7 +294,7 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, following: &Following, waiting: boo
             }
         }
     }
-    following.groups.set(0);
+    following.groups.store(0, Relaxed);
 }
 
 /// The classes followed: deletions, renames and moves; expiries; evictions.
@@ -296,10 +306,10 @@ const KEY_CLASSES: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
 /// waits (and the module does not follow them already): until then nothing needs them. What is
 /// followed where, and why: see the module comment.
 fn follow_keys(ctx: *mut raw::RedisModuleCtx, following: &Following) -> Result<(), SemError> {
-    if following.keys.get() {
+    if following.keys.load(Relaxed) {
         return Ok(());
     }
-    let followed = match following.watch.get() {
+    let followed = match following.watch() {
         // Taken at load ([`subscribe`]).
         KeyWatch::KeyEvent => {
             server_event(ctx, raw::REDISMODULE_EVENT_KEY, Some(on_key_server_event))
@@ -317,7 +327,7 @@ fn follow_keys(ctx: *mut raw::RedisModuleCtx, following: &Following) -> Result<(
     if !followed {
         return Err(SemError::Internal);
     }
-    following.keys.set(true);
+    following.keys.store(true, Relaxed);
     Ok(())
 }
 
@@ -330,10 +340,10 @@ fn can_unfollow_keys() -> bool {
 /// Stops following changes to keys (nobody waits), where the server can end that: every
 /// write's event costs other commands a walk of the subscribers. The next wait follows again.
 fn stop_following_keys(ctx: *mut raw::RedisModuleCtx, following: &Following) {
-    if !following.keys.get() {
+    if !following.keys.load(Relaxed) {
         return;
     }
-    let ended = match following.watch.get() {
+    let ended = match following.watch() {
         KeyWatch::KeyspaceForGood => false,
         KeyWatch::KeyEvent => server_event(ctx, raw::REDISMODULE_EVENT_KEY, None),
         KeyWatch::KeyspaceWhileWaiting => {
@@ -349,7 +359,7 @@ fn stop_following_keys(ctx: *mut raw::RedisModuleCtx, following: &Following) {
         }
     };
     if ended {
-        following.keys.set(false);
+        following.keys.store(false, Relaxed);
     }
 }
 
