@@ -73,6 +73,12 @@ export interface PermitOptions {
   autoRefresh?: boolean;
   /** Redis Cluster only: seconds a call is resent through moves and failovers. Default 30. */
   retryFor?: number;
+  /**
+   * Cancels the acquire, as fetch's `signal` cancels a request: on abort its wait ends in the
+   * server, the promise rejects with `signal.reason` (an AbortError by default), and a grant
+   * that came meanwhile is given back. Already aborted: rejects at once, sending nothing.
+   */
+  signal?: AbortSignal | null;
 }
 
 export class SemaphoreError extends Error {}
@@ -143,6 +149,12 @@ export interface SetOptions {
   autoRefresh?: boolean;
   /** Redis Cluster only: seconds a call is resent through moves and failovers. Default 30. */
   retryFor?: number;
+  /**
+   * Cancels the acquire, as fetch's `signal` cancels a request: on abort its wait ends in the
+   * server, the promise rejects with `signal.reason` (an AbortError by default), and a grant
+   * that came meanwhile is given back. Already aborted: rejects at once, sending nothing.
+   */
+  signal?: AbortSignal | null;
 }
 
 /**

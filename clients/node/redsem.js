@@ -102,6 +102,47 @@ function checkInteger(what, value, least) {
   }
 }
 
+/**
+ * `signal` is an AbortSignal (or null); otherwise a TypeError. It cancels a waiting acquire:
+ * the promise rejects with its reason, as fetch does, and a grant made meanwhile is given back.
+ */
+function checkSignal(signal) {
+  if (signal == null) return;
+  if (typeof signal.aborted !== "boolean" || typeof signal.addEventListener !== "function") {
+    throw new TypeError(`signal must be an AbortSignal, not ${String(signal)}`);
+  }
+}
+
+/**
+ * `promise` of a call under way, or the signal's reason as soon as `signal` aborts, after
+ * `cancel()` ended the call (closed its connection: a blocked command ends in the server).
+ */
+function abortable(promise, signal, cancel) {
+  if (!signal) return promise;
+  return new Promise((resolve, reject) => {
+    const onAbort = () => {
+      cancel();
+      reject(signal.reason);
+    };
+    if (signal.aborted) {
+      onAbort();
+      promise.catch(() => {});
+      return;
+    }
+    signal.addEventListener("abort", onAbort, { once: true });
+    promise.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (err) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(err);
+      },
+    );
+  });
+}
+
 function checkRetryBudget(budget) {
   checkSeconds("retryFor", budget, { positive: false, infinite: false });
 }
@@ -125,6 +166,7 @@ function checkOptions(name, options) {
     durableTimeoutMs: 1000,
     autoRefresh: true,
     retryFor: RETRY_BUDGET,
+    signal: null,
     ...options,
   };
   if (!name) throw new TypeError("the semaphore name must not be empty");
@@ -138,6 +180,7 @@ function checkOptions(name, options) {
     throw new TypeError("the identifier must not be empty");
   }
   checkRetryBudget(opts.retryFor);
+  checkSignal(opts.signal);
   return opts;
 }
 
@@ -174,6 +217,11 @@ function adapt(redis) {
       },
       quiet: () => redis.on("error", () => {}), // its commands report what goes wrong
       onEnd: (fn) => typeof redis.once === "function" && redis.once("end", fn),
+      // The connection closed (ioredis reconnects, and resends what had no answer).
+      onLost: (fn) => {
+        redis.on("close", fn);
+        return () => redis.removeListener("close", fn);
+      },
       commandTimeout: redis.options && redis.options.commandTimeout,
       // ioredis prefixes the keys of the commands it knows (EVALSHA's, BLPOP's), not the names
       // passed to the module's commands.
@@ -222,6 +270,11 @@ function adapt(redis) {
       },
       quiet: () => {},
       onEnd: (fn) => typeof redis.once === "function" && redis.once("end", fn),
+      // The socket closed (node-redis rejects what had no answer, and reconnects).
+      onLost: (fn) => {
+        redis.on("reconnecting", fn);
+        return () => redis.removeListener("reconnecting", fn);
+      },
       commandTimeout: undefined,
     };
   }
@@ -519,7 +572,7 @@ function guarded(promise, ms, conn) {
  * Where the calls of a plain (not cluster) client's waiting acquire go: the script on `conn`
  * (the client's connection, or the permit's own), TICK on the client's, BLPOP on a pooled one.
  */
-function standaloneWay(client, conn, name) {
+function standaloneWay(client, conn, name, signal) {
   return {
     script: (opArgs, first) => runScript(conn, name, opArgs, first),
     tick: () => runScript(client, name, ["TICK"]),
@@ -530,9 +583,12 @@ function standaloneWay(client, conn, name) {
       let reply;
       try {
         const call = blocking.call("BLPOP", key, seconds(ms / 1000));
-        reply = await guarded(call, ms + BLOCK_GRACE_MS, blocking);
+        const guard = guarded(call, ms + BLOCK_GRACE_MS, blocking);
+        reply = await abortable(guard, signal, () => blocking.destroy());
       } catch (err) {
         blocking.destroy(); // interrupted mid-block: never reused
+        // Another client ended the block (CLIENT UNBLOCK <id> ERROR): try again now.
+        if (isUnblocked(err)) return null;
         throw err;
       }
       pool.give(blocking);
@@ -641,17 +697,44 @@ function setPoolSize(redis, size) {
  * plain client: on a pooled connection (given back after), or on `conn` when it is the
  * permit's own. Resolves with its reply and when it was sent.
  */
-async function standaloneWaiting(client, conn, own, wait, build, blocks) {
+async function standaloneWaiting(client, conn, own, wait, build, blocks, signal) {
+  const end = wait ? performance.now() + wait * 1000 : null; // Infinity: no end
+  let left = wait;
+  for (;;) {
+    try {
+      return await standaloneOnce(client, conn, own, left, build, blocks, signal);
+    } catch (err) {
+      // Another client ended the wait (CLIENT UNBLOCK <id> ERROR, as a failover does): wait
+      // again for what is left of it, or try once more when nothing is.
+      if (!(blocks && end !== null && isUnblocked(err))) throw err;
+      if (signal && signal.aborted) throw signal.reason;
+      if (end !== Infinity) {
+        const seconds = (end - performance.now()) / 1000;
+        left = seconds > 0 ? seconds : null;
+      }
+    }
+  }
+}
+
+function isUnblocked(err) {
+  return isReply(err) && /^UNBLOCKED/.test(err.message);
+}
+
+/** One send of standaloneWaiting's command, for the seconds of `wait`; `signal` ends it. */
+async function standaloneOnce(client, conn, own, wait, build, blocks, signal) {
   const args = build(wait);
   const sent = performance.now();
-  if (own || !blocks) return { reply: await conn.call(...args), sent };
+  if (own || !blocks) {
+    return { reply: await abortable(conn.call(...args), signal, () => conn.destroy()), sent };
+  }
   const pool = poolOf(client);
   const blocking = await pool.take();
   const timeout = client.commandTimeout;
   const limitMs = timeout && Number.isFinite(wait) ? wait * 1000 + timeout : Infinity;
   let reply;
   try {
-    reply = await guarded(blocking.call(...args), limitMs, blocking);
+    const call = guarded(blocking.call(...args), limitMs, blocking);
+    reply = await abortable(call, signal, () => blocking.destroy());
   } catch (err) {
     // An error reply leaves the connection as it was; anything else ends it.
     if (keepsConnection(err)) pool.give(blocking);
@@ -667,7 +750,7 @@ async function standaloneWaiting(client, conn, own, wait, build, blocks) {
  * timed-out or unblocked one.
  */
 function keepsConnection(err) {
-  return isReply(err) && !/^UNBLOCKED/.test(err.message);
+  return isReply(err) && !isUnblocked(err);
 }
 
 function isReply(err) {
@@ -1083,7 +1166,7 @@ class SlotLink {
    * dedicated, else on a pooled one when it `blocks`. Resent after an interruption with what is
    * left of the wait. Resolves with the reply and when the answering try was sent.
    */
-  async waiting(wait, build, blocks = Boolean(wait)) {
+  async waiting(wait, build, blocks = Boolean(wait), signal = null) {
     const end = wait ? performance.now() + wait * 1000 : null; // Infinity: no end
     let sent;
     const left = () => {
@@ -1099,6 +1182,7 @@ class SlotLink {
         return conn.call(...args);
       },
       this.own ? "own" : blocks ? "pool" : "shared",
+      signal,
     );
     return { reply, sent };
   }
@@ -1108,7 +1192,7 @@ class SlotLink {
    * primary (on our own connection when dedicated), TICK on the cluster's, BLPOP on a pooled
    * connection to that node.
    */
-  scriptWay() {
+  scriptWay(signal = null) {
     const name = this.names[0];
     return {
       script: (opArgs, first) =>
@@ -1122,7 +1206,7 @@ class SlotLink {
         ),
       tick: () => this._retry("TICK", (conn) => runScript(conn, name, ["TICK"]), "shared"),
       clear: (key) => this._retry("DEL", (conn) => conn.call("DEL", key), "shared"),
-      blpop: (key, ms) => this.blpop(key, ms),
+      blpop: (key, ms) => this.blpop(key, ms, signal),
     };
   }
 
@@ -1136,7 +1220,7 @@ class SlotLink {
    * BLPOP on `key` for `ms` on a pooled connection to the slot's primary. A move or a lost
    * node answers null (no message): the waiter's next try finds the slot's owner.
    */
-  async blpop(key, ms) {
+  async blpop(key, ms, signal = null) {
     let pool = null;
     let conn = null;
     try {
@@ -1145,10 +1229,16 @@ class SlotLink {
       pool = this.cluster.poolAt(address);
       conn = await takeInTime(pool, REACH_MS, address);
       const call = conn.call("BLPOP", key, seconds(ms / 1000));
-      const reply = await guarded(call, ms + BLOCK_GRACE_MS, conn);
+      const guard = guarded(call, ms + BLOCK_GRACE_MS, conn);
+      const blocked = conn;
+      const reply = await abortable(guard, signal, () => blocked.destroy());
       pool.give(conn);
       return popped(reply);
     } catch (err) {
+      if (signal && signal.aborted) {
+        if (conn) conn.destroy();
+        throw signal.reason;
+      }
       const trouble = clusterTrouble(err);
       if (conn) {
         if (keepsConnection(err)) pool.give(conn);
@@ -1158,6 +1248,11 @@ class SlotLink {
       await sleep(50);
       return null;
     }
+  }
+
+  /** Our own connection never reconnects: a call cut short rejects (no watch needed). */
+  onLost() {
+    return () => {};
   }
 
   /** A command on our own connection as it is (WAIT numreplicas after a grant). */
@@ -1210,13 +1305,14 @@ class SlotLink {
     return { conn: this.cluster.node(address), ours: false };
   }
 
-  async _retry(what, send, use) {
+  async _retry(what, send, use, signal = null) {
     const deadline = performance.now() + this.budgetMs;
     let pause = 50;
     let askAt = null;
     let redirects = 0;
     for (;;) {
       let ours = false;
+      if (signal && signal.aborted) throw signal.reason;
       try {
         // Finding the node and connecting to it are bounded; the call itself may wait.
         const reachMs = Math.max(Math.min(REACH_MS, deadline - performance.now()), 100);
@@ -1228,7 +1324,8 @@ class SlotLink {
           const conn = await takeInTime(pool, reachMs, address);
           let reply;
           try {
-            reply = await send(askAt ? asking(conn) : conn, address);
+            const call = send(askAt ? asking(conn) : conn, address);
+            reply = await abortable(call, signal, () => conn.destroy());
           } catch (err) {
             // An answer (an error, a redirection) leaves the connection as it was.
             if (keepsConnection(err)) pool.give(conn);
@@ -1241,8 +1338,11 @@ class SlotLink {
         const way = this._connectionTo(address, use);
         ours = way.ours;
         const conn = await inTime(way.conn, reachMs, address);
-        return await send(askAt ? asking(conn) : conn, address);
+        const call = send(askAt ? asking(conn) : conn, address);
+        // Our own connection is closed (a wait on it ends in the server); never the cluster's.
+        return await abortable(call, signal, () => ours && this._dropDedicated());
       } catch (err) {
+        if (signal && signal.aborted) throw signal.reason;
         const trouble = clusterTrouble(err);
         if (!trouble) throw err;
         if (ours && trouble.kind === "gone") this._dropDedicated();
@@ -1264,7 +1364,8 @@ class SlotLink {
             { cause: err },
           );
         }
-        await sleep(Math.min(pause, left)); // a last try when the budget ends
+        // A last try when the budget ends.
+        await abortable(sleep(Math.min(pause, left)), signal, () => {});
         pause = Math.min(pause * 2, 1000);
         redirects = 0;
         await this.cluster.refresh();
@@ -1289,9 +1390,9 @@ async function reach(redis, names, retryFor) {
  * resolves with its reply and when it was sent. Through a cluster, resent after an
  * interruption with what is left of the wait.
  */
-async function sendWaiting(client, conn, own, wait, build, blocks = Boolean(wait)) {
-  if (conn.cluster) return conn.waiting(wait, build, blocks);
-  return standaloneWaiting(client, conn, own, wait, build, blocks);
+async function sendWaiting(client, conn, own, wait, build, blocks = Boolean(wait), signal = null) {
+  if (conn.cluster) return conn.waiting(wait, build, blocks, signal);
+  return standaloneWaiting(client, conn, own, wait, build, blocks, signal);
 }
 
 /**
@@ -1303,7 +1404,8 @@ async function sendWaiting(client, conn, own, wait, build, blocks = Boolean(wait
 async function take(client, conn, own, name, opts, id) {
   let wait = opts.wait;
   if (!conn.module) {
-    const way = conn.cluster ? conn.scriptWay() : standaloneWay(client, conn, name);
+    const signal = opts.signal;
+    const way = conn.cluster ? conn.scriptWay(signal) : standaloneWay(client, conn, name, signal);
     const tried = await scriptAcquire(way, name, opts, id);
     if (!tried.module) return tried;
     if (conn.cluster) conn.useModule();
@@ -1316,7 +1418,7 @@ async function take(client, conn, own, name, opts, id) {
     wait = tried.left;
   }
   const build = (left) => acquireArgs(name, { ...opts, wait: left }, id);
-  return sendWaiting(client, conn, own, wait, build);
+  return sendWaiting(client, conn, own, wait, build, Boolean(wait), opts.signal);
 }
 
 const asyncDispose = Symbol.asyncDispose || Symbol.for("nodejs.asyncDispose");
@@ -1389,10 +1491,21 @@ class Held {
 
   /**
    * Gives the permit back: true if it was held throughout, false if it was lost (the work it
-   * guarded may have overlapped another holder's). Later calls give the same answer.
+   * guarded may have overlapped another holder's). Later calls give the same answer; after a
+   * release that failed (its error rejected it: the permit may still be held), a later call
+   * sends it again.
    */
   release() {
-    if (!this._released) this._released = this._release();
+    if (!this._released) {
+      const releasing = this._release();
+      this._released = releasing;
+      releasing.catch(() => {
+        if (this._released !== releasing) return;
+        // Releasable again; meanwhile its lease runs on, unrefreshed, until it ends.
+        this._released = null;
+        this._armDeadline();
+      });
+    }
     return this._released;
   }
 
@@ -1403,15 +1516,9 @@ class Held {
     clearTimeout(this._deadline);
     await this._refreshing; // a refresh under way finishes first
     const args = this._releaseArgs();
-    let reply;
-    try {
-      reply = await semCall(this._conn, args);
-    } catch (err) {
-      this._markLost(`the release failed: ${err.message}`);
-      throw err;
-    } finally {
-      if (this._own) await this._conn.close();
-    }
+    // A release that fails keeps the permit's own connection for the next one.
+    const reply = await semCall(this._conn, args);
+    if (this._own) await this._conn.close();
     if (reply !== this._wanted) {
       this._markLost(`${this._answered(args, reply)}: the lease ran out before the release`);
     }
@@ -1574,12 +1681,15 @@ class PermitSet extends Held {
  */
 async function acquire(redis, name, options = {}) {
   const opts = checkOptions(name, options);
+  const signal = opts.signal;
+  if (signal && signal.aborted) throw signal.reason; // nothing sent
   const id = opts.id != null ? opts.id : randomUUID();
   const client = await reach(redis, [name], opts.retryFor);
   if (!client.module && opts.bound) throw moduleRequired("BOUND");
   const { conn, own } = await connectionFor(client, opts);
   let permit;
   try {
+    if (signal && signal.aborted) throw signal.reason;
     const { reply, sent } = await take(client, conn, own, name, opts, id);
     if (reply == null) {
       const waited = opts.wait ? ` within ${opts.wait} s` : "";
@@ -1587,31 +1697,86 @@ async function acquire(redis, name, options = {}) {
     }
     const ticket = opts.fair ? Number(reply[1]) : null;
     permit = new Permit(name, opts, conn, own, id, ticket, sent);
-    if (opts.durableReplicas) {
-      const acked = await conn.call("WAIT", opts.durableReplicas, opts.durableTimeoutMs);
-      if (acked < opts.durableReplicas) {
-        throw new NotDurable(
-          `${acked} of ${opts.durableReplicas} replicas acknowledged the grant of ${name} ` +
-            `within ${opts.durableTimeoutMs} ms`,
-          acked,
-          opts.durableReplicas,
-        );
-      }
-    }
+    if (signal && signal.aborted) throw signal.reason; // granted as it was cancelled
+    if (opts.durableReplicas) await durableWait(client, permit, name, opts);
     // A wait for the grant leaves the lease's start unknown: confirm it now.
     if (performance.now() - sent > (opts.lease * 1000) / 3 && !(await permit.refresh())) {
       throw permit._lostError;
     }
+    if (signal && signal.aborted) throw signal.reason;
   } catch (err) {
-    if (permit) {
-      await permit.release().catch(() => {});
-    } else if (own) {
-      conn.destroy(); // a wait under way ends with its connection
-    }
-    throw err;
+    await giveBack(client, conn, own, permit, ["SEM.RELEASE", name, id], signal);
+    throw signal && signal.aborted ? signal.reason : err;
   }
   if (opts.autoRefresh) permit._startRefreshing();
   return permit;
+}
+
+/**
+ * After an acquire that failed or was cancelled: its permit given back, or, without one, a
+ * wait under way ended with its connection; when cancelled, a grant that came meanwhile (its
+ * answer lost with the connection) given back by `release` (args of SEM.RELEASE or
+ * SEM.RELEASEALL), on the client's connection. Best effort: a lease never refreshed ends.
+ */
+async function giveBack(client, conn, own, permit, release, signal) {
+  if (permit) {
+    await permit.release().catch(() => {});
+    return;
+  }
+  if (own) {
+    conn.destroy(); // a wait under way ends with its connection
+    if (conn.cluster) conn.own = false; // calls go on the cluster's connections now
+  }
+  if (signal && signal.aborted) await semCall(client, release).catch(() => {});
+}
+
+/**
+ * WAIT numreplicas on the permit's own connection after its grant, or NotDurable. A
+ * connection lost meanwhile (a failover) leaves the grant's fate unknown: a WAIT sent again on
+ * a new connection counts the replicas of that connection's writes (none) and answers at once,
+ * so it is never sent again; NotDurable instead, and the permit is given back on the client's
+ * connection (the caller's catch). A cancel (`signal`) ends the WAIT as well.
+ */
+async function durableWait(client, permit, name, opts) {
+  const conn = permit._conn;
+  const wanted = opts.durableReplicas;
+  let stop = () => {};
+  const lost = new Promise((resolve, reject) => {
+    stop = conn.onLost(() => reject(nodeGone("of the permit", "closed its connection")));
+  });
+  const cut = () => {
+    // Its connection is closed, and the permit's calls go on the client's from now on.
+    conn.destroy();
+    if (conn.cluster) conn.own = false;
+    else permit._conn = client;
+    permit._own = false;
+  };
+  let acked;
+  try {
+    const wait = Promise.race([conn.call("WAIT", wanted, opts.durableTimeoutMs), lost]);
+    acked = await abortable(wait, opts.signal, cut);
+  } catch (err) {
+    if (opts.signal && opts.signal.aborted) throw err;
+    if (!clusterTrouble(err) && !(err instanceof SemaphoreError)) throw err;
+    cut();
+    throw new NotDurable(
+      `the connection was lost while ${wanted} replicas were awaited for the grant of ${name} ` +
+        `(${err.message}): whether one has it is unknown`,
+      0,
+      wanted,
+    );
+  } finally {
+    stop();
+    lost.catch(() => {});
+  }
+  if (acked < wanted) {
+    throw new NotDurable(
+      `${acked} of ${wanted} replicas acknowledged the grant of ${name} ` +
+        `within ${opts.durableTimeoutMs} ms`,
+      acked,
+      wanted,
+    );
+  }
 }
 
 /**
@@ -1641,6 +1806,7 @@ function checkSetOptions(semaphores, options) {
     id: null,
     autoRefresh: true,
     retryFor: RETRY_BUDGET,
+    signal: null,
     ...options,
   };
   if (!Array.isArray(semaphores) || semaphores.length < 1 || semaphores.length > 64) {
@@ -1664,6 +1830,7 @@ function checkSetOptions(semaphores, options) {
     throw new TypeError("the identifier must not be empty");
   }
   checkRetryBudget(opts.retryFor);
+  checkSignal(opts.signal);
   return { sems, opts };
 }
 
@@ -1688,6 +1855,8 @@ function acquireAllArgs(sems, opts, id) {
  */
 async function acquireAll(redis, semaphores, options = {}) {
   const { sems, opts } = checkSetOptions(semaphores, options);
+  const signal = opts.signal;
+  if (signal && signal.aborted) throw signal.reason; // nothing sent
   const id = opts.id != null ? opts.id : randomUUID();
   const client = await reach(
     redis,
@@ -1698,8 +1867,10 @@ async function acquireAll(redis, semaphores, options = {}) {
   const { conn, own } = await connectionFor(client, opts);
   let permits;
   try {
+    if (signal && signal.aborted) throw signal.reason;
     const build = (wait) => acquireAllArgs(sems, { ...opts, wait }, id);
-    const { reply, sent } = await sendWaiting(client, conn, own, opts.wait, build);
+    const blocks = Boolean(opts.wait);
+    const { reply, sent } = await sendWaiting(client, conn, own, opts.wait, build, blocks, signal);
     if (reply === null) {
       const wanted = sems.map((sem) => `${sem.name} (${sem.count} of ${sem.limit})`).join(", ");
       const waited = opts.wait ? ` within ${opts.wait} s` : "";
@@ -1707,17 +1878,17 @@ async function acquireAll(redis, semaphores, options = {}) {
     }
     const tickets = opts.fair ? reply[1].map(Number) : null;
     permits = new PermitSet(sems, opts, conn, own, id, tickets, sent);
+    if (signal && signal.aborted) throw signal.reason; // granted as it was cancelled
     // A wait for the grant leaves the lease's start unknown: confirm it now.
     if (performance.now() - sent > (opts.lease * 1000) / 3 && !(await permits.refresh())) {
       throw permits._lostError;
     }
+    if (signal && signal.aborted) throw signal.reason;
   } catch (err) {
-    if (permits) {
-      await permits.release().catch(() => {});
-    } else if (own) {
-      conn.destroy(); // a wait under way ends with its connection
-    }
-    throw err;
+    const names = sems.map((sem) => sem.name);
+    const release = ["SEM.RELEASEALL", names.length, ...names, id];
+    await giveBack(client, conn, own, permits, release, signal);
+    throw signal && signal.aborted ? signal.reason : err;
   }
   if (opts.autoRefresh) permits._startRefreshing();
   return permits;

@@ -3,6 +3,7 @@
 // commands as the tests send them by hand, the script's source, commandstats, ModuleRequired.
 
 const assert = require("node:assert/strict");
+const { execFileSync } = require("node:child_process");
 const { createHash } = require("node:crypto");
 const fs = require("node:fs");
 const path = require("node:path");
@@ -106,7 +107,22 @@ function assertTickets(tickets, first, exact) {
   }
 }
 
+/**
+ * Sends the command `args` to the server at `port` from another process, while this one's
+ * event loop stands still (what the server answers meanwhile on this process's connections
+ * stays unread), and returns the server's answer as sent (RESP).
+ */
+function sendFromElsewhere(port, args) {
+  const command = args.map((arg) => `$${Buffer.byteLength(String(arg))}\r\n${arg}\r\n`);
+  const code = `const s = require("node:net").connect(${port}, "127.0.0.1");
+    s.on("data", (d) => { process.stdout.write(d); s.destroy(); });
+    s.write(require("node:fs").readFileSync(0));`;
+  const input = `*${args.length}\r\n${command.join("")}`;
+  return execFileSync(process.execPath, ["-e", code], { input }).toString();
+}
+
 module.exports = {
+  sendFromElsewhere,
   SCRIPTS,
   SCRIPT_SHA,
   semArgs,

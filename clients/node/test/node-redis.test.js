@@ -31,6 +31,7 @@ const {
   commandCalls,
   firstTicket,
   semArgs,
+  sendFromElsewhere,
 } = require("./helpers");
 
 let server;
@@ -247,4 +248,31 @@ test("node-redis: 50 waits that block open at most the pool's size of connection
   } finally {
     await client.close();
   }
+});
+
+test("node-redis: a signal cancels a wait; a grant that comes as it is cancelled is given back", async () => {
+  const blocked = async () => Number(/blocked_clients:(\d+)/.exec(await redis.info("clients"))[1]);
+  const holder = await acquire(redis, "jobs", { limit: 1, lease: 30 });
+  const controller = new AbortController();
+  const waiting = acquire(redis, "jobs", { limit: 1, wait: 10, signal: controller.signal });
+  await waitUntil("the waiter blocks", async () => (await blocked()) === 1);
+  controller.abort();
+  const err = await waiting.catch((error) => error);
+  assert.equal(err, controller.signal.reason);
+  assert.equal(err.name, "AbortError");
+  await waitUntil("its wait ends in the server", async () => (await blocked()) === 0);
+  assert.equal(await holder.release(), true);
+  assert.equal(await live("jobs"), 0);
+  // The holder leaves from elsewhere, which grants the waiter: its answer waits unread.
+  const take = semArgs(["SEM.ACQUIRE", "jobs", "1", "30", "ID", "holder"]).map(String);
+  const held = await redis.sendCommand(take);
+  assert.equal(SCRIPTS ? held[0] : held, "holder");
+  const late = new AbortController();
+  const second = acquire(redis, "jobs", { limit: 1, wait: 10, id: "late", signal: late.signal });
+  await waitUntil("the waiter blocks", async () => (await blocked()) === 1);
+  const release = semArgs(["SEM.RELEASE", "jobs", "holder"]);
+  assert.equal(sendFromElsewhere(server.port, release), ":1\r\n");
+  late.abort();
+  assert.equal(await second.catch((error) => error), late.signal.reason);
+  assert.equal(await live("jobs"), 0, "the grant was given back");
 });

@@ -34,6 +34,7 @@ const {
   commandCalls,
   firstTicket,
   semArgs,
+  sendFromElsewhere,
 } = require("./helpers");
 
 let server;
@@ -555,35 +556,169 @@ test("waits reuse pooled connections: 50 waits that block open at most the pool'
   }
 });
 
-test("a wait interrupted mid-block closes its connection; a dead idle one is not reused", async () => {
+test("a wait unblocked with an error waits again on a new connection; a dead idle one is not reused", async () => {
   const client = new Redis({ port: server.port });
   const ids = async () => {
     const list = await redis.client("LIST");
     return new Set([...list.matchAll(/^id=(\d+)/gm)].map((match) => match[1]));
   };
+  const blocked = async () => Number(/blocked_clients:(\d+)/.exec(await redis.info("clients"))[1]);
   try {
     await client.ping();
     const holder = await acquire(client, "jobs", { limit: 1, lease: 30 });
     const first = await ids();
+    const started = Date.now();
     const waiting = acquire(client, "jobs", { limit: 1, lease: 30, wait: 10 });
     let blocking;
     await waitUntil("the waiter blocks", async () => {
       [blocking] = [...(await ids())].filter((id) => !first.has(id));
-      return blocking && /blocked_clients:1/.test(await redis.info("clients"));
+      return blocking && (await blocked()) === 1;
     });
+    // As a failover does to blocked clients: the wait ends with an error.
     assert.equal(await redis.client("UNBLOCK", blocking, "ERROR"), 1);
-    await assert.rejects(waiting, /UNBLOCKED/);
     await waitUntil("its connection closes", async () => !(await ids()).has(blocking));
-    assert.equal(await live("jobs"), 1); // it left, holding nothing
-    // The next wait has a new connection, kept in the pool; killed while idle, it is not
-    // handed out again.
+    await waitUntil("the waiter blocks again", async () => (await blocked()) === 1);
+    const [again] = [...(await ids())].filter((id) => !first.has(id));
+    assert.ok(again && again !== blocking, "the wait goes on on a new pooled connection");
+    assert.equal(await holder.release(), true);
+    const served = await waiting;
+    assert.ok(Date.now() - started < 10000, "served within its wait");
+    assert.equal(await live("jobs"), 1);
+    assert.equal(await served.release(), true);
+    // That connection went back to the pool; killed while idle, it is not handed out again.
+    const other = await acquire(client, "jobs", { limit: 1, lease: 30 });
+    await redis.client("KILL", "ID", again);
     await assert.rejects(acquire(client, "jobs", { limit: 1, lease: 30, wait: 0.3 }), NotAcquired);
     const [pooled] = [...(await ids())].filter((id) => !first.has(id));
-    assert.ok(pooled && pooled !== blocking, "a new pooled connection");
-    await redis.client("KILL", "ID", pooled);
-    await assert.rejects(acquire(client, "jobs", { limit: 1, lease: 30, wait: 0.3 }), NotAcquired);
-    assert.equal(await holder.release(), true);
+    assert.ok(pooled && pooled !== again, "a new pooled connection");
+    assert.equal(await other.release(), true);
+    assert.equal(await live("jobs"), 0);
   } finally {
     await client.quit();
+  }
+});
+
+const blockedClients = async () =>
+  Number(/blocked_clients:(\d+)/.exec(await redis.info("clients"))[1]);
+
+/** Waiters in the script's line of `name` (none with the module, which keeps no such key). */
+const inLine = (name) => redis.zcard(`${name}:line`);
+
+test("a signal cancels a waiting acquire: its wait ends in the server, it rejects with the reason", async () => {
+  const holder = await acquire(redis, "jobs", { limit: 1, lease: 30 });
+  const controller = new AbortController();
+  let worked = false;
+  const opts = { limit: 1, wait: 10, signal: controller.signal };
+  const waiting = withPermit(redis, "jobs", opts, () => {
+    worked = true;
+  });
+  await waitUntil("the waiter blocks", async () => (await blockedClients()) === 1);
+  const started = Date.now();
+  controller.abort();
+  const err = await waiting.catch((error) => error);
+  assert.ok(Date.now() - started < 1000, "rejected at once");
+  assert.equal(err, controller.signal.reason);
+  assert.equal(err.name, "AbortError"); // as fetch rejects
+  assert.equal(worked, false);
+  // Its wait is over in the server: nobody blocks, nobody is in line.
+  await waitUntil("its wait ends in the server", async () => (await blockedClients()) === 0);
+  assert.equal(await inLine("jobs"), 0);
+  // The permit freed goes to nobody.
+  assert.equal(await holder.release(), true);
+  await sleep(100);
+  assert.equal(await live("jobs"), 0);
+  assert.equal(await redis.exists("jobs"), 0);
+});
+
+test("a grant that comes as a wait is cancelled is given back, never refreshed", async () => {
+  for (const fair of [false, true]) {
+    const holder = [fair ? "SEM.ACQUIREFAIR" : "SEM.ACQUIRE", "jobs", 1, 30, "ID", "holder"];
+    const held = await redis.call(...semArgs(holder));
+    assert.equal(SCRIPTS ? held[0] : held, "holder"); // the script answers [reply, retry, ahead]
+    const controller = new AbortController();
+    const reason = new Error("no longer wanted");
+    const id = `waiter-${fair}`;
+    const opts = { limit: 1, lease: 0.9, wait: 10, fair, id, signal: controller.signal };
+    const waiting = acquire(redis, "jobs", opts);
+    await waitUntil("the waiter blocks", async () => (await blockedClients()) === 1);
+    // The holder leaves, which grants the waiter: its answer waits unread when the wait is
+    // cancelled.
+    const release = semArgs(["SEM.RELEASE", "jobs", "holder"]);
+    assert.equal(sendFromElsewhere(server.port, release), ":1\r\n");
+    controller.abort(reason);
+    assert.equal(await waiting.catch((error) => error), reason);
+    assert.equal(await live("jobs"), 0, "the grant was given back");
+    assert.equal(await redis.zscore("jobs", id), null);
+    // Nothing refreshes it: nothing comes back.
+    await sleep(700);
+    assert.equal(await live("jobs"), 0);
+  }
+});
+
+test("an already-aborted signal rejects at once, sending nothing", async () => {
+  await storedLimit(redis, "jobs"); // the client has asked whether the module is there
+  const before = await calls();
+  const signal = AbortSignal.abort();
+  const opts = { limit: 1, lease: 30, wait: 10, signal };
+  const work = () => assert.fail("no work without a permit");
+  for (const call of [
+    () => acquire(redis, "jobs", opts),
+    () => withPermit(redis, "jobs", opts, work),
+    () => acquireAll(redis, pair, { wait: 10, signal }),
+    () => withPermits(redis, pair, { signal }, work),
+  ]) {
+    await assert.rejects(call(), (err) => err === signal.reason && err.name === "AbortError");
+  }
+  assert.deepEqual(callsSince(before, await calls()), {}, "nothing was sent");
+  // A signal must be an AbortSignal.
+  for (const bad of ["abort", {}, true]) {
+    await assert.rejects(acquire(redis, "jobs", { limit: 1, signal: bad }), TypeError);
+    await assert.rejects(acquireAll(redis, pair, { signal: bad }), TypeError);
+  }
+  assert.equal(await redis.dbsize(), 0);
+});
+
+test("a signal cancels a waiting set, and a set granted as it is cancelled is given back", async () => {
+  if (SCRIPTS) {
+    const signal = new AbortController().signal;
+    return setNeedsModule(() => acquireAll(redis, pair, { wait: 10, signal }));
+  }
+  const holder = await acquire(redis, "gpu", { limit: 2, lease: 30, count: 2 });
+  const controller = new AbortController();
+  const waiting = withPermits(redis, pair, { wait: 10, signal: controller.signal }, () =>
+    assert.fail("no work without the permits"),
+  );
+  await waitUntil("the set waits", async () => (await blockedClients()) === 1);
+  controller.abort();
+  assert.equal(await waiting.catch((error) => error), controller.signal.reason);
+  await waitUntil("its wait ends in the server", async () => (await blockedClients()) === 0);
+  assert.deepEqual([await live("gpu"), await live("licence")], [2, 0]);
+  // Granted as it is cancelled (its answer unread): given back whole.
+  const late = new AbortController();
+  const second = acquireAll(redis, pair, { wait: 10, signal: late.signal });
+  await waitUntil("the set waits", async () => (await blockedClients()) === 1);
+  assert.equal(sendFromElsewhere(server.port, ["SEM.RELEASE", "gpu", holder.id]), ":1\r\n");
+  late.abort();
+  assert.equal(await second.catch((error) => error), late.signal.reason);
+  assert.deepEqual([await live("gpu"), await live("licence")], [0, 0]);
+});
+
+test("a release that fails with a connection error leaves the permit releasable", async () => {
+  // Without an offline queue, a command sent while the connection is down fails at once.
+  const client = new Redis({ port: server.port, enableOfflineQueue: false, lazyConnect: true });
+  try {
+    await client.connect();
+    const permit = await acquire(client, "jobs", { limit: 1, lease: 30 });
+    await redis.client("KILL", "ID", String(await client.client("ID")));
+    await waitUntil("the client sees its connection closed", () => client.status !== "ready");
+    await assert.rejects(permit.release(), /enableOfflineQueue/);
+    assert.equal(await live("jobs"), 1, "still held");
+    assert.equal(permit.lost, false);
+    await waitUntil("the client is back", () => client.status === "ready");
+    assert.equal(await permit.release(), true);
+    assert.equal(await live("jobs"), 0);
+    assert.equal(await permit.release(), true); // the same answer again
+  } finally {
+    client.disconnect();
   }
 });

@@ -110,6 +110,23 @@ export function errors(err: unknown): string {
   return "";
 }
 
+export async function cancelled(): Promise<number> {
+  const redis = new Redis(6379);
+  const controller = new AbortController();
+  const options: PermitOptions = { limit: 1, wait: 10, signal: controller.signal };
+  const permit: Permit = await acquire(redis, "jobs", options);
+  const timeout: PermitOptions = { limit: 1, signal: AbortSignal.timeout(100) };
+  const timed = await withPermit(redis, "jobs", timeout, () => 1);
+  const pair: SetSemaphore[] = [{ name: "gpu", limit: 1 }];
+  const permits: PermitSet = await acquireAll(redis, pair, { wait: 1, signal: null });
+  const setOptions = { signal: controller.signal };
+  const held = await withPermits(redis, pair, setOptions, (set) => set.names.length);
+  return timed + held + ((await permit.release()) && (await permits.release()) ? 1 : 0);
+}
+
+// @ts-expect-error a signal is an AbortSignal
+export const signalAsText: PermitOptions = { limit: 1, signal: "abort" };
+
 // @ts-expect-error a limit is required
 export const missingLimit: PermitOptions = { lease: 30 };
 
