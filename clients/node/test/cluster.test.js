@@ -30,6 +30,7 @@ const {
   waitEmpty,
   withPermits,
   NotAcquired,
+  NotDurable,
   PermitLost,
   SemaphoreError,
 } = require("redsem-client");
@@ -223,6 +224,39 @@ function clusterTests() {
         assert.ok(waited > 250 && waited < 1500, `gave up after ${Math.round(waited)} ms`);
         assert.equal(await permit.release(), true);
         assert.equal(await live(name), 0);
+      });
+
+      test("a signal cancels a wait on the primary; a durable one's own connection too", async () => {
+        const [primary] = await primaries();
+        const name = await nameOn(primary.port, `${tag}-cancel`);
+        const node = new Redis({ port: primary.port });
+        const blocked = async () =>
+          Number(/blocked_clients:(\d+)/.exec(await node.info("clients"))[1]);
+        try {
+          const holder = await acquire(redis, name, { limit: 1, lease: 30 });
+          // On a pooled connection, then on the permit's own (durableReplicas).
+          for (const durableReplicas of [0, 1]) {
+            const controller = new AbortController();
+            const opts = { limit: 1, wait: 10, durableReplicas, signal: controller.signal };
+            const waiting = acquire(redis, name, opts);
+            const deadline = Date.now() + 5000;
+            while ((await blocked()) !== 1) {
+              assert.ok(Date.now() < deadline, "the waiter blocks");
+              await sleep(5);
+            }
+            controller.abort();
+            assert.equal(await waiting.catch((error) => error), controller.signal.reason);
+            while ((await blocked()) !== 0) {
+              assert.ok(Date.now() < deadline + 5000, "its wait ends in the server");
+              await sleep(5);
+            }
+          }
+          assert.equal(await holder.release(), true);
+          await sleep(100);
+          assert.equal(await live(name), 0); // the permit freed went to nobody
+        } finally {
+          node.disconnect();
+        }
       });
 
       test("waits reuse a pool of connections to the primary: 20 waits open at most its size", async () => {
@@ -628,6 +662,68 @@ function clusterTests() {
         assert.ok((await permit.whenLost) instanceof PermitLost);
         assert.equal(await permit.release(), false, library);
         assert.equal(await live(name), 0, library);
+      }
+    });
+
+    test("a durable grant's WAIT cut by its primary's failure is NotDurable", async () => {
+      // A primary with a live replica, which is stopped: the grant waits for its
+      // acknowledgement (WAIT 1) when the primary is killed.
+      const all = await describeCluster();
+      let victim;
+      let replica;
+      for (const node of all.filter((n) => n.alive && n.primary && n.slots.length > 0)) {
+        const conn = new Redis({ port: node.port, lazyConnect: true });
+        try {
+          const lines = await conn.cluster("REPLICAS", node.id);
+          const ports = lines.map((line) => Number(/:(\d+)@/.exec(line)[1]));
+          replica = all.find((n) => n.alive && ports.includes(n.port));
+        } finally {
+          conn.disconnect();
+        }
+        if (replica) {
+          victim = node;
+          break;
+        }
+      }
+      assert.ok(victim, "a primary with a live replica");
+      process.kill(replica.pid, "SIGSTOP");
+      let stopped = true;
+      try {
+        const opts = { limit: 1, lease: 30, durableReplicas: 1, durableTimeoutMs: 60000 };
+        const cases = [];
+        for (const [library, redis] of Object.entries(clients)) {
+          const name = await nameOn(victim.port, `${library}-durable`);
+          const acquired = acquire(redis, name, opts).then(
+            (permit) => ({ permit }),
+            (error) => ({ error }),
+          );
+          cases.push({ library, name, acquired });
+        }
+        const onVictim = new Redis({ port: victim.port });
+        try {
+          for (let waited = 0; ; waited += 20) {
+            const blocked = /blocked_clients:(\d+)/.exec(await onVictim.info("clients"))[1];
+            if (Number(blocked) >= cases.length) break;
+            assert.ok(waited < 10000, "the grants wait for the replica");
+            await sleep(20);
+          }
+        } finally {
+          onVictim.disconnect();
+        }
+        await testCluster("kill", dir, String(victim.port));
+        process.kill(replica.pid, "SIGCONT");
+        stopped = false;
+        await testCluster("wait", dir);
+        for (const { library, name, acquired } of cases) {
+          const { permit, error } = await acquired;
+          assert.equal(permit, undefined, `${library}: a permit was called durable`);
+          assert.ok(error instanceof NotDurable, `${library}: ${error && error.stack}`);
+          assert.deepEqual([error.acked, error.wanted], [0, 1]);
+          // Given back on the new primary, whether the grant reached it or not.
+          assert.equal(await live(name), 0, library);
+        }
+      } finally {
+        if (stopped) process.kill(replica.pid, "SIGCONT");
       }
     });
   });
