@@ -73,7 +73,9 @@ after(async () => {
   for (const server of servers) await server.stop();
 });
 
-test("a durable grant's WAIT cut by the primary's failure is NotDurable, never sent again", { timeout: 60000 }, async () => {
+const LIMIT = { timeout: 60000 };
+
+test("a durable grant's WAIT cut by the primary's failure is NotDurable, not resent", LIMIT, async () => {
   const primary = await startServer("--repl-diskless-sync-delay", "0");
   servers.push(primary);
   const link = await proxy(primary.port); // the replica's link from the primary

@@ -118,6 +118,39 @@ test("the README's example, as written there, on the test server", async () => {
   }
 });
 
+test("the package README's example, as written there, on the test server", async () => {
+  // The README the package ships; its other example is the cluster's (cluster.test.js).
+  const readme = fs.readFileSync(
+    path.join(path.dirname(require.resolve("redsem-client")), "README.md"),
+    "utf8",
+  );
+  const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((match) => match[1]);
+  assert.equal(blocks.length, 2);
+  const example = blocks.find((block) => block.includes("new Redis(6379)"));
+  const code = example.replace("new Redis(6379)", `new Redis(${server.port})`);
+  const printed = [];
+  const console = { log: (...args) => printed.push(util.format(...args)) };
+  const made = [];
+  class TestRedis extends Redis {
+    constructor(...args) {
+      super(...args);
+      made.push(this);
+    }
+  }
+  const required = (id) => (id === "ioredis" ? TestRedis : require(id));
+  const AsyncFunction = (async () => {}).constructor;
+  try {
+    await new AsyncFunction("require", "console", code)(required, console);
+  } finally {
+    for (const client of made) client.disconnect();
+  }
+  const lines = printed.join("\n");
+  assert.match(lines, /^working on 1 as [0-9a-f-]{36}$/m);
+  assert.match(lines, /^working on 3 as [0-9a-f-]{36}$/m);
+  assert.match(lines, /^held throughout: true$/m);
+  assert.equal(await live("jobs"), 0);
+});
+
 test("grant and release", async () => {
   const permit = await acquire(redis, "jobs", { limit: 3, lease: 30 });
   try {
