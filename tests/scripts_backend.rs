@@ -611,7 +611,7 @@ fn run_differential(steps: &[Step], own_keys: bool) {
     let script_server = Server::start_without_module();
     let mut m = module_server.connection();
     let mut s = script_server.connection();
-    let module_floor = ticket_floor(&mut m);
+    let mut module_floor = ticket_floor(&mut m);
     let mut before_m = snapshot(&mut m);
     let mut before_s = snapshot(&mut s);
     let mut tickets_m = Tickets::default();
@@ -710,8 +710,8 @@ fn run_differential(steps: &[Step], own_keys: bool) {
         if own_keys {
             assert_expiries("module", &after_m);
             assert_expiries("script", &after_s);
-            // The module: after a counter, the next one up and at least its floor; without
-            // one, the clock of the grant.
+            // The module: after a counter, the next one up and at least its floor (one past
+            // the node's last ticket); without one, the clock of the grant or the floor.
             let fresh = FirstGrant::since(module_floor, started_at);
             tickets_m.check(
                 "module",
@@ -719,13 +719,14 @@ fn run_differential(steps: &[Step], own_keys: bool) {
                 &after_m,
                 |counter, ticket| match counter {
                     Some(counter) => ticket == (counter + 1).max(module_floor),
-                    None => fresh.allows(ticket, after_m.at),
+                    None => ticket == module_floor || fresh.allows(ticket, after_m.at),
                 },
             );
             tickets_s.check("script", &before_s, &after_s, |_, ticket| {
                 ticket >= script_start * 1000
             });
         }
+        module_floor = ticket_floor(&mut m);
         before_m = after_m;
         before_s = after_s;
     }
