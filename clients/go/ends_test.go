@@ -234,6 +234,9 @@ func TestDurableWaitCutByFailover(t *testing.T) {
 			_ = syscall.Kill(pid, syscall.SIGCONT)
 		}
 	}()
+	// Its link closed too: what the primary writes next never reaches it (a stopped process's
+	// socket would still take it in).
+	require.NoError(t, p.Do(bg, "CLIENT", "KILL", "TYPE", "replica").Err())
 	got := make(chan error, 1)
 	var held atomic.Pointer[Permit]
 	go func() {
