@@ -320,7 +320,8 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 		})
 		cancel()
 	}
-	if err == errCancelled || (err == nil && g.reply == nil && plan.byCtx) {
+	if err == errCancelled || (err != nil && ctx.Err() != nil) ||
+		(err == nil && g.reply == nil && plan.byCtx) {
 		l.close()
 		return nil, ctxErr(ctx, what)
 	}

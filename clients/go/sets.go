@@ -162,7 +162,8 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 		})
 		cancel()
 	}
-	if err == errCancelled || (err == nil && g.reply == nil && plan.byCtx) {
+	if err == errCancelled || (err != nil && ctx.Err() != nil) ||
+		(err == nil && g.reply == nil && plan.byCtx) {
 		l.close()
 		return nil, ctxErr(ctx, "acquire of "+what)
 	}
