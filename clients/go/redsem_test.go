@@ -48,7 +48,7 @@ func TestAcquireRelease(t *testing.T) {
 	require.NoError(t, a.Release(bg))
 	require.NoError(t, a.Release(bg), "a second release repeats the answer")
 	assert.False(t, a.Lost())
-	assert.ErrorIs(t, context.Cause(a.Context()), errReleased)
+	assert.ErrorIs(t, context.Cause(a.Context()), ErrReleased)
 	require.NoError(t, b.Release(bg))
 	require.ErrorIs(t, again.Release(bg), ErrPermitLost, "b released the holder already")
 	assert.Equal(t, int64(0), holders(t, c, "jobs"))
