@@ -44,9 +44,9 @@ use crate::cluster::{
     cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route, CONNECT_WITHIN,
 };
 use crate::core::{
-    connection_broken, deadline, durable_wait, identifier, left, lock, next_step, next_tick,
-    slot_of, wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Next, Op, Pool,
-    Request, Result, Retries, SetSpec, Wait,
+    connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
+    next_tick, slot_of, wait_empty_op, AcquireSpec, Action, Backend, Durable, Error, Holder,
+    KnownCell, Next, Op, Pool, Request, Result, Retries, SetSpec, Wait,
 };
 
 /// A connection that several callers share: the redis crate's multiplexed connection, or its
@@ -492,6 +492,27 @@ impl Link {
         }
     }
 
+    /// As the sync API's `Link::durable`.
+    async fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
+        let mut retries = Retries::new(self.route.budget());
+        loop {
+            self.once = true;
+            let answer = self.plain::<usize>(&durable_wait(wanted, timeout)).await;
+            self.once = false;
+            match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {
+                Durable::Done => return Ok(()),
+                Durable::Recheck(pause) => {
+                    tokio::time::sleep(pause).await;
+                    let sent = Instant::now();
+                    let held: i64 = self.op(&holder.refresh_op()).await?;
+                    if !holder.refreshed(sent, held) {
+                        return Err(Error::NotDurable { acked: 0, wanted });
+                    }
+                }
+            }
+        }
+    }
+
     /// `BLPOP` on a connection of the pool; with `tick`, `TICK` on the shared connection at
     /// the earliest holder's deadline while it blocks (the server's own timeout would see that
     /// deadline up to 100 ms late).
@@ -649,27 +670,32 @@ impl Semaphore {
         drop(waiting);
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
-        if let Some((wanted, timeout)) = self.durable {
-            let acked = link.plain::<usize>(&durable_wait(wanted, timeout)).await;
-            let acked = match acked {
-                Ok(acked) if acked >= wanted => None,
-                Ok(acked) => Some(Error::NotDurable { acked, wanted }),
-                Err(err) => Some(err),
-            };
-            if let Some(err) = acked {
-                let _ = link.op::<i64>(&holder.release_op()).await;
-                return Err(err);
-            }
-        }
-        if !self.spec.bound {
-            // Granted: the permit's calls go on the shared connection.
-            link = Link::new(self.target.clone(), slot, self.known.clone());
-        }
+        // From here on, a drop (an error, or the caller's timeout while replicas are awaited)
+        // gives the permit back.
         let mut permit = Permit {
             holding: Holding::new(holder, link),
             ticket,
             count: self.spec.count.unwrap_or(1),
         };
+        if let Some((wanted, timeout)) = self.durable {
+            let holding = &permit.holding;
+            let durable = holding
+                .shared
+                .link
+                .lock()
+                .await
+                .durable(holding.holder(), wanted, timeout)
+                .await;
+            if let Err(err) = durable {
+                let _ = permit.holding.give_back().await;
+                return Err(err);
+            }
+        }
+        if !self.spec.bound {
+            // Granted: the permit's calls go on the shared connection.
+            *permit.holding.shared.link.lock().await =
+                Link::new(self.target.clone(), slot, self.known.clone());
+        }
         // A wait for the grant leaves the lease's start unknown: confirm it now.
         if sent.elapsed() > self.spec.lease / 3 && !permit.refresh().await? {
             permit.holding.give_back().await?;
@@ -895,9 +921,24 @@ impl Drop for Holding {
         }
         if !self.released {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                // On the shared connection: the permit's own may still be blocked in a call
+                // that was dropped (`WAIT numreplicas`), which would hold the release back.
+                let link = self
+                    .shared
+                    .link
+                    .try_lock()
+                    .ok()
+                    .map(|l| l.sibling(Kind::Shared));
                 let shared = Arc::clone(&self.shared);
                 runtime.spawn(async move {
-                    let _ = shared.release().await;
+                    match link {
+                        Some(mut link) => {
+                            let _ = link.op::<i64>(&shared.holder.release_op()).await;
+                        }
+                        None => {
+                            let _ = shared.release().await;
+                        }
+                    }
                 });
             }
         }

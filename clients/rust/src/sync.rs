@@ -10,9 +10,9 @@ use redis::{Client, Cmd, Connection, FromRedisValue, Value};
 
 use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
-    connection_broken, deadline, durable_wait, identifier, left, lock, next_step, next_tick,
-    slot_of, wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Next, Op, Pool,
-    Request, Result, Retries, SetSpec, Wait,
+    connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
+    next_tick, slot_of, wait_empty_op, AcquireSpec, Action, Backend, Durable, Error, Holder,
+    KnownCell, Next, Op, Pool, Request, Result, Retries, SetSpec, Wait,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -319,6 +319,28 @@ impl Link {
         })
     }
 
+    /// `WAIT replicas timeout` after the grant of `holder`, on the connection that wrote it:
+    /// [`Error::NotDurable`] unless that many replicas acknowledge it (core's [`Durable`]).
+    fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
+        let mut retries = Retries::new(self.route.budget());
+        loop {
+            self.once = true;
+            let answer = self.plain::<usize>(&durable_wait(wanted, timeout));
+            self.once = false;
+            match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {
+                Durable::Done => return Ok(()),
+                Durable::Recheck(pause) => {
+                    thread::sleep(pause);
+                    let sent = Instant::now();
+                    let held: i64 = self.op(&holder.refresh_op())?;
+                    if !holder.refreshed(sent, held) {
+                        return Err(Error::NotDurable { acked: 0, wanted });
+                    }
+                }
+            }
+        }
+    }
+
     /// A waiter that gives up while in line leaves it, and gives back a grant made meanwhile.
     fn abandon(&mut self, wait: &mut Wait) {
         if let Some((leave, unknown)) = wait.abandon() {
@@ -456,12 +478,10 @@ impl Semaphore {
             count: self.spec.count.unwrap_or(1),
         };
         if let Some((wanted, timeout)) = self.durable {
-            let acked: usize = permit
+            let holder = permit.holding.holder();
+            permit
                 .holding
-                .with_link(|link| link.plain(&durable_wait(wanted, timeout)))?;
-            if acked < wanted {
-                return Err(Error::NotDurable { acked, wanted });
-            }
+                .with_link(|link| link.durable(holder, wanted, timeout))?;
         }
         // A wait for the grant leaves the lease's start unknown: confirm it now.
         if sent.elapsed() > self.spec.lease / 3 && !permit.refresh()? {
