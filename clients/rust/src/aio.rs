@@ -462,7 +462,9 @@ impl Link {
         loop {
             let next = match action {
                 Action::Send(op) => {
-                    let answer = self.send(&mut |backend| op.request(backend, long)).await;
+                    let answer = self
+                        .send(&mut |backend| wait.as_sent(&op).request(backend, long))
+                        .await;
                     let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }

@@ -764,6 +764,19 @@ impl<'a> Wait<'a> {
         Action::Send(op)
     }
 
+    /// The last [`Action::Send`] as sent (again, after a failure in Redis Cluster: an
+    /// `UNBLOCKED` wait, a failover): an attempt waits what is left of the wait, not what was
+    /// left when it was first sent.
+    pub(crate) fn as_sent(&self, op: &Op) -> Op {
+        match self.sent {
+            Sent::Attempt => {
+                self.spec
+                    .op(self.id, left(self.until), self.line_sent, op.first_attempt)
+            }
+            Sent::Leave => op.clone(),
+        }
+    }
+
     /// What the last [`Action::Send`] got, passed on: a failure the server answered (an error
     /// reply) tells that nothing was granted; one of the connection leaves it unknown.
     pub(crate) fn sent(&mut self, answer: Result<(Value, Backend)>) -> Result<(Value, Backend)> {

@@ -258,7 +258,7 @@ impl Link {
         loop {
             let next = match action {
                 Action::Send(op) => {
-                    let answer = self.send(&mut |backend| op.request(backend, long));
+                    let answer = self.send(&mut |backend| wait.as_sent(&op).request(backend, long));
                     let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }

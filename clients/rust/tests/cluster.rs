@@ -1039,3 +1039,99 @@ fn waiting_on(conn: &mut redis::Connection, names: &[&str]) -> usize {
         })
         .count()
 }
+
+/// Ends the wait of the one client blocked on this node (`CLIENT UNBLOCK <id> ERROR`: the
+/// `UNBLOCKED` error that a failover gives blocked clients), once it blocks.
+fn unblock_the_waiter(conn: &mut redis::Connection) {
+    let started = Instant::now();
+    loop {
+        let clients: String = redis::cmd("CLIENT").arg("LIST").query(conn).unwrap();
+        let blocked = clients
+            .lines()
+            .find(|client| client.contains(" flags=b "))
+            .and_then(|client| client.strip_prefix("id="))
+            .and_then(|rest| rest.split(' ').next())
+            .map(|id| id.to_string());
+        if let Some(id) = blocked {
+            let unblocked: i64 = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(&id)
+                .arg("ERROR")
+                .query(conn)
+                .unwrap();
+            assert_eq!(unblocked, 1);
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "nobody blocks");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A waiter whose blocked call ends with `UNBLOCKED` (`CLIENT UNBLOCK <id> ERROR`) waits again
+/// on the slot's owner, sync and async: served when a permit frees up, and refused when what
+/// was left of its wait has passed, not a whole wait later.
+#[test]
+fn an_unblocked_waiter_waits_again_within_its_wait() {
+    if mode().is_none() {
+        return;
+    }
+    let nodes = Nodes::start(0);
+    let cluster = nodes.cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let name = "{unblocked}".to_string();
+    let mut conn = nodes.conn(nodes.owner(slot(&name)));
+    let sem = Semaphore::new(&cluster, name.clone()).auto_refresh(false);
+    let asem = aio::Semaphore::new(&cluster, name.clone()).auto_refresh(false);
+
+    // Unblocked twice, then served.
+    let holder = sem.acquire().unwrap();
+    let waiting = sem.clone().wait(Some(Duration::from_secs(20)));
+    let waiter = thread::spawn(move || waiting.acquire());
+    unblock_the_waiter(&mut conn);
+    unblock_the_waiter(&mut conn);
+    assert!(!waiter.is_finished());
+    assert!(holder.release().unwrap());
+    let served = waiter.join().unwrap().unwrap();
+    assert_eq!(redsem_client::in_use(&cluster, &name).unwrap(), 1);
+    assert!(served.release().unwrap());
+
+    let holder = sem.acquire().unwrap();
+    let awaiting = asem.clone().wait(Some(Duration::from_secs(20)));
+    let awaiter = rt.spawn(async move { awaiting.acquire().await });
+    unblock_the_waiter(&mut conn);
+    unblock_the_waiter(&mut conn);
+    assert!(!awaiter.is_finished());
+    assert!(holder.release().unwrap());
+    let served = rt.block_on(awaiter).unwrap().unwrap();
+    assert!(rt.block_on(served.release()).unwrap());
+
+    // Unblocked after 1 s of a 2.5 s wait: refused at 2.5 s.
+    let holder = sem.acquire().unwrap();
+    let started = Instant::now();
+    let waiting = sem.clone().wait(Some(Duration::from_millis(2500)));
+    let waiter = thread::spawn(move || waiting.acquire());
+    thread::sleep(Duration::from_secs(1));
+    unblock_the_waiter(&mut conn);
+    assert!(matches!(waiter.join().unwrap(), Err(Error::NotAcquired)));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2400) && waited < Duration::from_millis(3200),
+        "{waited:?}"
+    );
+    let started = Instant::now();
+    let awaiting = asem.clone().wait(Some(Duration::from_millis(2500)));
+    let awaiter = rt.spawn(async move { awaiting.acquire().await });
+    thread::sleep(Duration::from_secs(1));
+    unblock_the_waiter(&mut conn);
+    assert!(matches!(
+        rt.block_on(awaiter).unwrap(),
+        Err(Error::NotAcquired)
+    ));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2400) && waited < Duration::from_millis(3200),
+        "{waited:?}"
+    );
+    assert!(holder.release().unwrap());
+    assert_eq!(redsem_client::in_use(&cluster, &name).unwrap(), 0);
+}
