@@ -32,6 +32,7 @@
 //! runs out).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -868,8 +869,9 @@ impl Shared {
 /// The refresh task and the release that a permit and a set share.
 struct Holding {
     shared: Arc<Shared>,
-    refresher: Option<JoinHandle<()>>,
-    released: bool,
+    refresher: Mutex<Option<JoinHandle<()>>>,
+    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
+    released: AtomicBool,
 }
 
 impl Holding {
@@ -879,8 +881,8 @@ impl Holding {
                 holder,
                 link: tokio::sync::Mutex::new(link),
             }),
-            refresher: None,
-            released: false,
+            refresher: Mutex::new(None),
+            released: AtomicBool::new(false),
         }
     }
 
@@ -888,20 +890,24 @@ impl Holding {
         &self.shared.holder
     }
 
-    async fn give_back(&mut self) -> Result<bool> {
-        self.released = true;
+    /// As the sync API's: an error leaves the permit held, for another call or the drop.
+    async fn give_back(&self) -> Result<bool> {
+        if self.released.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let lost_before = self.holder().is_lost();
-        if let Some(refresher) = self.refresher.take() {
+        if let Some(refresher) = lock(&self.refresher).take() {
             refresher.abort();
         }
         let released = self.shared.release().await?;
+        self.released.store(true, Ordering::SeqCst);
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
     fn start_refreshing(&mut self) {
         let shared = Arc::clone(&self.shared);
         let interval = shared.holder.lease / 3;
-        self.refresher = Some(tokio::spawn(async move {
+        *lock(&self.refresher) = Some(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
                 match shared.refresh().await {
@@ -918,10 +924,10 @@ impl Holding {
 impl Drop for Holding {
     /// No async drop: the refresh stops, and inside a runtime a task gives the permit back.
     fn drop(&mut self) {
-        if let Some(refresher) = self.refresher.take() {
+        if let Some(refresher) = lock(&self.refresher).take() {
             refresher.abort();
         }
-        if !self.released {
+        if !self.released.load(Ordering::SeqCst) {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 // On the shared connection: the permit's own may still be blocked in a call
                 // that was dropped (`WAIT numreplicas`), which would hold the release back.
@@ -1014,8 +1020,8 @@ impl Permit {
         Ok(released == 1)
     }
 
-    /// As [`crate::Permit::release`].
-    pub async fn release(mut self) -> Result<bool> {
+    /// As [`crate::Permit::release`]: an error leaves the permit held, to release again.
+    pub async fn release(&self) -> Result<bool> {
         self.holding.give_back().await
     }
 }
@@ -1076,7 +1082,7 @@ impl PermitSet {
     }
 
     /// As [`crate::PermitSet::release`].
-    pub async fn release(mut self) -> Result<bool> {
+    pub async fn release(&self) -> Result<bool> {
         self.holding.give_back().await
     }
 }

@@ -1,6 +1,7 @@
 //! The sync API: a connection of its own per permit, a refresh thread.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -664,9 +665,10 @@ impl Shared {
 struct Holding {
     shared: Arc<Shared>,
     /// Dropping it stops the refresh thread.
-    stop: Option<mpsc::Sender<()>>,
-    refresher: Option<JoinHandle<()>>,
-    released: bool,
+    stop: Mutex<Option<mpsc::Sender<()>>>,
+    refresher: Mutex<Option<JoinHandle<()>>>,
+    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
+    released: AtomicBool,
 }
 
 impl Holding {
@@ -676,9 +678,9 @@ impl Holding {
                 holder,
                 link: Mutex::new(link),
             }),
-            stop: None,
-            refresher: None,
-            released: false,
+            stop: Mutex::new(None),
+            refresher: Mutex::new(None),
+            released: AtomicBool::new(false),
         }
     }
 
@@ -690,14 +692,20 @@ impl Holding {
         send(&mut lock(&self.shared.link))
     }
 
-    fn give_back(&mut self) -> Result<bool> {
-        self.released = true;
+    /// The release: an error (a connection's) leaves the permit held, to be given back by
+    /// another call or the drop; once answered, a later call sends nothing and answers false.
+    fn give_back(&self) -> Result<bool> {
+        if self.released.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let lost_before = self.holder().is_lost();
-        self.stop.take(); // the refresh thread ends at its next wake-up...
-        if let Some(refresher) = self.refresher.take() {
+        lock(&self.stop).take(); // the refresh thread ends at its next wake-up...
+        let refresher = lock(&self.refresher).take();
+        if let Some(refresher) = refresher {
             let _ = refresher.join(); // ...which is now, after a refresh under way
         }
         let released: i64 = self.with_link(|link| link.op(&self.holder().release_op()))?;
+        self.released.store(true, Ordering::SeqCst);
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
@@ -720,16 +728,14 @@ impl Holding {
                 }
             })
             .expect("cannot start the refresh thread");
-        self.stop = Some(stop);
-        self.refresher = Some(refresher);
+        *lock(&self.stop) = Some(stop);
+        *lock(&self.refresher) = Some(refresher);
     }
 }
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        if !self.released {
-            let _ = self.give_back();
-        }
+        let _ = self.give_back();
     }
 }
 
@@ -804,8 +810,10 @@ impl Permit {
     }
 
     /// Gives the permit back: `Ok(true)` if it was held throughout, `Ok(false)` if it was lost
-    /// (the work it guarded may have overlapped another holder's).
-    pub fn release(mut self) -> Result<bool> {
+    /// (the work it guarded may have overlapped another holder's). An error (the connection's)
+    /// leaves the permit held: call `release` again (else its drop tries once more). Once a
+    /// release was answered, another sends nothing and answers `Ok(false)`.
+    pub fn release(&self) -> Result<bool> {
         self.holding.give_back()
     }
 }
@@ -869,8 +877,8 @@ impl PermitSet {
     }
 
     /// Gives every permit back: `Ok(true)` if all were held throughout, `Ok(false)` if one was
-    /// lost.
-    pub fn release(mut self) -> Result<bool> {
+    /// lost. An error leaves them held, as [`Permit::release`].
+    pub fn release(&self) -> Result<bool> {
         self.holding.give_back()
     }
 }

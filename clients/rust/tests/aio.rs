@@ -589,3 +589,25 @@ async fn a_durable_acquire_dropped_while_replicas_are_awaited_gives_its_grant_ba
         live(&mut conn, "jobs") == 0
     });
 }
+
+/// As the sync suite's: a release that fails (here the shared connection was closed) leaves the
+/// permit held, and a second call gives it back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_that_fails_can_be_called_again() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .auto_refresh(false)
+        .acquire()
+        .await
+        .unwrap();
+    let _: i64 = run(
+        &mut conn,
+        &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+    );
+    assert!(matches!(permit.release().await, Err(Error::Redis(_))));
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    assert!(permit.release().await.unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 0);
+    assert!(!permit.release().await.unwrap());
+}

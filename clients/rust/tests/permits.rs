@@ -770,3 +770,29 @@ fn without_the_module_then_with_it_the_same_code_goes_on() {
         assert_eq!(run::<i64>(&mut conn, &["EXISTS", key]), 0, "{key}");
     }
 }
+
+/// A release that fails (its connection was cut) leaves the permit held, and a second call
+/// gives it back; once answered, another call sends nothing.
+#[test]
+fn a_release_that_fails_can_be_called_again() {
+    let server = server();
+    let mut conn = server.connection();
+    // durable(0, ..): the permit keeps a connection of its own, which the server then closes.
+    let permit = Semaphore::new(client(&server), "jobs")
+        .durable(0, Duration::from_millis(100))
+        .auto_refresh(false)
+        .acquire()
+        .unwrap();
+    kill_the_waits_connection(&mut conn);
+    assert!(matches!(permit.release(), Err(Error::Redis(_))));
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    assert!(permit.release().unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 0);
+    let runs = calls(&mut conn, "sem.release") + script_runs(&mut conn);
+    assert!(!permit.release().unwrap());
+    drop(permit);
+    assert_eq!(
+        calls(&mut conn, "sem.release") + script_runs(&mut conn),
+        runs
+    );
+}
