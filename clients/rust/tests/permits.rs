@@ -103,7 +103,12 @@ fn readme_limit_example(url: &str) -> Result<(), Error> {
 /// The lines of this file between `// README <what> begins` and its end, unindented once, as
 /// clients/README.md shows them.
 fn example_text(what: &str) -> String {
-    let this_file = include_str!("permits.rs");
+    example_text_of(include_str!("permits.rs"), what)
+}
+
+/// The lines of a suite's file between `// README <what> begins` and its end, unindented once,
+/// with the server's address as the READMEs show it.
+fn example_text_of(this_file: &str, what: &str) -> String {
     let begin = this_file
         .find(&format!("// README {what} begins\n"))
         .unwrap();
@@ -115,7 +120,44 @@ fn example_text(what: &str) -> String {
         .skip(1)
         .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
         .collect();
-    example.replace("open(url)", "open(\"redis://127.0.0.1:6379/\")")
+    example.replace("open(url)", "open(\"redis://127.0.0.1:6379/\")").replace(
+        "new(urls)",
+        "new(vec![\"redis://127.0.0.1:7000/\", \"redis://127.0.0.1:7001/\"])",
+    )
+}
+
+/// Every Rust block of clients/rust/README.md is the code of an example a suite runs: this
+/// one's (`the_readme_examples`), the async suite's and the cluster suite's (run with
+/// `REDSEM_CLUSTER`), each of which asserts the release's answer.
+#[test]
+fn every_rust_block_of_the_crates_readme_is_run_by_a_suite() {
+    let readme = include_str!("../README.md");
+    let run = [
+        example_text("example"),
+        example_text_of(include_str!("aio.rs"), "async example"),
+        example_text_of(include_str!("cluster.rs"), "cluster example"),
+    ];
+    let mut blocks = 0;
+    for block in readme.split("```rust\n").skip(1) {
+        let block = &block[..block.find("```").expect("an open block")];
+        // The imports the suites have at their top.
+        let uses = block
+            .lines()
+            .take_while(|line| line.starts_with("use ") || line.is_empty())
+            .map(|line| line.len() + 1)
+            .sum::<usize>();
+        let block = &block[uses..];
+        assert!(
+            run.iter().any(|example| example == block),
+            "clients/rust/README.md shows code no suite runs:\n{block}"
+        );
+        blocks += 1;
+    }
+    assert_eq!(blocks, run.len(), "an example no longer in the README");
+    for example in &run {
+        assert!(example.contains(".release()?") || example.contains(".release().await?"));
+        assert!(!example.contains("let _ = "), "an answer dropped:\n{example}");
+    }
 }
 
 #[test]
