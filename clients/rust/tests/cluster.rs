@@ -8,9 +8,10 @@
 //! with REDIS_SERVER (the server binary), REDSEM_MODULE (the module, absolute) and
 //! REDSEM_TEST_CLUSTER (scripts/test-cluster, absolute; by default found from this crate).
 //!
-//! Two clusters: three primaries for the calls, the errors, the load over three slots and a
+//! Four clusters: three primaries for the calls, the errors, the load over three slots and a
 //! reshard under load; three primaries with a replica each for a primary killed under a waiter
-//! and a holder.
+//! and a holder; three primaries for waiters unblocked (`UNBLOCKED`); three primaries with two
+//! replicas each for a durable acquire whose primary dies during its `WAIT`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -76,6 +77,7 @@ fn driver(args: &[&str]) -> String {
 #[derive(Debug, Clone)]
 struct Node {
     port: u16,
+    pid: u32,
     alive: bool,
     primary: bool,
     slots: Vec<(u16, u16)>,
@@ -126,6 +128,7 @@ impl Nodes {
             .iter()
             .map(|node| Node {
                 port: node["port"].as_u64().unwrap() as u16,
+                pid: node["pid"].as_u64().unwrap() as u32,
                 alive: node["alive"].as_bool().unwrap(),
                 primary: node["primary"].as_bool().unwrap(),
                 slots: node["slots"]
@@ -1134,4 +1137,112 @@ fn an_unblocked_waiter_waits_again_within_its_wait() {
     );
     assert!(holder.release().unwrap());
     assert_eq!(redsem_client::in_use(&cluster, &name).unwrap(), 0);
+}
+
+/// `kill -<signal> <pid>`.
+fn signal(signal: &str, pid: u32) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// The replicas of the primary at `port`.
+fn replicas_of(nodes: &Nodes, port: u16) -> Vec<Node> {
+    nodes
+        .nodes()
+        .into_iter()
+        .filter(|node| node.alive && !node.primary)
+        .filter(|node| {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut nodes.conn(node.port))
+                .unwrap();
+            info.contains(&format!("master_port:{port}\r\n"))
+        })
+        .collect()
+}
+
+/// A durable acquire whose primary dies while its `WAIT numreplicas` blocks (its two replicas
+/// are stopped and cut off: the grant reaches neither) is not called durable by a `WAIT` on a new
+/// connection to the new primary, which its other replica, following it, answers at once: it
+/// fails with `NotDurable`, and nothing is held. Sync and async.
+#[test]
+fn a_durable_wait_cut_by_a_failover_is_not_answered_by_another_connection() {
+    if mode().is_none() {
+        return;
+    }
+    let nodes = Nodes::start(2);
+    let cluster = nodes.cluster();
+    let sync_name = "{durable}".to_string();
+    let sync_owner = nodes.owner(slot(&sync_name));
+    let async_name = (0..)
+        .map(|n| format!("{{durable{n}}}"))
+        .find(|name| nodes.owner(slot(name)) != sync_owner)
+        .unwrap();
+    for (name, asynchronous) in [(sync_name, false), (async_name, true)] {
+        let victim = nodes.owner(slot(&name));
+        let replicas = replicas_of(&nodes, victim);
+        assert_eq!(replicas.len(), 2);
+        // Stopped, and their links closed by the primary: the grant stays in its backlog (a
+        // stopped replica would still find it in its socket when it wakes up).
+        for replica in &replicas {
+            signal("STOP", replica.pid);
+        }
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query(&mut nodes.conn(victim))
+            .unwrap();
+        assert_eq!(killed, 2);
+        let acquiring = {
+            let (cluster, name) = (cluster.clone(), name.clone());
+            thread::spawn(move || {
+                let lease = Duration::from_secs(30);
+                let durable = Duration::from_secs(20);
+                match asynchronous {
+                    false => Semaphore::new(&cluster, name)
+                        .lease(lease)
+                        .auto_refresh(false)
+                        .durable(1, durable)
+                        .acquire()
+                        .map(|permit| permit.id().to_string()),
+                    true => tokio::runtime::Runtime::new().unwrap().block_on(async {
+                        aio::Semaphore::new(&cluster, name)
+                            .lease(lease)
+                            .auto_refresh(false)
+                            .durable(1, durable)
+                            .acquire()
+                            .await
+                            .map(|permit| permit.id().to_string())
+                    }),
+                }
+            })
+        };
+        // Granted on the primary, whose WAIT now blocks.
+        let started = Instant::now();
+        while redsem_client::in_use(&cluster, &name).unwrap() == 0 {
+            assert!(started.elapsed() < Duration::from_secs(10), "no grant");
+            thread::sleep(Duration::from_millis(20));
+        }
+        thread::sleep(Duration::from_millis(300));
+        assert!(!acquiring.is_finished());
+        driver(&["kill", &nodes.dir(), &victim.to_string()]);
+        for replica in &replicas {
+            signal("CONT", replica.pid);
+        }
+        driver(&["wait", &nodes.dir()]);
+        match acquiring.join().unwrap() {
+            Err(Error::NotDurable {
+                acked: 0,
+                wanted: 1,
+            }) => {}
+            other => panic!("a durable acquire whose grant no replica has: {other:?}"),
+        }
+        let new_owner = nodes.owner(slot(&name));
+        assert_ne!(new_owner, victim);
+        assert_eq!(redsem_client::in_use(&cluster, &name).unwrap(), 0);
+    }
 }

@@ -120,10 +120,12 @@ fn example_text_of(this_file: &str, what: &str) -> String {
         .skip(1)
         .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
         .collect();
-    example.replace("open(url)", "open(\"redis://127.0.0.1:6379/\")").replace(
-        "new(urls)",
-        "new(vec![\"redis://127.0.0.1:7000/\", \"redis://127.0.0.1:7001/\"])",
-    )
+    example
+        .replace("open(url)", "open(\"redis://127.0.0.1:6379/\")")
+        .replace(
+            "new(urls)",
+            "new(vec![\"redis://127.0.0.1:7000/\", \"redis://127.0.0.1:7001/\"])",
+        )
 }
 
 /// Every Rust block of clients/rust/README.md is the code of an example a suite runs: this
@@ -156,7 +158,10 @@ fn every_rust_block_of_the_crates_readme_is_run_by_a_suite() {
     assert_eq!(blocks, run.len(), "an example no longer in the README");
     for example in &run {
         assert!(example.contains(".release()?") || example.contains(".release().await?"));
-        assert!(!example.contains("let _ = "), "an answer dropped:\n{example}");
+        assert!(
+            !example.contains("let _ = "),
+            "an answer dropped:\n{example}"
+        );
     }
 }
 
