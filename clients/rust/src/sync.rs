@@ -325,7 +325,10 @@ impl Link {
     fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
         let mut retries = Retries::new(self.route.budget());
         loop {
+            // Sent once, on the connection that wrote the grant (or its refresh): never on
+            // another, as a pooled connection found closed would be.
             self.once = true;
+            self.reused = false;
             let answer = self.plain::<usize>(&durable_wait(wanted, timeout));
             self.once = false;
             match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {

@@ -843,3 +843,52 @@ fn a_release_that_fails_can_be_called_again() {
         runs
     );
 }
+
+/// A durable acquire whose `WAIT numreplicas` connection is closed while it blocks (its
+/// replica is stopped: the grant has not reached it) fails, and gives the grant back: the
+/// `WAIT` is not sent again on another connection, which wrote nothing and which the stopped
+/// replica's last acknowledgement would answer at once. The connection is one of the pool's
+/// (an acquire before gave it back), which a call that finds it closed otherwise replaces.
+#[test]
+fn a_durable_wait_whose_connection_closes_is_not_sent_on_another() {
+    let primary = server_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let replica = common::start_replica_of(&primary);
+    let mut conn = primary.connection();
+    let jobs = Semaphore::new(client(&primary), "jobs").auto_refresh(false);
+    assert!(jobs.acquire().unwrap().release().unwrap()); // a connection for the pool
+    let info: String = run(&mut replica.connection(), &["INFO", "server"]);
+    let pid = info
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let signal = |signal: &str| {
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let durable = jobs.clone().durable(1, Duration::from_secs(10));
+    let acquiring = thread::spawn(move || durable.acquire());
+    wait_until("the durable acquire waits", Duration::from_secs(5), || {
+        run::<String>(&mut conn, &["CLIENT", "LIST"]).contains(" cmd=wait ")
+    });
+    kill_the_waits_connection(&mut conn);
+    let acquired = acquiring.join().unwrap();
+    signal("-CONT");
+    match acquired {
+        Err(Error::Redis(err)) => assert!(err.is_connection_dropped() || err.is_io_error()),
+        other => panic!("a durable acquire whose WAIT was cut: {other:?}"),
+    }
+    assert_eq!(live(&mut conn, "jobs"), 0);
+}
