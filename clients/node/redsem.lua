@@ -38,6 +38,7 @@
 --                                   until the earliest live holder's deadline (0: none)
 --   LEAVE <id>                   -> the caller leaves the line: nil, or the message of a grant
 --                                   made to it before it left (see below), which it now holds
+--                                   (a grant's "G" only while that holder is live)
 --
 -- Keys, as the module keeps them: <name> (sorted set: id -> deadline, Unix ms), <name>:owner
 -- (fair: id -> ticket), <name>:counter (fair: the last ticket), <name>:permits (hash: the
@@ -66,6 +67,10 @@
 -- A refused ACQUIRE without LINE changes nothing but the expired holders it removes; a plain one
 -- may take a free permit ahead of the line (as SEM.ACQUIRE without WAIT does), a fair one is
 -- refused while anyone waits. A caller that holds a live permit renews it, waiting or not.
+-- Each attempt with LINE empties the caller's list, whether granted or refused: every
+-- message a waiter takes was told after its last attempt, so the lease of a grant told started
+-- after that attempt was sent (a grant whose lease ran out before the waiter came back is gone
+-- with it).
 -- Lists and the line expire PLACE_MS after their last write: nothing lingers.
 --
 -- The module loaded later: every call first asks the server whether SEM.ACQUIRE exists; when it
@@ -532,6 +537,7 @@ while QUICK do -- one pass; `break` hands the call to the full routines
           .. int(lease_ms) .. ' 0')
         call('PEXPIRE', LINE, PLACE_MS_TEXT)
         call('PEXPIRE', PLACES, PLACE_MS_TEXT)
+        call('DEL', WAKE .. ':' .. id) -- as in F.take_place
         ahead = rank
       end
       result = { false, retry, ahead }
@@ -1279,8 +1285,8 @@ function F.parse_place(text)
     count = count > 0 and count or nil }
 end
 
--- Takes (or keeps) `id`'s place at the end of the line, held until now + PLACE_MS; returns how
--- many wait before it.
+-- Takes (or keeps) `id`'s place at the end of the line, held until now + PLACE_MS, and empties
+-- its list; returns how many wait before it.
 function F.take_place(now, id, kind, limit, lease_ms, count)
   local rank
   if F.line_count() == 0 then
@@ -1299,6 +1305,10 @@ function F.take_place(now, id, kind, limit, lease_ms, count)
   redis.call('HSET', PLACES, id, F.place_text(now + PLACE_MS, kind, limit, lease_ms, count))
   redis.call('PEXPIRE', LINE, PLACE_MS)
   redis.call('PEXPIRE', PLACES, PLACE_MS)
+  -- What the waiter was told before this attempt is past: a grant whose lease ran out before
+  -- the waiter came back (it was away through a failover, or stalled) left it not holding, and
+  -- its next BLPOP would take that "G" for a permit, counting a lease from this attempt.
+  redis.call('DEL', F.wake_key(id))
   return rank
 end
 
@@ -1643,6 +1653,7 @@ function F.leave(args)
   end
   local id = F.identifier(args[1])
   F.open()
+  local now = F.now_ms()
   local key = F.wake_key(id)
   local got = false
   if redis.call('TYPE', key).ok == 'list' then
@@ -1654,6 +1665,14 @@ function F.leave(args)
     end
     redis.call('DEL', key)
   end
+  -- A grant is handed over only to a live holder: one whose lease ran out (or that another
+  -- client removed) holds nothing, and its caller must not count a lease from it.
+  if got and got:sub(1, 1) == 'G' then
+    local held_until = F.deadline(id)
+    if not held_until or held_until <= now then
+      got = false
+    end
+  end
   if F.line_count() == 0 then
     return got
   end
@@ -1662,7 +1681,7 @@ function F.leave(args)
     F.give_up_line()
     return got
   end
-  return F.served(F.now_ms(), got)
+  return F.served(now, got)
 end
 
 local OPERATIONS = {
