@@ -1313,7 +1313,7 @@ function F.take_place(now, id, kind, limit, lease_ms, count)
   redis.call('PEXPIRE', PLACES, PLACE_MS)
   -- What the waiter was told before this attempt is past: a grant whose lease ran out before
   -- the waiter came back (it was away through a failover, or stalled) left it not holding, and
-  -- its next BLPOP would take that "G" for a permit, counting a lease from this attempt.
+  -- it would take that "G" from its list for a permit, counting a lease from this attempt.
   redis.call('DEL', F.wake_key(id))
   return rank
 end
