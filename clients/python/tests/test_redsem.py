@@ -440,6 +440,28 @@ def test_fair_permits_carry_growing_tickets(r):
             pass
 
 
+def test_a_fair_ticket_after_its_keys_went_is_above_the_one_before(r):
+    """A name whose keys went between two fair grants (a DEL of the name, its owner set and its
+    counter, or FLUSHDB), the two most often within one millisecond, still gives the second a
+    ticket above the first, in every round: the script starts again from the server's clock in
+    microseconds, the module above every ticket the node handed out."""
+    sem = Semaphore(r, "fence", limit=1, lease=30, fair=True, auto_refresh=False)
+    repeats = []
+    for round in range(200):
+        first = sem.acquire()
+        if round % 2:
+            r.flushdb()
+        else:
+            r.delete("fence", "fence:owner", "fence:counter")
+        second = sem.acquire()
+        assert first.ticket is not None and second.ticket is not None
+        if second.ticket <= first.ticket:
+            repeats.append((round, first.ticket, second.ticket))
+        assert not first.release()  # its keys went: lost
+        assert second.release()
+    assert not repeats, f"{len(repeats)} of 200 rounds: (round, first, second) {repeats[:5]}"
+
+
 def test_count_takes_several_permits_and_gives_some_back(r):
     with Semaphore(r, "gpus", limit=4, lease=30, count=3) as big:
         assert live(r, "gpus") == 3
