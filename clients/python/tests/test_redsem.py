@@ -1488,3 +1488,190 @@ def test_an_interrupted_wait_leaves_the_line(r):
     assert waiting(r, "gone") == 0 and r.keys("gone:wake*") == []
     assert holder.release() is True
     assert live(r, "gone") == 0
+
+
+# Waits cut by the server, acquires interrupted, releases without an answer, durable grants
+# whose WAIT is cut.
+
+
+def the_blocked_waiter(r) -> int:
+    """The id of the one client blocked in a wait (SEM.ACQUIRE with the module, BLPOP without)."""
+    command = "sem.acquire" if has_module(r) else "blpop"
+    found = []
+
+    def blocked():
+        found[:] = [c["id"] for c in r.client_list() if "b" in c["flags"] and c["cmd"] == command]
+        return found
+
+    wait_until("the waiter blocks", blocked)
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_wait_cut_by_unblocked_waits_again(r, server, kind):
+    """A waiter whose blocked command the server ends with UNBLOCKED (what a failover gives its
+    waiters; here CLIENT UNBLOCK ... ERROR, twice) waits on: granted when the holder gives its
+    permit back, never an error."""
+    holder = Semaphore(r, "cut", limit=1, lease=30).acquire()
+    got = []
+
+    def wait_for_it():
+        try:
+            if kind == "sync":
+                permit = Semaphore(r, "cut", limit=1, lease=30, wait=20).acquire()
+                got.append(permit.id)
+                got.append(permit.release())
+                return
+
+            async def main():
+                ar = redis.asyncio.Redis(port=server.port)
+                permit = await AsyncSemaphore(ar, "cut", limit=1, lease=30, wait=20).acquire()
+                got.append(permit.id)
+                got.append(await permit.release())
+                await ar.aclose()
+
+            asyncio.run(main())
+        except Exception as err:
+            got.append(err)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    for _ in range(2):
+        assert r.execute_command("CLIENT UNBLOCK", the_blocked_waiter(r), "ERROR") == 1
+        time.sleep(0.2)
+        assert got == [], got
+    wait_until("the waiter is in line", lambda: waiting(r, "cut") == 1)
+    assert holder.release() is True
+    waiter.join(10)
+    assert len(got) == 2 and got[1] is True, got
+    assert live(r, "cut") == 0
+
+
+class Interrupted(Exception):
+    """Raised in the main thread by a signal handler, as an interrupt in a waiting thread."""
+
+
+def sleep_server(port, seconds):
+    """DEBUG SLEEP on a connection of its own, in a thread: the server reads nothing meanwhile,
+    then what came during the sleep in the order it came."""
+
+    def sleep():
+        client = redis.Redis(port=port)
+        client.execute_command("DEBUG", "SLEEP", seconds)
+        client.close()
+
+    sleeper = threading.Thread(target=sleep)
+    sleeper.start()
+    time.sleep(0.1)
+    return sleeper
+
+
+@pytest.fixture
+def debug_server():
+    """A server of the test's own that takes DEBUG SLEEP."""
+    s = Server("--enable-debug-command", "yes")
+    yield s
+    s.stop()
+
+
+def test_a_cancelled_wait_gives_back_a_grant_that_came_after(debug_server):
+    """An asyncio wait cancelled just as the holder's release grants it (the server reads the
+    release before it sees the waiter's connection close): the grant nobody will see is given
+    back at once, no permit is left without a holder."""
+    rs = redis.Redis(port=debug_server.port)
+
+    async def main():
+        r = redis.asyncio.Redis(port=debug_server.port)
+        holder = await AsyncSemaphore(r, "late", limit=1, lease=30).acquire()
+        task = asyncio.ensure_future(AsyncSemaphore(r, "late", limit=1, lease=30, wait=20).acquire())
+        while waiting(rs, "late") != 1:
+            await asyncio.sleep(0.01)
+        sleeper = sleep_server(debug_server.port, "0.5")
+        releasing = asyncio.ensure_future(holder.release())
+        await asyncio.sleep(0.1)  # its release is sent, read after the sleep
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await releasing is True
+        sleeper.join()
+        await r.aclose()
+
+    asyncio.run(main())
+    assert live(rs, "late") == 0
+    rs.close()
+
+
+def test_an_interrupted_wait_gives_back_a_grant_that_came_after(debug_server):
+    """The same for the sync API: an exception raised by a signal handler in the waiting thread
+    (as KeyboardInterrupt is) just as the holder's release grants the wait."""
+    import signal
+
+    r = redis.Redis(port=debug_server.port)
+    holder = Semaphore(r, "late", limit=1, lease=30).acquire()
+    main = threading.get_ident()
+
+    def interrupt(signum, frame):
+        raise Interrupted()
+
+    def release_then_interrupt():
+        wait_until("the waiter is in line", lambda: waiting(redis.Redis(port=debug_server.port), "late") == 1)
+        sleeper = sleep_server(debug_server.port, "0.5")
+        releasing = threading.Thread(target=lambda: outcome.append(holder.release()))
+        releasing.start()
+        time.sleep(0.1)  # its release is sent, read after the sleep
+        signal.pthread_kill(main, signal.SIGUSR1)
+        releasing.join()
+        sleeper.join()
+
+    outcome = []
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    helper = threading.Thread(target=release_then_interrupt)
+    try:
+        helper.start()
+        with pytest.raises(Interrupted):
+            Semaphore(r, "late", limit=1, lease=30, wait=20).acquire()
+    finally:
+        helper.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert outcome == [True]
+    assert live(r, "late") == 0
+    r.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_release_without_an_answer_can_be_sent_again(server, kind):
+    """A release whose connection the server closed (CLIENT KILL) fails with a connection error
+    and leaves the permit held and releasable: a second release() gives it back and answers
+    True."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+    kill = ["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]
+    if kind == "sync":
+        client = redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0))
+        permit = Semaphore(client, "again", limit=1, lease=30, auto_refresh=False).acquire()
+        assert rs.execute_command(*kill) >= 1
+        with pytest.raises(redis.ConnectionError):
+            permit.release()
+        assert live(rs, "again") == 1
+        assert permit.release() is True
+        assert permit.release() is True  # repeated, not sent again
+        client.close()
+    else:
+
+        async def main():
+            client = redis.asyncio.Redis(port=server.port, retry=AsyncRetry(NoBackoff(), 0))
+            permit = await AsyncSemaphore(
+                client, "again", limit=1, lease=30, auto_refresh=False
+            ).acquire()
+            assert rs.execute_command(*kill) >= 1
+            with pytest.raises(redis.ConnectionError):
+                await permit.release()
+            assert live(rs, "again") == 1
+            assert await permit.release() is True
+            assert await permit.release() is True
+            await client.aclose()
+
+        asyncio.run(main())
+    assert live(rs, "again") == 0
+    rs.close()
