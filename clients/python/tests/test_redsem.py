@@ -1549,84 +1549,57 @@ def test_a_wait_cut_by_unblocked_waits_again(r, server, kind):
 
 
 class Interrupted(Exception):
-    """Raised in the main thread by a signal handler, as an interrupt in a waiting thread."""
+    """Raised in the main thread by a signal handler, as KeyboardInterrupt is."""
 
 
-def sleep_server(port, seconds):
-    """DEBUG SLEEP on a connection of its own, in a thread: the server reads nothing meanwhile,
-    then what came during the sleep in the order it came."""
-
-    def sleep():
-        client = redis.Redis(port=port)
-        client.execute_command("DEBUG", "SLEEP", seconds)
-        client.close()
-
-    sleeper = threading.Thread(target=sleep)
-    sleeper.start()
-    time.sleep(0.1)
-    return sleeper
-
-
-@pytest.fixture
-def debug_server():
-    """A server of the test's own that takes DEBUG SLEEP."""
-    s = Server("--enable-debug-command", "yes")
-    yield s
-    s.stop()
-
-
-def test_a_cancelled_wait_gives_back_a_grant_that_came_after(debug_server):
-    """An asyncio wait cancelled just as the holder's release grants it (the server reads the
-    release before it sees the waiter's connection close): the grant nobody will see is given
-    back at once, no permit is left without a holder."""
-    rs = redis.Redis(port=debug_server.port)
+def test_a_cancelled_wait_gives_back_a_grant_that_came_after(server):
+    """An asyncio wait granted by the server, then cancelled before its task read the grant (the
+    holder's release sent by a blocking call from the event loop's own thread, so the task runs
+    only after both): the grant nobody will see is given back, no permit is left without a
+    holder."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
 
     async def main():
-        r = redis.asyncio.Redis(port=debug_server.port)
-        holder = await AsyncSemaphore(r, "late", limit=1, lease=30).acquire()
+        r = redis.asyncio.Redis(port=server.port)
+        holder = await AsyncSemaphore(r, "late", limit=1, lease=30, auto_refresh=False).acquire()
         task = asyncio.ensure_future(AsyncSemaphore(r, "late", limit=1, lease=30, wait=20).acquire())
         while waiting(rs, "late") != 1:
             await asyncio.sleep(0.01)
-        sleeper = sleep_server(debug_server.port, "0.5")
-        releasing = asyncio.ensure_future(holder.release())
-        await asyncio.sleep(0.1)  # its release is sent, read after the sleep
+        assert sem(rs, "RELEASE", "late", holder.id) == 1  # granted to the waiter
+        assert live(rs, "late") == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await releasing is True
-        sleeper.join()
         await r.aclose()
 
     asyncio.run(main())
     assert live(rs, "late") == 0
+    assert waiting(rs, "late") == 0
     rs.close()
 
 
-def test_an_interrupted_wait_gives_back_a_grant_that_came_after(debug_server):
-    """The same for the sync API: an exception raised by a signal handler in the waiting thread
-    (as KeyboardInterrupt is) just as the holder's release grants the wait."""
+def test_an_interrupted_wait_gives_back_a_grant_that_came_after(r):
+    """The same for the sync API: a signal's handler in the waiting thread (as SIGINT's raises
+    KeyboardInterrupt) sends the holder's release, which grants the wait, then raises before the
+    grant is read."""
     import signal
 
-    r = redis.Redis(port=debug_server.port)
-    holder = Semaphore(r, "late", limit=1, lease=30).acquire()
+    holder = Semaphore(r, "late", limit=1, lease=30, auto_refresh=False).acquire()
+    other = redis.Redis(port=r.connection_pool.connection_kwargs["port"])
     main = threading.get_ident()
 
     def interrupt(signum, frame):
+        assert sem(other, "RELEASE", "late", holder.id) == 1  # granted to the waiter
         raise Interrupted()
 
-    def release_then_interrupt():
-        wait_until("the waiter is in line", lambda: waiting(redis.Redis(port=debug_server.port), "late") == 1)
-        sleeper = sleep_server(debug_server.port, "0.5")
-        releasing = threading.Thread(target=lambda: outcome.append(holder.release()))
-        releasing.start()
-        time.sleep(0.1)  # its release is sent, read after the sleep
+    def signal_the_waiter():
+        wait_until("the waiter waits", lambda: waiting(other, "late") == 1)
+        the_blocked_waiter(other)
         signal.pthread_kill(main, signal.SIGUSR1)
-        releasing.join()
-        sleeper.join()
 
-    outcome = []
     previous = signal.signal(signal.SIGUSR1, interrupt)
-    helper = threading.Thread(target=release_then_interrupt)
+    helper = threading.Thread(target=signal_the_waiter)
     try:
         helper.start()
         with pytest.raises(Interrupted):
@@ -1634,9 +1607,9 @@ def test_an_interrupted_wait_gives_back_a_grant_that_came_after(debug_server):
     finally:
         helper.join()
         signal.signal(signal.SIGUSR1, previous)
-    assert outcome == [True]
     assert live(r, "late") == 0
-    r.close()
+    assert waiting(r, "late") == 0
+    other.close()
 
 
 @pytest.mark.parametrize("kind", ["sync", "asyncio"])
@@ -1675,3 +1648,144 @@ def test_a_release_without_an_answer_can_be_sent_again(server, kind):
         asyncio.run(main())
     assert live(rs, "again") == 0
     rs.close()
+
+
+class Proxy:
+    """A TCP proxy on a free loopback port to a server's port, as a client's address that moves
+    to a new primary: ``hold()`` makes new connections wait, ``point(port)`` sends them on;
+    ``freeze()`` drops what comes from then on, both ways (a network that lost it)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.frozen = False
+        self.ready = threading.Event()
+        self.ready.set()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._link, args=(client,), daemon=True).start()
+
+    def _link(self, client) -> None:
+        self.ready.wait(30)
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+        except OSError:
+            client.close()
+            return
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a, b) -> None:
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                if not self.frozen:
+                    b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def freeze(self) -> None:
+        self.frozen = True
+
+    def hold(self) -> None:
+        self.ready.clear()
+
+    def point(self, target: int) -> None:
+        self.target = target
+        self.ready.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def link_up(port) -> bool:
+    client = redis.Redis(port=port)
+    try:
+        return client.info("replication")["master_link_status"] == "up"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_durable_grant_whose_wait_is_cut_is_looked_for_on_the_new_primary(kind):
+    """The primary dies while WAIT blocks for the grant's replica (the replication stream cut, so
+    the grant reaches neither replica); a replica is promoted, the other follows it, and the client's address
+    now leads there (a proxy). redis-py resends WAIT on its new connection, where it counts
+    nothing written and answers 1 at once: the acquire must not report a durable permit. It
+    finds no holder on the new primary and raises NotDurable, and the name is free there."""
+    primary = Server("--repl-diskless-sync-delay", "0")
+    feed = Proxy(primary.port)  # the replication stream
+    replicas = [Server("--replicaof", "127.0.0.1", str(feed.port)) for _ in range(2)]
+    proxy = Proxy(primary.port)  # the client's address
+    try:
+        for replica in replicas:
+            wait_until("the replica is in sync", lambda: link_up(replica.port), 10)
+        feed.freeze()
+        outcome = []
+
+        def acquire():
+            # socket_timeout None, as redis-py before 8: commands are retried on a new connection.
+            options = dict(port=proxy.port, socket_timeout=None)
+            durable = dict(limit=1, lease=30, durable_replicas=1, durable_timeout_ms=30000)
+            try:
+                if kind == "sync":
+                    outcome.append(Semaphore(redis.Redis(**options), "jobs", **durable).acquire())
+                else:
+
+                    async def main():
+                        client = redis.asyncio.Redis(**options)
+                        return await AsyncSemaphore(client, "jobs", **durable).acquire()
+
+                    outcome.append(asyncio.run(main()))
+            except Exception as err:
+                outcome.append(err)
+
+        thread = threading.Thread(target=acquire)
+        thread.start()
+        p = redis.Redis(port=primary.port)
+        wait_until(
+            "the grant waits for a replica",
+            lambda: any(c["cmd"] == "wait" for c in p.client_list()),
+        )
+        assert p.zcard("jobs") == 1
+        p.close()
+        proxy.hold()
+        primary.process.kill()
+        primary.process.wait()
+        new = redis.Redis(port=replicas[0].port)
+        new.replicaof("NO", "ONE")
+        redis.Redis(port=replicas[1].port).replicaof("127.0.0.1", replicas[0].port)
+        wait_until("the other replica follows", lambda: link_up(replicas[1].port), 10)
+        assert new.zcard("jobs") == 0  # the grant reached no replica
+        proxy.point(replicas[0].port)
+        thread.join(30)
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], NotDurable), outcome
+        assert outcome[0].acked == 0 and outcome[0].wanted == 1
+        assert live(new, "jobs") == 0
+        with Semaphore(new, "jobs", limit=1, lease=30) as permit:
+            assert new.zrange("jobs", 0, -1) == [permit.id.encode()]
+        new.close()
+    finally:
+        for replica in replicas:
+            replica.stop()
+        primary.stop()
+        proxy.close()
+        feed.close()
