@@ -281,6 +281,40 @@ def test_the_readme_examples(r, server, capsys):
     assert [live(r, name) for name in names] == [0] * len(names)
 
 
+def test_the_packages_readme(r, server, capsys):
+    """clients/python/README.md as written: its install line names this package's folder from
+    the repository's root (scripts/test-clients installs it so), and its example for one server
+    runs on the test server (port 6379 replaced) and leaves no holder."""
+    readme = ROOT / "clients/python/README.md"
+    text = readme.read_text()
+    installs = re.findall(r"```sh\n(.*?)```", text, re.S)
+    assert len(installs) == 1
+    command = installs[0].split("#")[0].split()
+    assert command[:2] == ["pip", "install"] and len(command) == 3, command
+    folder = ROOT / command[2]
+    assert (folder / "src/redsem/__init__.py").is_file()
+    project = (folder / "pyproject.toml").read_text()
+    assert 'name = "redsem-client"' in project and 'readme = "README.md"' in project
+    assert f"pip install --quiet --disable-pip-version-check {command[2]} " in (
+        ROOT / "scripts/test-clients"
+    ).read_text()
+    blocks = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", text, re.S)
+        if "RedisCluster" not in block
+    ]
+    assert len(blocks) == 1
+    assert "port=6379" in blocks[0]
+    f = floor(r)
+    exec(compile(blocks[0].replace("port=6379", f"port={server.port}"), str(readme), "exec"), {})
+    printed = capsys.readouterr().out
+    assert re.findall(r"working on (\d) as", printed) == ["0", "1", "2"]
+    tickets = [int(t) for t in re.findall(r"has ticket (\d+)", printed)]
+    assert len(tickets) == 1
+    assert_tickets(tickets, f)
+    assert [live(r, name) for name in ("jobs", "printers")] == [0, 0]
+
+
 def test_grant_and_release(r):
     with Semaphore(r, "jobs", limit=3, lease=30) as permit:
         assert live(r, "jobs") == 1
