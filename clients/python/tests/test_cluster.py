@@ -785,3 +785,63 @@ def test_the_module_loaded_live_on_the_node_is_picked_up():
         for api in apis.values():
             api.close()
         c.stop()
+
+
+def test_a_waiter_cut_by_a_failover_waits_on_the_new_primary():
+    """CLUSTER FAILOVER on the replica of a semaphore's primary while one client holds its
+    permit and another waits: the old primary ends the wait with UNBLOCKED, and the waiter waits
+    again on the new primary, for what is left of its wait, until the holder gives its permit
+    back there; never an error, never a second permit beside the holder's."""
+    c = Cluster(replicas=1)
+    apis = {kind: make(c.port) for kind, make in APIS.items()}
+    try:
+        for kind, api in apis.items():
+            name = "{unblocked-%s}jobs" % kind
+            primary = c.owner(name)
+            node = c.node(primary)
+            primary_id = node.execute_command("CLUSTER MYID").decode()
+            replica = next(
+                int(address.split(":")[1].split("@")[0])
+                for address, entry in c.view().items()
+                if entry["master_id"] == primary_id and "fail" not in entry["flags"]
+            )
+            holder = api.acquire(name, 1, lease=30)
+            got = []
+
+            def waiter(api=api, name=name):
+                try:
+                    got.append(api.acquire(name, 1, lease=30, wait=25))
+                except Exception as err:
+                    got.append(err)
+
+            thread = threading.Thread(target=waiter)
+            thread.start()
+            command = "blpop" if SCRIPTS else "sem.acquire"
+            deadline = time.monotonic() + 5
+            while not any(
+                "b" in client["flags"] and client["cmd"] == command
+                for client in node.client_list()
+            ):
+                assert time.monotonic() < deadline, "the waiter does not wait"
+                time.sleep(0.01)
+            node.close()
+            promoted = c.node(replica)
+            assert promoted.execute_command("CLUSTER FAILOVER") in (True, b"OK")
+            deadline = time.monotonic() + 10
+            while c.owner(name) != replica:
+                assert time.monotonic() < deadline, "the replica was not promoted"
+                time.sleep(0.05)
+            promoted.close()
+            time.sleep(0.5)
+            assert got == [], "the waiter did not wait on"
+            assert c.live(name) == 1
+            assert api.release(holder) is True
+            thread.join(10)
+            assert len(got) == 1 and not isinstance(got[0], Exception), got
+            assert c.live(name) == 1
+            assert api.release(got[0]) is True
+            assert c.live(name) == 0
+    finally:
+        for api in apis.values():
+            api.close()
+        c.stop()
