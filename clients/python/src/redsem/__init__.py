@@ -2212,7 +2212,9 @@ class Semaphore:
         Cluster the name needs a hash tag (``"{jobs}"``, ``"app:{jobs}"``): without one,
         acquire() raises ValueError before sending anything.
     wait: seconds to wait inside the server for a permit; None or 0 do not wait, math.inf
-        waits without limit. Without the module the script keeps the line in the server, first
+        waits without limit. A wait the server ends with UNBLOCKED (a failover, CLIENT
+        UNBLOCK ... ERROR) waits again for what is left; one interrupted or cancelled gives
+        back a grant that came meanwhile. Without the module the script keeps the line in the server, first
         come first served, and hands a freed permit to the first waiter itself; the package
         blocks on the waiter's own list (``<name>:wake:<id>``) and tries again at least every
         2.5 s.
@@ -2224,7 +2226,10 @@ class Semaphore:
         names one permit: a second acquire with it, while the first permit is held, renews
         that permit rather than taking another (which is what makes a retried acquire safe).
     durable_replicas, durable_timeout_ms: after the grant, ``WAIT durable_replicas
-        durable_timeout_ms``; fewer acknowledgements give the permit back and raise NotDurable.
+        durable_timeout_ms`` on the connection that wrote it; fewer acknowledgements give the
+        permit back and raise NotDurable. A WAIT cut (the connection lost, a failover) is not
+        sent again elsewhere: the holder is refreshed on the primary of now and WAIT follows
+        there; a holder not found there raises NotDurable.
     auto_refresh: False to refresh by hand (``permit.refresh()``) instead of in a thread.
     retry_for: in Redis Cluster, how long (seconds) a call is resent, with the same identifier,
         while its slot moves or its primary fails over (a waiting acquire then waits again on
