@@ -1613,6 +1613,32 @@ def test_a_cancelled_wait_gives_back_a_grant_that_came_after(server):
     rs.close()
 
 
+@pytest.mark.skipif(SCRIPTS, reason="sets need the module")
+def test_a_cancelled_set_wait_gives_back_a_grant_that_came_after(server):
+    """As above, for a set: the whole set granted to a wait cancelled before it read the grant
+    is given back."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        holder = await AsyncSemaphore(r, "b", limit=1, lease=30, auto_refresh=False).acquire()
+        wanted = [("a", 1), ("b", 1)]
+        task = asyncio.ensure_future(acquire_all_async(r, wanted, lease=30, wait=20))
+        while waiting(rs, "b") != 1:
+            await asyncio.sleep(0.01)
+        assert sem(rs, "RELEASE", "b", holder.id) == 1  # the set granted to the waiter
+        assert [live(rs, name) for name in ("a", "b")] == [1, 1]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await r.aclose()
+
+    asyncio.run(main())
+    assert [live(rs, name) for name in ("a", "b")] == [0, 0]
+    rs.close()
+
+
 def test_an_interrupted_wait_gives_back_a_grant_that_came_after(r):
     """The same for the sync API: a signal's handler in the waiting thread (as SIGINT's raises
     KeyboardInterrupt) sends the holder's release, which grants the wait, then raises before the
