@@ -1597,7 +1597,8 @@ def test_a_cancelled_wait_gives_back_a_grant_that_came_after(server):
     async def main():
         r = redis.asyncio.Redis(port=server.port)
         holder = await AsyncSemaphore(r, "late", limit=1, lease=30, auto_refresh=False).acquire()
-        task = asyncio.ensure_future(AsyncSemaphore(r, "late", limit=1, lease=30, wait=20).acquire())
+        waiter = AsyncSemaphore(r, "late", limit=1, lease=30, wait=20)
+        task = asyncio.ensure_future(waiter.acquire())
         while waiting(rs, "late") != 1:
             await asyncio.sleep(0.01)
         assert sem(rs, "RELEASE", "late", holder.id) == 1  # granted to the waiter
@@ -1786,10 +1787,11 @@ def link_up(port) -> bool:
 @pytest.mark.parametrize("kind", ["sync", "asyncio"])
 def test_a_durable_grant_whose_wait_is_cut_is_looked_for_on_the_new_primary(kind):
     """The primary dies while WAIT blocks for the grant's replica (the replication stream cut, so
-    the grant reaches neither replica); a replica is promoted, the other follows it, and the client's address
-    now leads there (a proxy). redis-py resends WAIT on its new connection, where it counts
-    nothing written and answers 1 at once: the acquire must not report a durable permit. It
-    finds no holder on the new primary and raises NotDurable, and the name is free there."""
+    the grant reaches neither replica); a replica is promoted, the other follows it, and the
+    client's address now leads there (a proxy). redis-py resends WAIT on its new connection,
+    where it counts nothing written and answers 1 at once: the acquire must not report a
+    durable permit. It finds no holder on the new primary and raises NotDurable, and the name
+    is free there."""
     primary = Server("--repl-diskless-sync-delay", "0")
     feed = Proxy(primary.port)  # the replication stream
     replicas = [Server("--replicaof", "127.0.0.1", str(feed.port)) for _ in range(2)]

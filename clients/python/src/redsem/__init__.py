@@ -234,8 +234,8 @@ async def _run_blocking_async(
     try:
         reply = await connection.read_response(timeout=timeout)
     except asyncio.CancelledError:
-        # Closed (as recent redis-py releases do themselves): the server ends the wait, and no reply of it is
-        # read later as another command's.
+        # Closed (as recent redis-py releases do themselves): the server ends the wait, and no
+        # reply of it is read later as another command's.
         await connection.disconnect(nowait=True)
         raise
     if reply is None and loop.time() - started >= timeout:
@@ -2212,12 +2212,12 @@ class Semaphore:
         Cluster the name needs a hash tag (``"{jobs}"``, ``"app:{jobs}"``): without one,
         acquire() raises ValueError before sending anything.
     wait: seconds to wait inside the server for a permit; None or 0 do not wait, math.inf
-        waits without limit. A wait the server ends with UNBLOCKED (a failover, CLIENT
-        UNBLOCK ... ERROR) waits again for what is left; one interrupted or cancelled gives
-        back a grant that came meanwhile. Without the module the script keeps the line in the server, first
+        waits without limit. Without the module the script keeps the line in the server, first
         come first served, and hands a freed permit to the first waiter itself; the package
         blocks on the waiter's own list (``<name>:wake:<id>``) and tries again at least every
-        2.5 s.
+        2.5 s. A wait the server ends with UNBLOCKED (a failover, CLIENT UNBLOCK ... ERROR)
+        waits again for what is left; one interrupted or cancelled gives back a grant that came
+        meanwhile.
     fair: use SEM.ACQUIREFAIR (first come, first served; ``permit.ticket`` is a fencing token).
     count: take this many permits at once (COUNT), all or none.
     bound: BOUND; the permit is given back when its connection closes (the process dies).
