@@ -122,6 +122,9 @@ class ClusterTest {
     dir = Files.createTempDirectory("redsem-java-cluster-");
     List<String> args = new ArrayList<>(List.of("start", dir.toString(), "--server",
         RedisServer.binary(), "--primaries", "3", "--replicas", "1"));
+    if (!SCRIPTS) {
+      RedisServer.assumeModule();
+    }
     switch (MODE) {
       case "module":
         args.addAll(List.of("--module", RedisServer.module()));

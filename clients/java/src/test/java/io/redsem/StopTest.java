@@ -38,7 +38,9 @@ class StopTest {
 
   @AfterAll
   static void stop() {
-    server.close();
+    if (server != null) {
+      server.close();
+    }
   }
 
   private static String name(String what) {
