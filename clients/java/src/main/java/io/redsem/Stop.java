@@ -17,7 +17,7 @@ final class Stop {
   private static final long RETRY_NANOS = 100_000_000L;
   private static final int UNBLOCKS = 10;
   /** How often a thread blocked in a socket read (Jedis) is looked at for an interrupt. */
-  private static final long WATCH_NANOS = 20_000_000L;
+  private static final long WATCH_NANOS = 50_000_000L;
 
   private final Transport transport;
   private final String what; // for messages: 'a permit of "jobs"'
@@ -124,7 +124,7 @@ final class Stop {
       return;
     }
     // A thread blocked in a socket read does not see its interrupt: it is looked at instead.
-    b.watch = Refresher.every(WATCH_NANOS, () -> {
+    b.watch = Refresher.watch(WATCH_NANOS, () -> {
       if (b.thread.isInterrupted()) {
         request(true);
       }
