@@ -56,9 +56,13 @@ class StopTest {
 
   /** The server's clients blocked in a wait of this package. */
   private static List<String> blocked() {
+    return blocked(BLOCKED);
+  }
+
+  private static List<String> blocked(String cmd) {
     List<String> out = new java.util.ArrayList<>();
     for (String line : Commands.text(raw("CLIENT", "LIST")).split("\n")) {
-      if (line.contains(BLOCKED) && line.contains("flags=b")) {
+      if (line.contains(cmd + " ") && line.contains("flags=b")) {
         out.add(line);
       }
     }
@@ -122,6 +126,28 @@ class StopTest {
 
   @ParameterizedTest
   @EnumSource(Kind.class)
+  void aCancelledSetOrWaitEmptyEndsItsWait(Kind kind) throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeFalse(SCRIPTS, "sets and waitEmpty need the module");
+    String gpu = name("set-gpu");
+    String licence = name("set-licence");
+    try (Kind.Client c = kind.connect(server.port)) {
+      Permit holder = c.redsem.semaphore(gpu).limit(1).acquire();
+      CompletableFuture<PermitSet> set = c.redsem.semaphoreSet().semaphore(gpu, 1)
+          .semaphore(licence, 5).lease(1).waitFor(20).build().acquireAsync();
+      until(() -> blocked("cmd=sem.acquireall").size() == 1, "the set's wait in the server");
+      CompletableFuture<Boolean> empty = c.redsem.waitEmptyAsync(gpu, Duration.ofSeconds(20));
+      until(() -> blocked("cmd=sem.waitempty").size() == 1, "waitEmpty in the server");
+      assertTrue(set.cancel(true));
+      assertTrue(empty.cancel(true));
+      until(() -> blocked("cmd=sem.acquireall").isEmpty(), "the set's wait ended in the server");
+      until(() -> blocked("cmd=sem.waitempty").isEmpty(), "waitEmpty ended in the server");
+      nobodyHoldsAfter(holder, gpu);
+      assertEquals(0L, raw("EXISTS", licence), "nor of the set's other semaphore");
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(Kind.class)
   void anInterruptedWaitEndsAtOnce(Kind kind) throws Exception {
     String jobs = name("interrupt");
     try (Kind.Client c = kind.connect(server.port)) {
@@ -162,6 +188,50 @@ class StopTest {
       assertEquals(1L, raw("ZCARD", jobs));
       assertTrue(again.release());
     }
+  }
+
+  /**
+   * The release and the interrupt at once, many times: whichever wins, no permit is left held
+   * (a grant that raced the interrupt is given back, or the acquire returns it).
+   */
+  @ParameterizedTest
+  @EnumSource(Kind.class)
+  void aGrantThatRacesTheInterruptIsNotLeftHeld(Kind kind) throws Exception {
+    String jobs = name("race");
+    int returned = 0;
+    int interrupted = 0;
+    try (Kind.Client c = kind.connect(server.port)) {
+      for (int i = 0; i < 20; i++) {
+        Permit holder = c.redsem.semaphore(jobs).limit(1).acquire();
+        AtomicReference<Object> outcome = new AtomicReference<>();
+        Thread waiter = new Thread(() -> {
+          try {
+            outcome.set(c.redsem.semaphore(jobs).limit(1).waitFor(10).acquire());
+          } catch (Throwable e) {
+            outcome.set(e);
+          }
+        });
+        waiter.start();
+        until(() -> blocked().size() == 1, "the waiter blocked in the server");
+        Thread release = new Thread(holder::release);
+        release.start();
+        Thread.sleep(i % 3); // the interrupt before, with or after the release
+        waiter.interrupt();
+        release.join(10_000);
+        waiter.join(10_000);
+        assertFalse(waiter.isAlive());
+        if (outcome.get() instanceof Permit) {
+          returned++;
+          assertTrue(((Permit) outcome.get()).release());
+        } else {
+          interrupted++;
+          assertInstanceOf(WaitInterrupted.class, outcome.get(), String.valueOf(outcome.get()));
+        }
+        until(() -> Long.valueOf(0).equals(raw("EXISTS", jobs)), "no permit left held");
+        until(() -> blocked().isEmpty(), "no wait left in the server");
+      }
+    }
+    System.out.println(kind + ": " + returned + " granted, " + interrupted + " interrupted");
   }
 
   @ParameterizedTest
