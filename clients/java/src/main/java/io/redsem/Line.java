@@ -91,7 +91,6 @@ final class Line implements AutoCloseable {
         connNode = "";
       }
       boolean broken = true;
-      boolean again = false;
       try {
         scripts = !redsem.hasModule("", conn);
         T reply = op.run(new Hop(conn, scripts, "", null, stop));
@@ -100,9 +99,8 @@ final class Line implements AutoCloseable {
       } catch (RuntimeException e) {
         broken = broken(e);
         // Another client ended the blocked call (CLIENT UNBLOCK ... ERROR): the op waits again
-        // for what is left of its time; its stop, if any, ends it before it is sent.
-        again = !broken && transport.classify(e) == Transport.Failure.UNBLOCKED;
-        if (!again) {
+        // for what is left of its time; a stop of its own ends it before it is sent.
+        if (broken || transport.classify(e) != Transport.Failure.UNBLOCKED) {
           throw e;
         }
       } finally {
