@@ -43,7 +43,9 @@ class SemaphoreTest {
 
   @AfterAll
   static void stop() {
-    server.close();
+    if (server != null) {
+      server.close();
+    }
   }
 
   private static String name(String what) {
@@ -538,6 +540,7 @@ class SemaphoreTest {
   @ParameterizedTest
   @EnumSource(Kind.class)
   void aNewClientAfterModuleLoadUsesTheModule(Kind kind) throws Exception {
+    RedisServer.assumeModule();
     try (RedisServer plain = RedisServer.start(false, "--enable-module-command", "yes")) {
       String jobs = name("migrate");
       try (Kind.Client before = kind.connect(plain.port)) {
