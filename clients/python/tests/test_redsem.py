@@ -272,7 +272,8 @@ def test_the_readme_examples(r, server, capsys):
         assert "4 GPU slots held; lost: False" in printed
         pair = re.search(r"tickets \((\d+), (\d+)\)", printed)
         assert pair is not None, printed
-        assert pair.group(1) == pair.group(2)  # two fresh names granted in one step
+        # Two fresh names granted in one step: the second ticket the next one up.
+        assert int(pair.group(2)) == int(pair.group(1)) + 1
         assert_tickets([int(pair.group(1))], f)
         assert "drained: True" in printed
     assert "paused; stored limit: 0" in printed
@@ -753,14 +754,17 @@ def test_a_fair_set_carries_one_ticket_per_semaphore(r):
             assert_module_required(r, "SEM.ACQUIREALL", lambda: sem.__enter__())
             return
         with sem as permits:
-            # gpu is fresh (the clock of this grant), licence goes on from its counter.
+            # gpu is fresh (the clock of this grant), licence goes on from its counter, and
+            # above gpu's ticket, handed out before it in the same step.
             assert permits.tickets is not None
             gpu = permits.tickets[0]
             assert_tickets([gpu], f)
-            assert permits.tickets == (gpu, single.ticket + 1)
-            assert r.zscore("licence:owner", permits.id) == single.ticket + 1
+            licence = max(single.ticket + 1, gpu + 1)
+            assert permits.tickets == (gpu, licence)
+            assert r.zscore("licence:owner", permits.id) == licence
         with sem as permits:
-            assert permits.tickets == (gpu + 1, single.ticket + 2)
+            # Each above every ticket handed out before, in the order named.
+            assert permits.tickets == (licence + 1, licence + 2)
 
 
 def test_a_waiting_set_is_granted_when_a_member_is_freed(r):
@@ -870,8 +874,9 @@ def test_async_sets_and_wait_empty(server):
         f = (seconds * 1000 + micros // 1000) * 1000
         spec = [("gpu", 1), ("licence", 5, 2)]
         async with AsyncSemaphoreSet(r, spec, lease=0.6, fair=True) as permits:
-            # Two fresh names granted in one step: each the clock of that step.
-            assert permits.tickets is not None and permits.tickets[0] == permits.tickets[1]
+            # Two fresh names granted in one step: the clock of that step, then one up.
+            assert permits.tickets is not None
+            assert permits.tickets[1] == permits.tickets[0] + 1
             assert_tickets(permits.tickets[:1], f)
             f = permits.tickets[0]
             with pytest.raises(NotAcquired):
@@ -892,7 +897,7 @@ def test_async_sets_and_wait_empty(server):
         waiting = asyncio.ensure_future(acquire_all_async(r, spec, lease=30, fair=True, wait=10))
         assert await wait_empty_async(r, "gpu", 10) is True
         async with await waiting as permits:
-            assert permits.tickets == (f + 2, f + 2)
+            assert permits.tickets == (f + 4, f + 5)
         await leaving
         with pytest.raises(PermitLost):
             async with AsyncSemaphoreSet(r, spec, lease=0.6) as permits:
