@@ -1,18 +1,24 @@
-//! Fencing tickets that never repeat, even after a failover or a restart that lost the last
-//! grants, and even when the node taking over is several terms behind.
+//! Fencing tickets that never repeat: on one node, every fair ticket it hands out is above every
+//! ticket it handed out before, whatever happened to the keys between; across failovers and
+//! restarts, even when the node taking over is several terms behind, as long as the clocks agree.
+//!
+//! One number per node, the floor: every fair grant hands out `max(counter + 1, floor)`, and
+//! the floor then moves past it. So a name whose counter went (a flush, a swap, a move, a
+//! deletion, an expiry, an eviction, a `RESTORE` of an older one: its old holders may still use
+//! their tickets) still goes on above every ticket this node handed out, even within one
+//! millisecond, and with no assumption on the clock.
 //!
 //! With asynchronous replication a primary may acknowledge fair grants that never reach its
 //! replica (or its AOF) before it dies; the node that takes over holds an older counter, so its
 //! own data cannot tell how far the tickets went, and neither can a node that restarted with
 //! nothing to load. The wall clock can: whenever this node's data may be behind what clients
-//! were told (the module loaded, the node finished loading data, or it became a primary), it
-//! takes a floor, the Unix time in milliseconds × [`TICKETS_PER_MS`], and every fair grant hands
-//! out `max(counter + 1, floor)`; a name whose counter is gone (a flush, a swap, a move, a
-//! deletion: its old holders may still use their tickets) starts from the clock of its grant,
-//! `max(1, floor, now_ms × TICKETS_PER_MS)`, as the clients' script does. Tickets handed out since an earlier floor stay below this one
-//! as long as no name took more than [`TICKETS_PER_MS`] grants per millisecond on average since
-//! then (and the clocks agree within the headroom that leaves). One number per node, whatever the
-//! number of names; the grant writes the counter as always, so replicas and the AOF follow it.
+//! were told (the module loaded, the node finished loading data, or it became a primary), its
+//! floor rises to the Unix time in milliseconds × [`TICKETS_PER_MS`]; and a name with no counter
+//! starts at least from the clock of its grant (a name whose counter moved in from another node
+//! and was then deleted here), as the clients' script does. Tickets another node handed out stay
+//! below these as long as it took no more than [`TICKETS_PER_MS`] fair grants per millisecond on
+//! average since its own floor (and the clocks agree within the headroom that leaves). The grant
+//! writes the counter as always, so replicas and the AOF follow it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,7 +30,10 @@ use crate::types::MAX_TICKET;
 /// double, and in JavaScript) until the year 2255.
 pub const TICKETS_PER_MS: u64 = 1000;
 
-/// This node's floor, taken first when the module loads; 0 only outside a server (unit tests).
+/// This node's floor: the least ticket its next fair grant may hand out (the clock taken when
+/// its data may be behind, or one past its last ticket, whichever is higher). A static: one
+/// number per node, read and moved by the main thread at every fair grant (no lock, no
+/// borrow); 0 only outside a server (unit tests).
 static FLOOR: AtomicU64 = AtomicU64::new(0);
 
 /// The floor a node takes at `now_ms` (Unix milliseconds).
@@ -45,6 +54,32 @@ pub fn floor() -> u64 {
     FLOOR.load(Ordering::Relaxed)
 }
 
+/// How far ahead of both the floor and the clock a ticket may be and still move the floor. Only
+/// a counter written by hand (or moved in from a node whose clock runs ahead) reaches further:
+/// it keeps its own name's tickets above it, but cannot lift every other name's to 2^53.
+pub const AHEAD_MS: u64 = 1000;
+
+/// The floor after a grant at `now_ms` handed out `ticket` with `floor`: past the ticket, unless
+/// the ticket is more than [`AHEAD_MS`] ahead of both.
+pub fn past(floor: u64, ticket: u64, now_ms: i64) -> u64 {
+    let reach = floor
+        .max(floor_at(now_ms))
+        .saturating_add(AHEAD_MS * TICKETS_PER_MS);
+    if ticket >= floor && ticket < reach {
+        ticket + 1
+    } else {
+        floor
+    }
+}
+
+/// This node handed out `ticket` at `now_ms`: the floor moves past it (see [`past`]), so no
+/// later grant on this node, of any name, repeats it. Only the main thread grants, so a load
+/// and a store suffice.
+pub fn handed_out(ticket: u64, now_ms: i64) {
+    let floor = FLOOR.load(Ordering::Relaxed);
+    FLOOR.store(past(floor, ticket, now_ms), Ordering::Relaxed);
+}
+
 /// Forgets the floor (a new load of the module, which takes one again at once).
 pub fn reset() {
     FLOOR.store(0, Ordering::Relaxed);
@@ -52,8 +87,9 @@ pub fn reset() {
 
 /// The ticket of a fair grant at `now_ms` after `counter` with this node's `floor`: the next
 /// one up, and at least the floor; none is left above 2^53. A name with no counter (never
-/// granted, or its counter went with a flush, a swap, a move or a deletion) starts from the
-/// clock of this grant: its old holders may still use tickets from after the node's floor.
+/// granted, or its counter went with a flush, a swap, a move or a deletion) starts at least
+/// from the clock of this grant: its counter may have come from another node, whose tickets
+/// this node's floor does not cover.
 pub fn next_ticket(counter: Option<u64>, floor: u64, now_ms: i64) -> Result<u64, SemError> {
     let floor = match counter {
         Some(_) => floor,
@@ -137,6 +173,43 @@ mod tests {
         assert_eq!(floor(), 2_000_000, "a clock stepped back keeps the floor");
         take_floor(3_000);
         assert_eq!(floor(), 3_000_000);
+        reset();
+        assert_eq!(floor(), 0);
+
+        // One test: the floor is one static. A ticket handed out moves the floor past it.
+        take_floor(2_000);
+        // (ticket handed out, at now_ms, the floor after)
+        let steps: &[(u64, i64, u64)] = &[
+            (2_000_000, 2_000, 2_000_001),
+            // Within the same millisecond, a name with no counter: above the last ticket.
+            (2_000_001, 2_000, 2_000_002),
+            // A ticket below the floor (a counter restored from elsewhere) leaves it.
+            (7, 2_000, 2_000_002),
+            (2_500_000, 2_000, 2_500_001),
+            // Up to AHEAD_MS ahead of the floor or the clock, whichever is higher.
+            (3_500_000, 2_000, 3_500_001),
+            (4_599_999, 3_600, 4_600_000),
+            // Further: a counter written by hand lifts its own name only.
+            (5_600_000, 3_600, 4_600_000),
+            (MAX_TICKET, 3_600, 4_600_000),
+            (MAX_TICKET, i64::MAX, MAX_TICKET + 1),
+        ];
+        for &(ticket, now_ms, want) in steps {
+            handed_out(ticket, now_ms);
+            assert_eq!(floor(), want, "after ticket {ticket} at {now_ms}");
+        }
+        // The next ticket of a name whose counter went, within the same millisecond.
+        reset();
+        take_floor(2_000);
+        let first = next_ticket(None, floor(), 2_000).unwrap();
+        handed_out(first, 2_000);
+        let second = next_ticket(None, floor(), 2_000).unwrap();
+        assert!(second > first, "{second} after {first}");
+        // ... and of a name whose counter was restored from long before.
+        handed_out(second, 2_000);
+        assert!(next_ticket(Some(3), floor(), 2_000).unwrap() > second);
+        take_floor(1_000);
+        assert_eq!(floor(), second + 1, "a clock stepped back keeps the floor");
         reset();
         assert_eq!(floor(), 0);
     }

@@ -71,6 +71,9 @@ pub fn try_grant(
     let Acquired::Granted { ticket, renewed } = acquired else {
         return Ok(None);
     };
+    if let (Some(ticket), false) = (ticket, renewed) {
+        fencing::handed_out(ticket, now_ms);
+    }
     store.record_grant(holder.as_slice(), renewed);
     state::granted(key, holder.as_slice(), renewed, bind_to);
     Ok(Some(Grant { ticket, renewed }))
@@ -91,11 +94,17 @@ pub fn survey<'s, 'a: 's>(
     holder: &RedisString,
     now_ms: i64,
 ) -> Result<Vec<Planned>, SemError> {
+    let mut floor = fencing::floor();
     stores
         .into_iter()
         .zip(asks)
         .map(|(store, ask)| {
-            let plan = semaphore::plan_acquire(store, now_ms, holder, &rule(ask))?;
+            let plan = semaphore::plan_acquire(store, now_ms, holder, &ask.rule(floor))?;
+            // Each semaphore's new ticket above the one before: the floor moves only when a
+            // plan is applied, after the whole survey.
+            if let Some(ticket) = plan.new_ticket() {
+                floor = fencing::past(floor, ticket, now_ms);
+            }
             Ok(Planned {
                 fits: plan.grants(store, holder)?,
                 renews: store.deadline(holder).is_some_and(|d| d > now_ms),

@@ -360,6 +360,15 @@ pub fn plan_acquire<S: Store>(
 }
 
 impl<Id: IdBytes> AcquirePlan<Id> {
+    /// The ticket a new fair grant of this plan hands out (none when it renews or is full).
+    pub fn new_ticket(&self) -> Option<u64> {
+        match self.step {
+            AcquireStep::FairOne { ticket, .. } => Some(ticket),
+            AcquireStep::Grant { ticket, .. } => ticket,
+            _ => None,
+        }
+    }
+
     /// Whether [`apply`](Self::apply) grants (a new grant that fits, or a renewal), changing
     /// nothing; an error is the one `apply` answers.
     pub fn grants<S: Store<Id = Id>>(&self, store: &S, id: &Id) -> Result<bool, SemError> {

@@ -3,7 +3,9 @@
 //! a `DEBUG RELOAD`; and a replica's full sync leaves the primary's tickets alone. Every start
 //! takes a floor from the clock (`INFO sem`, `sem_ticket_floor`), so the next ticket of a name
 //! whose counter came back is above every ticket of the server's earlier lives; a name whose
-//! counter was lost starts from the clock of its grant, at least the floor.
+//! counter was lost starts from the clock of its grant, at least the floor. Within one life,
+//! every fair grant moves the floor past its ticket: no ticket repeats on a node, of any name,
+//! whatever happens to the keys between two grants.
 
 mod common;
 
@@ -189,9 +191,11 @@ fn a_replicas_full_sync_leaves_the_primarys_tickets_alone() {
     let replica = start_replica_of(&primary);
     let mut on_replica = replica.connection();
     // The replica took a floor of its own when its load of the primary's data ended; the
-    // primary, which only saved, kept its floor and counts on one by one.
+    // primary, which only saved, kept its floor (one past its last ticket) and counts on one
+    // by one.
     floor_taken_since(&mut on_replica, syncing_ms);
-    assert_eq!(info_sem(&mut on_primary)["sem_ticket_floor"], floor);
+    assert_eq!(info_sem(&mut on_primary)["sem_ticket_floor"], first + 3);
+    assert!(first + 3 > floor);
     assert_eq!(next_ticket(&mut on_primary, "lock"), first + 3);
     wait_for_replica(&mut on_primary);
     let counter: u64 = run(&mut on_replica, &["GET", "lock:counter"]);
@@ -200,4 +204,201 @@ fn a_replicas_full_sync_leaves_the_primarys_tickets_alone() {
         first + 3,
         "the replica holds the primary's counter"
     );
+}
+
+/// Fair tickets strictly growing on one node, whatever happens to the keys between two grants
+/// within about one millisecond: each round is one pipeline (a grant to `a`, the commands of
+/// `between`, a grant to `b`), and every ticket of the test is above every one before it.
+fn tickets_keep_growing_through(
+    conn: &mut redis::Connection,
+    rounds: usize,
+    between: &[Vec<Vec<u8>>],
+) -> Vec<u64> {
+    let mut tickets: Vec<u64> = Vec::with_capacity(rounds * 2);
+    for round in 0..rounds {
+        let (a, b) = (format!("a{round}"), format!("b{round}"));
+        let mut pipe = redis::pipe();
+        pipe.cmd("SEM.ACQUIREFAIR")
+            .arg(&["t", "5", "60", "ID", &a, "WITHTICKET"]);
+        for command in between {
+            pipe.cmd(std::str::from_utf8(&command[0]).unwrap())
+                .arg(&command[1..])
+                .ignore();
+        }
+        pipe.cmd("SEM.ACQUIREFAIR")
+            .arg(&["t", "5", "60", "ID", &b, "WITHTICKET"]);
+        let ((_, first), (_, second)): ((String, u64), (String, u64)) =
+            pipe.query(conn).expect("a round");
+        for ticket in [first, second] {
+            if let Some(&last) = tickets.last() {
+                assert!(
+                    ticket > last,
+                    "round {round}: ticket {ticket} after {last} (between: {:?})",
+                    between
+                        .iter()
+                        .map(|c| String::from_utf8_lossy(&c[0]).into_owned())
+                        .collect::<Vec<_>>()
+                );
+            }
+            tickets.push(ticket);
+        }
+        // Room for the next round, whatever the step left.
+        let _: () = run(conn, &["DEL", "t", "t:owner", "t:counter"]);
+    }
+    tickets
+}
+
+fn words(args: &[&str]) -> Vec<Vec<u8>> {
+    args.iter().map(|a| a.as_bytes().to_vec()).collect()
+}
+
+#[test]
+fn no_ticket_repeats_on_a_node_when_the_keys_go_between_two_grants_in_one_millisecond() {
+    let server = Server::start_with(&NO_PERSISTENCE);
+    let mut conn = server.connection();
+    tickets_keep_growing_through(
+        &mut conn,
+        200,
+        &[words(&["DEL", "t", "t:owner", "t:counter"])],
+    );
+    tickets_keep_growing_through(&mut conn, 200, &[words(&["FLUSHDB"])]);
+    let cases: &[&[&[&str]]] = &[
+        &[&["UNLINK", "t:counter"]],
+        &[&["DEL", "t:counter"]],
+        &[&["FLUSHALL"]],
+        &[&["SWAPDB", "0", "1"], &["FLUSHDB"]],
+        &[&["MOVE", "t:counter", "2"]],
+        &[&["RENAME", "t:counter", "elsewhere"]],
+        // An expiry: a deadline already past deletes the key at once.
+        &[&["PEXPIREAT", "t:counter", "1"]],
+    ];
+    for case in cases {
+        let between: Vec<_> = case.iter().map(|c| words(c)).collect();
+        tickets_keep_growing_through(&mut conn, 50, &between);
+        let _: () = run(&mut conn, &["FLUSHALL"]);
+    }
+    // A counter restored from long before.
+    let _: (String, u64) = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "t", "5", "60", "WITHTICKET"],
+    );
+    let old: Vec<u8> = run(&mut conn, &["DUMP", "t:counter"]);
+    let restore = vec![
+        b"RESTORE".to_vec(),
+        b"t:counter".to_vec(),
+        b"0".to_vec(),
+        old,
+        b"REPLACE".to_vec(),
+    ];
+    let tickets = tickets_keep_growing_through(&mut conn, 50, &[restore]);
+    // Every later grant, of any name, goes on above.
+    let (_, other): (String, u64) = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "u", "5", "60", "WITHTICKET"],
+    );
+    assert!(other > *tickets.last().unwrap());
+    assert!(info_sem(&mut conn)["sem_ticket_floor"] > other);
+}
+
+#[test]
+fn a_hand_off_after_the_counter_went_gets_a_ticket_above_every_one_before() {
+    let server = Server::start_with(&NO_PERSISTENCE);
+    let mut conn = server.connection();
+    for round in 0..20 {
+        let (first, ticket): (String, u64) = run(
+            &mut conn,
+            &["SEM.ACQUIREFAIR", "h", "1", "60", "WITHTICKET"],
+        );
+        let waiter = Pending::send(
+            &server,
+            &["SEM.ACQUIREFAIR", "h", "1", "60", "WITHTICKET", "WAIT", "5"],
+        );
+        until_in_line(&mut conn, "h", 1);
+        // Within about one millisecond: another name's first grant, then the counter goes and
+        // the permit is handed over.
+        let ((_, other), (), released): ((String, u64), (), i64) = redis::pipe()
+            .cmd("SEM.ACQUIREFAIR")
+            .arg(&[&format!("o{round}"), "1", "60", "WITHTICKET"])
+            .cmd("DEL")
+            .arg("h:counter")
+            .cmd("SEM.RELEASE")
+            .arg("h")
+            .arg(&first)
+            .query(&mut conn)
+            .expect("SEM.ACQUIREFAIR, DEL and SEM.RELEASE");
+        assert_eq!(released, 1);
+        assert!(other > ticket);
+        let (next, handed): (String, u64) =
+            redis::FromRedisValue::from_redis_value(&waiter.reply().expect("the waiter's grant"))
+                .expect("[id, ticket]");
+        assert!(
+            handed > other,
+            "round {round}: ticket {handed} after {other}"
+        );
+        let released: i64 = run(&mut conn, &["SEM.RELEASE", "h", &next]);
+        assert_eq!(released, 1);
+    }
+}
+
+#[test]
+fn a_set_of_names_without_counters_gets_distinct_growing_tickets() {
+    let server = Server::start_with(&NO_PERSISTENCE);
+    let mut conn = server.connection();
+    let mut last = 0;
+    for _ in 0..50 {
+        let (_, tickets): (String, Vec<u64>) = run(
+            &mut conn,
+            &[
+                "SEM.ACQUIREALL",
+                "3",
+                "x",
+                "1",
+                "1",
+                "y",
+                "1",
+                "1",
+                "z",
+                "1",
+                "1",
+                "60",
+                "FAIR",
+                "WITHTICKET",
+            ],
+        );
+        for ticket in tickets {
+            assert!(ticket > last, "ticket {ticket} after {last}");
+            last = ticket;
+        }
+        let _: () = run(&mut conn, &["FLUSHDB"]);
+    }
+}
+
+#[test]
+fn a_counter_written_by_hand_far_ahead_lifts_its_own_name_only() {
+    let server = Server::start_with(&NO_PERSISTENCE);
+    let mut conn = server.connection();
+    let (_, before): (String, u64) = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "mine", "5", "60", "WITHTICKET"],
+    );
+    // Another client sets one name's counter to the last ticket a score holds exactly.
+    let _: () = run(&mut conn, &["SET", "theirs:counter", "9007199254740991"]);
+    let (_, last): (String, u64) = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "theirs", "5", "60", "WITHTICKET"],
+    );
+    assert_eq!(last, 9_007_199_254_740_992);
+    let err = error_of(&mut conn, &["SEM.ACQUIREFAIR", "theirs", "5", "60"]);
+    assert!(err.contains("2^53"), "{err}");
+    // Every other name goes on from the node's floor, above its own tickets.
+    let (_, after): (String, u64) = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "mine", "5", "60", "WITHTICKET"],
+    );
+    assert_eq!(after, before + 1);
+    let (_, fresh): (String, u64) = run(
+        &mut conn,
+        &["SEM.ACQUIREFAIR", "new", "5", "60", "WITHTICKET"],
+    );
+    assert!(fresh > after && fresh < last, "{fresh}");
 }

@@ -706,7 +706,7 @@ impl Run {
     }
 
     fn check_module_only_expiry(&mut self, step: &Step, dump: &Dump, replies_line: &str) {
-        if let Step::Op(args) = step {
+        for args in step.ops() {
             if args[0].eq_ignore_ascii_case(b"FLUSHDB") {
                 self.clean = NAMES.iter().map(|n| n.as_bytes().to_vec()).collect();
             }

@@ -766,22 +766,29 @@ fn sets_named_in_opposite_orders_are_served_in_arrival_order() {
     let _: i64 = run(&mut c, &["SEM.RELEASE", "q", "h2"]);
     assert_waits(&first, "the first set while p is held");
     let _: i64 = run(&mut c, &["SEM.RELEASE", "p", "h1"]);
-    let ticketed = |id: &[u8], tickets: [i64; 2]| {
-        Value::Array(vec![
-            Value::BulkString(id.to_vec()),
-            Value::Array(tickets.map(Value::Int).to_vec()),
-        ])
+    // The tickets: in the order named, each above every one the node handed out before.
+    let ticketed = |reply: Value, id: &[u8]| -> Vec<i64> {
+        let Value::Array(items) = reply else {
+            panic!("a set's grant with tickets: {reply:?}")
+        };
+        assert_eq!(items[0], Value::BulkString(id.to_vec()));
+        let Value::Array(tickets) = &items[1] else {
+            panic!("tickets: {items:?}")
+        };
+        tickets
+            .iter()
+            .map(|t| match t {
+                Value::Int(t) => *t,
+                other => panic!("a ticket: {other:?}"),
+            })
+            .collect()
     };
-    assert_eq!(
-        first.reply().expect("granted"),
-        ticketed(b"a", [p + 1, q + 1])
-    );
+    let a = ticketed(first.reply().expect("granted"), b"a");
+    assert!(a[0] > p.max(q) && a[1] > a[0], "{a:?} after p {p}, q {q}");
     assert_waits(&second, "the second set while the first holds both");
     let _: i64 = run(&mut c, &["SEM.RELEASEALL", "2", "p", "q", "a"]);
-    assert_eq!(
-        second.reply().expect("granted"),
-        ticketed(b"b", [q + 2, p + 2])
-    );
+    let b = ticketed(second.reply().expect("granted"), b"b");
+    assert!(b[0] > a[1] && b[1] > b[0], "{b:?} after {a:?}");
     let info = info_sem(&mut c);
     assert_eq!(info["sem_waits_granted"], 2, "{info:?}");
     assert_eq!(info["sem_waiters"], 0, "{info:?}");

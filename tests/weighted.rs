@@ -1707,6 +1707,7 @@ fn an_aof_reload_restores_exactly_the_same_weighted_keys() {
         ],
     );
     assert_eq!(refused, None);
+    let floor = info_sem(&mut conn)["sem_ticket_floor"];
     let granted: (String, u64) = run(
         &mut conn,
         &[
@@ -1723,7 +1724,6 @@ fn an_aof_reload_restores_exactly_the_same_weighted_keys() {
     );
     // The first fair grant after the load goes on from the floor the load took, above every
     // ticket of the server's earlier life.
-    let floor = info_sem(&mut conn)["sem_ticket_floor"];
     assert!(
         floor > counter_before,
         "the load took a floor from the clock"

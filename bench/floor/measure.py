@@ -78,6 +78,9 @@ def lua(c, i):
 def sem(c, i):
     if i is None: return
     assert c.call("SEM.ACQUIRE", "s", 1000000, 60, "ID", "i") == b"i"; c.call("SEM.RELEASE", "s", "i")
+def sem_fair(c, i):
+    if i is None: return
+    assert c.call("SEM.ACQUIREFAIR", "s", 1000000, 60, "ID", "i") == b"i"; c.call("SEM.RELEASE", "s", "i")
 rows = [
   ("floor INCR+DECR", [], floor),
   ("non-fair Lua script (EVALSHA) + ZREM", [], lua),
@@ -85,6 +88,7 @@ rows = [
   ("C module, ACL check on 4 derived keys", [[CSEM, "1"]], csem),
   ("C module, ACL check and redsem's other work", [[CSEM, "1", "1"]], csem),
   ("redsem SEM.ACQUIRE + SEM.RELEASE", [[SEM]], sem),
+  ("redsem fair SEM.ACQUIREFAIR + SEM.RELEASE", [[SEM]], sem_fair),
 ]
 # ONLY=<word>,<word>: only the rows whose label has one of them (the ratios' bases always run).
 ONLY = [w for w in os.environ.get("ONLY", "").split(",") if w]

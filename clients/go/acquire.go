@@ -295,24 +295,33 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 		var cancelled bool
 		g.reply, err, cancelled = e.block(ctx, blocks(wait), args...)
 		if cancelled {
-			if err == nil && g.reply != nil { // granted as the wait ended: give it back
-				_, _ = e.send(context.Background(), "SEM.RELEASE", name, id)
+			// Granted as the wait ended, or its reply never read (the connection was
+			// killed): give it back, rather than leave it held by nobody until its lease ends.
+			if g.reply != nil || err != nil {
+				giveBack(e, "SEM.RELEASE", name, id)
 			}
 			return nil, errCancelled
 		}
 		return nil, err
 	})
-	if err != nil && err != errCancelled && sw.lined {
-		// Given up while it may be in the script's line: out of it, and a permit granted
-		// meanwhile given back, rather than held by nobody until its lease ends.
+	if err != nil && err != errCancelled && (sw.lined || ctx.Err() != nil) {
+		// Given up while it may be in the script's line, or the context ended during a call
+		// whose answer may be a grant: out of the line, and a permit granted meanwhile given
+		// back.
+		unknown := ctx.Err() != nil
 		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, _ = l.run(lctx, time.Time{}, func(e *endpoint) (any, error) {
-			leaveAfterCancel(e, name, id, "")
+			if e.scripts {
+				leaveAfterCancel(e, name, id, "", unknown)
+			} else if unknown {
+				giveBack(e, "SEM.RELEASE", name, id)
+			}
 			return nil, nil
 		})
 		cancel()
 	}
-	if err == errCancelled || (err == nil && g.reply == nil && plan.byCtx) {
+	if err == errCancelled || (err != nil && ctx.Err() != nil) ||
+		(err == nil && g.reply == nil && plan.byCtx) {
 		l.close()
 		return nil, ctxErr(ctx, what)
 	}
@@ -368,7 +377,21 @@ func (p *Permit) afterGrant(ctx context.Context, o Options, name string, sent ti
 	var err error
 	if o.DurableReplicas > 0 {
 		var acked any
+		cut := false
 		acked, err = p.line.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
+			if cut {
+				// The WAIT was cut (its connection lost, or ended in a failover): on this new
+				// connection it would answer at once, as it wrote nothing. A refresh here first
+				// finds whether this primary has the holder, and is the write WAIT then covers.
+				v, err := e.send(ctx, p.refreshArgs...)
+				if err != nil {
+					return nil, err
+				}
+				if v != int64(1) {
+					return nil, &NotDurableError{Name: name, Wanted: o.DurableReplicas, Gone: true}
+				}
+			}
+			cut = true
 			v, err, _ := e.block(context.Background(), o.DurableTimeout, "WAIT",
 				o.DurableReplicas, o.DurableTimeout.Milliseconds())
 			return v, err
@@ -413,8 +436,8 @@ func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id strin
 		sw.tried = true
 		sw.lined = sw.lined || waiting
 		if err != nil {
-			if waiting && ctx.Err() != nil { // the attempt may have taken a place
-				leaveAfterCancel(e, name, id, "")
+			if waiting && ctx.Err() != nil { // the attempt may have taken a place, or a permit
+				leaveAfterCancel(e, name, id, "", true)
 				return granted{}, false, errCancelled
 			}
 			return granted{}, false, err
@@ -453,7 +476,7 @@ func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id strin
 				return fromMessage(told, o, id, sent)
 			}
 			if ctx.Err() != nil {
-				leaveAfterCancel(e, name, id, "")
+				leaveAfterCancel(e, name, id, "", false)
 				return granted{}, false, errCancelled
 			}
 			block := min(left, nudge)
@@ -466,7 +489,8 @@ func acquireByScript(ctx context.Context, e *endpoint, o Options, name, id strin
 			tk.stop()
 			msg = popped(r)
 			if cancelled || (err != nil && ctx.Err() != nil) {
-				leaveAfterCancel(e, name, id, msg)
+				// An error here: the BLPOP's reply was never read, and it may have taken a grant.
+				leaveAfterCancel(e, name, id, msg, err != nil)
 				return granted{}, false, errCancelled
 			}
 			if err != nil {
@@ -540,20 +564,31 @@ func fromMessage(msg string, o Options, id string, sent time.Time) (granted, boo
 
 // leaveAfterCancel takes a cancelled waiter out of the line, through the pool (its own
 // connection may be gone), and gives back a permit granted to it at that moment: its caller
-// will never see it.
-func leaveAfterCancel(e *endpoint, name, id, msg string) {
+// will never see it. unknown: a reply was lost (a grant may have been taken with it), so the
+// identifier's permit is given back whatever LEAVE says.
+func leaveAfterCancel(e *endpoint, name, id, msg string, unknown bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if !strings.HasPrefix(msg, "G") {
 		m, err := e.poolScript(ctx, "SEM.LEAVE", name, id)
-		if err != nil {
+		if err != nil && !unknown {
 			return // the place runs out within 6 s
 		}
 		msg, _ = m.(string)
 	}
-	if strings.HasPrefix(msg, "G") {
+	if unknown || strings.HasPrefix(msg, "G") {
 		_, _ = e.poolScript(ctx, "SEM.RELEASE", name, id)
 	}
+}
+
+// giveBack gives back, through the pool, a permit granted to an acquire its caller gave up
+// (release: SEM.RELEASE, or SEM.RELEASEALL and its arguments before the identifier); an
+// identifier that holds nothing changes nothing.
+func giveBack(e *endpoint, release string, name string, id string, rest ...any) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	args := append([]any{release, name}, rest...)
+	_, _ = e.poolSend(ctx, append(args, id)...)
 }
 
 // ticker sends TICK on the pool when the earliest lease ends, and again at each end TICK

@@ -124,6 +124,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Basics", func(t *testing.T) { clusterBasics(t, cc) })
 	t.Run("Waits", func(t *testing.T) { clusterWaits(t, tc) })
 	t.Run("SlotMoveUnderLoad", func(t *testing.T) { clusterMove(t, tc, cc) })
+	t.Run("ManualFailoverUnderAWaiter", func(t *testing.T) { clusterManualFailover(t, tc, cc) })
 	t.Run("PrimaryKilledUnderAWaiter", func(t *testing.T) { clusterFailover(t, tc, cc) })
 	if !clusterModule() { // last: it leaves a node with the module
 		t.Run("ModuleLoadedLive", func(t *testing.T) { clusterModuleLive(t, tc, cc) })
@@ -293,6 +294,62 @@ func clusterFailover(t *testing.T, tc *testCluster, cc *redis.ClusterClient) {
 	case r := <-got:
 		t.Fatalf("the waiter ended while the holder held: %v %v", r.p, r.err)
 	case <-time.After(500 * time.Millisecond):
+	}
+	require.NoError(t, holder.Release(bg), "the holder's permit survived the failover")
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(45 * time.Second):
+		t.Fatal("the waiter got no answer")
+	}
+	require.NoError(t, r.err, "the waiter gets its permit on the new primary")
+	n, err := cc.ZCard(bg, name).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "one holder, never two")
+	require.NoError(t, r.p.Release(bg))
+}
+
+// clusterManualFailover: CLUSTER FAILOVER ends the old primary's blocked calls with
+// "UNBLOCKED force unblock"; the waiter waits again on the new primary, within its budget.
+func clusterManualFailover(t *testing.T, tc *testCluster, cc *redis.ClusterClient) {
+	const name = "{mf}"
+	holder, err := Acquire(bg, cc, name, Options{Limit: 1, Lease: 15 * time.Second})
+	require.NoError(t, err)
+	primary := tc.owner(t, keySlot(name))
+	pc := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", primary)})
+	defer pc.Close()
+	role, err := pc.Do(bg, "ROLE").Slice()
+	require.NoError(t, err)
+	replicas, _ := role[2].([]any)
+	require.NotEmpty(t, replicas, "the slot's primary has a replica")
+	first := replicas[0].([]any)
+	rc := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("%s:%s", first[0], first[1])})
+	defer rc.Close()
+	require.NoError(t, pc.Wait(bg, 1, 2*time.Second).Err(), "the grant reached the replica")
+
+	type result struct {
+		p   *Permit
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		p, err := Acquire(bg, cc, name, Options{Limit: 1, Lease: 15 * time.Second,
+			Wait: 40 * time.Second})
+		got <- result{p, err}
+	}()
+	require.Eventually(t, func() bool { return blockedClient(t, pc) != 0 }, 5*time.Second,
+		10*time.Millisecond, "the waiter blocks on the primary")
+	require.NoError(t, rc.Do(bg, "CLUSTER", "FAILOVER").Err())
+	require.Eventually(t, func() bool {
+		role, err := pc.Do(bg, "ROLE").Slice()
+		return err == nil && len(role) > 0 && role[0] == "slave"
+	}, 20*time.Second, 50*time.Millisecond, "the old primary is a replica")
+	tc.run(t, "wait", tc.dir)
+
+	select {
+	case r := <-got:
+		t.Fatalf("the waiter ended while the holder held: %v %v", r.p, r.err)
+	case <-time.After(time.Second):
 	}
 	require.NoError(t, holder.Release(bg), "the holder's permit survived the failover")
 	var r result

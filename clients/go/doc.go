@@ -11,8 +11,10 @@
 //	if err != nil {
 //		return err // errors.Is(err, redsem.ErrNotAcquired): the semaphore stayed full
 //	}
-//	defer permit.Release(context.Background())
-//	work(permit.Context()) // cancelled once the permit is lost
+//	// Given back however the function ends (err is its named result); ErrPermitLost: the
+//	// lease ran out during the work, which may have overlapped another holder's.
+//	defer func() { err = errors.Join(err, permit.Release(ctx)) }()
+//	return work(permit.Context()) // cancelled once the permit is lost
 //
 // The identifier is made here (a UUID v4) unless Options.ID gives one, so a resent acquire
 // renews the same holder rather than taking a second permit. A permit is refreshed every

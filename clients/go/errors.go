@@ -19,20 +19,31 @@ var (
 	// ErrBadInput: an argument is out of range (the message names it), or in Redis Cluster a
 	// name has no hash tag or the names of a set are in different slots. Nothing was sent.
 	ErrBadInput = errors.New("redsem: bad input")
+	// ErrReleased: the permit was given back by Release. It is the cause of the permit's
+	// Context then, and Refresh and ReleaseSome return it; nothing is sent.
+	ErrReleased = errors.New("redsem: the permit was released")
+	// ErrUnavailable: in Redis Cluster, the primary of the semaphore's slot gave no answer
+	// through moves and failovers within RetryFor. The error also matches the last error met.
+	ErrUnavailable = errors.New("redsem: the semaphore's node is unavailable")
 )
 
-// errReleased is the cause of a permit's Context once it was released while held.
-var errReleased = errors.New("redsem: the permit was released")
-
 // NotDurableError: fewer replicas than Options.DurableReplicas acknowledged the grant in time
-// (WAIT numreplicas timeout); the permit was given back.
+// (WAIT numreplicas timeout), or the WAIT was cut (its connection lost, or the server ended
+// it in a failover) and the primary then serving had no such holder: the grant was lost
+// before any replica had it (Gone). The permit was given back.
 type NotDurableError struct {
 	Name   string
 	Acked  int64 // replicas that acknowledged
 	Wanted int64 // Options.DurableReplicas
+	Gone   bool  // the grant was not on the primary found after the WAIT was cut
 }
 
 func (e *NotDurableError) Error() string {
+	if e.Gone {
+		return fmt.Sprintf("redsem: the grant of %q was lost before %d replicas had it: the "+
+			"WAIT for them was cut, and the primary serving then has no such holder",
+			e.Name, e.Wanted)
+	}
 	return fmt.Sprintf("redsem: %d of %d replicas acknowledged the grant of %q in time; the "+
 		"permit was given back", e.Acked, e.Wanted, e.Name)
 }

@@ -39,21 +39,31 @@ func ExampleAcquire() {
 	printer, err := redsem.Acquire(ctx, rdb, "printers", redsem.Options{Limit: 1, Fair: true})
 	if err == nil {
 		fmt.Println("holder", printer.ID(), "has ticket", printer.Ticket())
-		_ = printer.Release(ctx)
+		if err := printer.Release(ctx); err != nil {
+			fmt.Println("the work under ticket", printer.Ticket(), "may have overlapped:", err)
+		}
 	}
 }
 
+func work(ctx context.Context) error { return ctx.Err() }
+
+func jobs(ctx context.Context, cluster *redis.ClusterClient) (err error) {
+	permit, err := redsem.Acquire(ctx, cluster, "{jobs}", redsem.Options{Limit: 3, Wait: 10 * time.Second})
+	if err != nil {
+		return err
+	}
+	// Given back however jobs ends, even once ctx is over; its answer joins jobs's error
+	// (ErrPermitLost: the lease ran out, and the work may have overlapped another holder's).
+	defer func() { err = errors.Join(err, permit.Release(ctx)) }()
+	return work(permit.Context())
+}
+
 func ExampleAcquire_cluster() {
-	ctx := context.Background()
 	cluster := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs: []string{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"},
 	})
 	defer cluster.Close()
-	permit, err := redsem.Acquire(ctx, cluster, "{jobs}", redsem.Options{Limit: 3, Wait: 10 * time.Second})
-	if err != nil {
-		return
-	}
-	defer permit.Release(context.Background())
+	fmt.Println(jobs(context.Background(), cluster))
 }
 
 func ExampleAcquireAll() {
@@ -69,7 +79,10 @@ func ExampleAcquireAll() {
 		return
 	}
 	fmt.Println("holding", permits.Names(), "with tickets", permits.Tickets())
-	_ = permits.Release(ctx)
+	if err := permits.Release(ctx); err != nil {
+		fmt.Println(err) // ErrPermitLost: a permit of the set ran out during the work
+		return
+	}
 
 	// A deploy waits until no job holds "deploys" any more (at most 60 s).
 	drained, err := redsem.WaitEmpty(ctx, rdb, "deploys", 60*time.Second)

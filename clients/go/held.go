@@ -29,6 +29,7 @@ type held struct {
 	releaseErr     error
 
 	releaseMu sync.Mutex
+	stopped   bool // the refresh was stopped (a release was asked)
 	stop      chan struct{}
 	done      chan struct{} // closed when the refresh goroutine ends (nil: none)
 }
@@ -109,7 +110,7 @@ func (h *held) Refresh(ctx context.Context) error {
 	released, until := h.released, h.confirmedUntil
 	h.mu.Unlock()
 	if released {
-		return errors.New("redsem: the permit was already released")
+		return ErrReleased
 	}
 	sent := time.Now()
 	// In Redis Cluster, resent through a move or a failover while the last lease may run.
@@ -171,9 +172,18 @@ func (h *held) refreshLoop() {
 	}
 }
 
+// ReleaseTimeout bounds a release whose context is already over when it is called (the
+// common `defer permit.Release(ctx)` of a request that was cancelled): it is sent with a context
+// of its own (context.WithoutCancel, this long), because a permit not given back is held by
+// nobody until its lease ends.
+const ReleaseTimeout = 5 * time.Second
+
 // Release gives the permit back. It returns nil if the permit was held throughout, an error
 // matching ErrPermitLost if it was lost (the work it guarded may have overlapped another
-// holder's), or the error of the call. Later calls return the same.
+// holder's), or the error of the call. Once it had an answer, later calls return the same. A
+// context already over is replaced by one of ReleaseTimeout. A release that got no answer (its
+// context ended during the call, the connection failed) leaves the permit releasable: call
+// Release again; it is no longer refreshed meanwhile, so its lease ends it at the latest.
 func (h *held) Release(ctx context.Context) error {
 	h.releaseMu.Lock()
 	defer h.releaseMu.Unlock()
@@ -185,27 +195,35 @@ func (h *held) Release(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	h.noteDeadline()
-	close(h.stop)
-	if h.done != nil {
-		<-h.done // lets a refresh under way finish first
+	if !h.stopped {
+		h.stopped = true
+		close(h.stop)
+		if h.done != nil {
+			<-h.done // lets a refresh under way finish first
+		}
+	}
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
+		defer cancel()
 	}
 	v, err := h.line.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
 		return e.send(ctx, h.releaseArgs...)
 	})
-	h.line.close()
 	if err != nil {
-		h.markLost(fmt.Sprintf("the release failed: %v", err))
-	} else if n, _ := v.(int64); n != h.wanted {
+		return fmt.Errorf("redsem: the release of %q of %s got no answer (call Release again): %w",
+			h.id, h.what, err)
+	}
+	h.line.close()
+	if n, _ := v.(int64); n != h.wanted {
 		h.markLost(h.answered(h.releaseArgs[0], v) + ": the lease ran out before the release")
 	}
 	h.mu.Lock()
 	h.released = true
-	if err == nil {
-		err = h.lostErr
-	}
+	err = h.lostErr
 	h.releaseErr = err
 	h.mu.Unlock()
-	h.cancel(errReleased)
+	h.cancel(ErrReleased)
 	return err
 }
 
@@ -228,7 +246,7 @@ func (p *Permit) ReleaseSome(ctx context.Context, k int64) error {
 	released, count := p.released, p.count
 	p.mu.Unlock()
 	if released {
-		return errors.New("redsem: the permit was already released")
+		return ErrReleased
 	}
 	if k < 1 || k >= count {
 		return badInput("k must be from 1 to %d (Count()-1); Release gives back all, not %d",

@@ -235,6 +235,15 @@ func (e *endpoint) poolScript(ctx context.Context, args ...any) (any, error) {
 	return v, err
 }
 
+// poolSend sends a SEM.* command in this server's form through the pool, not the endpoint's
+// own connection (a release after that connection's wait was ended).
+func (e *endpoint) poolSend(ctx context.Context, args ...any) (any, error) {
+	if e.scripts {
+		return e.poolScript(ctx, args...)
+	}
+	return reply(e.pool.Do(ctx, e.form(args...)...))
+}
+
 // checkBackend moves an endpoint on the script to the module once its server has it.
 func (e *endpoint) checkBackend(ctx context.Context) {
 	if !e.scripts {
@@ -364,6 +373,13 @@ func (e *endpoint) close() {
 	}
 }
 
+// unblocked reports a blocking call the server ended with an error: what a primary answers
+// its blocked clients as it turns replica (CLUSTER FAILOVER, REPLICAOF), or CLIENT UNBLOCK
+// ... ERROR. The wait is sent again for what is left of it.
+func unblocked(err error) bool {
+	return redis.HasErrorPrefix(err, "UNBLOCKED")
+}
+
 // transient reports the errors after which a call in Redis Cluster is sent again to the
 // slot's owner, found anew: a slot on the move, a cluster without agreement, a node loading,
 // down or gone, a replica; and, everywhere, a connection that cannot be used again.
@@ -372,7 +388,7 @@ func transient(err error) bool {
 		return false
 	}
 	if redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err) ||
-		redis.IsMasterDownError(err) || redis.IsReadOnlyError(err) {
+		redis.IsMasterDownError(err) || redis.IsReadOnlyError(err) || unblocked(err) {
 		return true
 	}
 	var netErr net.Error
@@ -513,21 +529,28 @@ func (l *line) run(ctx context.Context, until time.Time, op func(*endpoint) (any
 			l.ep = ep
 		}
 		l.ep.checkBackend(ctx)
-		v, err := op(l.ep)
-		if l.ep.broken {
+		again := false
+		for {
+			v, err := op(l.ep)
+			if !l.ep.broken {
+				return v, err
+			}
 			l.drop() // a fresh connection for the next call
-			if transient(err) && ctx.Err() == nil {
-				// Once more on a fresh connection: the same arguments, the same identifier.
-				if l.ep, err = l.connectTo(ctx, l.client, l.own); err != nil {
-					return nil, err
+			if !transient(err) || ctx.Err() != nil {
+				return v, err
+			}
+			// Once more on a fresh connection: the same arguments, the same identifier; a wait
+			// the server ended (UNBLOCKED) as often as it is ended, for what is left of it.
+			if !unblocked(err) {
+				if again {
+					return v, err
 				}
-				v, err = op(l.ep)
-				if l.ep.broken {
-					l.drop()
-				}
+				again = true
+			}
+			if l.ep, err = l.connectTo(ctx, l.client, l.own); err != nil {
+				return nil, err
 			}
 		}
-		return v, err
 	}
 	giveUp := time.Now().Add(l.retryFor)
 	if !until.IsZero() && until.Before(giveUp) {
@@ -581,7 +604,8 @@ func (l *line) run(ctx context.Context, until time.Time, op func(*endpoint) (any
 			return nil, &described{
 				msg: fmt.Sprintf("redsem: no answer from the primary of slot %d within %s of "+
 					"retries through moves and failovers: %v", l.slot, l.retryFor, err),
-				kind: err,
+				kind: ErrUnavailable,
+				err:  err,
 			}
 		}
 		switch {

@@ -48,7 +48,7 @@ func TestAcquireRelease(t *testing.T) {
 	require.NoError(t, a.Release(bg))
 	require.NoError(t, a.Release(bg), "a second release repeats the answer")
 	assert.False(t, a.Lost())
-	assert.ErrorIs(t, context.Cause(a.Context()), errReleased)
+	assert.ErrorIs(t, context.Cause(a.Context()), ErrReleased)
 	require.NoError(t, b.Release(bg))
 	require.ErrorIs(t, again.Release(bg), ErrPermitLost, "b released the holder already")
 	assert.Equal(t, int64(0), holders(t, c, "jobs"))
@@ -131,6 +131,34 @@ func TestFairTicketsInGrantOrder(t *testing.T) {
 	if !scriptsBackend() { // the module serves its line first come, first served
 		assert.Equal(t, []int{1, 2, 3}, []int{grants[0].who, grants[1].who, grants[2].who})
 	}
+}
+
+// A name whose keys went between two fair grants (a DEL of the name, its owner set and its
+// counter, or FLUSHDB), the two most often within one millisecond, still gives the second a
+// ticket above the first, in every round: the script starts again from the server's clock in
+// microseconds, the module above every ticket the node handed out.
+func TestFairTicketAfterItsKeysWentIsAboveTheOneBefore(t *testing.T) {
+	_, c := testServer(t)
+	opts := Options{Limit: 1, Lease: 30 * time.Second, Fair: true, ManualRefresh: true}
+	var repeats [][3]int64
+	for round := 0; round < 200; round++ {
+		first, err := Acquire(bg, c, "fence", opts)
+		require.NoError(t, err)
+		if round%2 == 1 {
+			require.NoError(t, c.FlushDB(bg).Err())
+		} else {
+			require.NoError(t, c.Del(bg, "fence", "fence:owner", "fence:counter").Err())
+		}
+		second, err := Acquire(bg, c, "fence", opts)
+		require.NoError(t, err)
+		if second.Ticket() <= first.Ticket() {
+			repeats = append(repeats, [3]int64{int64(round), first.Ticket(), second.Ticket()})
+		}
+		require.ErrorIs(t, first.Release(bg), ErrPermitLost, "its keys went")
+		require.NoError(t, second.Release(bg))
+	}
+	assert.Zero(t, len(repeats), "rounds that gave the second grant a ticket not above the "+
+		"first, [round, first, second]: %v", repeats[:min(len(repeats), 5)])
 }
 
 func TestWaiterServedOnRelease(t *testing.T) {

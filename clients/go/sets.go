@@ -3,6 +3,7 @@ package redsem
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -144,15 +145,25 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 		var cancelled bool
 		g.reply, err, cancelled = e.block(ctx, blocks(wait), args...)
 		if cancelled {
-			if err == nil && g.reply != nil {
-				release := append([]any{"SEM.RELEASEALL", len(names)}, anys(names)...)
-				_, _ = e.raw(context.Background(), e.form(append(release, id)...)...)
+			// Granted as the wait ended, or its reply never read: give it back.
+			if g.reply != nil || err != nil {
+				giveBack(e, "SEM.RELEASEALL", strconv.Itoa(len(names)), id, anys(names)...)
 			}
 			return nil, errCancelled
 		}
 		return nil, err
 	})
-	if err == errCancelled || (err == nil && g.reply == nil && plan.byCtx) {
+	if err != nil && err != errCancelled && ctx.Err() != nil {
+		// The context ended during a call whose answer may be a grant: give it back.
+		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _ = l.run(lctx, time.Time{}, func(e *endpoint) (any, error) {
+			giveBack(e, "SEM.RELEASEALL", strconv.Itoa(len(names)), id, anys(names)...)
+			return nil, nil
+		})
+		cancel()
+	}
+	if err == errCancelled || (err != nil && ctx.Err() != nil) ||
+		(err == nil && g.reply == nil && plan.byCtx) {
 		l.close()
 		return nil, ctxErr(ctx, "acquire of "+what)
 	}

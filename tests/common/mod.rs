@@ -334,8 +334,9 @@ pub fn info_sem(conn: &mut redis::Connection) -> std::collections::BTreeMap<Stri
 }
 
 /// The server's fencing floor (`INFO sem`, `sem_ticket_floor`): the clock in microseconds when
-/// the module loaded (taken again when the server finished loading data or became a primary). A
-/// fair grant to a name with a counter hands out `max(counter + 1, floor)`.
+/// the module loaded (taken again when the server finished loading data or became a primary),
+/// or one past the node's last fair ticket, whichever is higher. A fair grant to a name with a
+/// counter hands out `max(counter + 1, floor)`.
 pub fn ticket_floor(conn: &mut redis::Connection) -> i64 {
     let floor = info_sem(conn)["sem_ticket_floor"];
     assert!(floor > 0, "the module took no fencing floor when it loaded");
@@ -373,12 +374,17 @@ impl FirstGrant {
     }
 
     /// `ticket`, checked to be such a first grant's since [`FirstGrant::before`], up to now on
-    /// `conn`'s server.
+    /// `conn`'s server: [`FirstGrant::allows`], or a ticket the node's floor gave after other
+    /// grants moved it past theirs (the floor now is one past the node's last ticket).
     pub fn ticket(&self, conn: &mut redis::Connection, ticket: i64) -> i64 {
         let after_ms = server_ms(conn);
+        let floor_now = ticket_floor(conn);
+        let lowest = self.floor.max(self.before_ms * 1000);
+        let from_floor = (lowest..floor_now).contains(&ticket);
         assert!(
-            self.allows(ticket, after_ms),
-            "ticket {ticket} is not the clock of a grant from {} to {after_ms} ms (floor {})",
+            self.allows(ticket, after_ms) || from_floor,
+            "ticket {ticket} is not the clock of a grant from {} to {after_ms} ms (floor {} then, \
+             {floor_now} now)",
             self.before_ms,
             self.floor
         );

@@ -1282,6 +1282,14 @@ the holders' lives: {}",
         self.world.keys = dump.keys;
         self.encodings = dump.encodings;
         self.last_t1 = dump.time_ms;
+        // Waiters served in the episode moved the node's floor past their tickets; it never
+        // goes back.
+        let floor = crate::info_sem(&mut self.main)["sem_ticket_floor"];
+        if floor < self.world.fencing.floor {
+            let detail = format!("the floor was {}, is {floor}", self.world.fencing.floor);
+            self.episode_fail(&ep, "the fencing floor went back", &detail);
+        }
+        self.world.fencing.floor = floor;
         // Re-arm the watcher (the episode changed keys, which it need not tell).
         let mut watch = cmd(&["WATCH"]);
         watch.extend(self.universe.iter().cloned());

@@ -12,7 +12,7 @@ use super::sem::{
     arity_text, execute, execute_set, interpret, interpret_in_script, script_arity_text, Call,
     Client, Interp, Op, SetCall, SetOp, World,
 };
-use super::steps::Step;
+use super::steps::{is_sem, Step};
 use super::wire::{fits, Reply};
 
 /// The transaction error after a queueing error.
@@ -421,6 +421,15 @@ fn plan(step: &Step, replies: &[Reply]) -> Result<Plan, String> {
         }
         Step::Sem(args) => levels.push((direct(args), replies[0].clone())),
         Step::Op(args) => levels.push((Action::Op(args.clone()), replies[0].clone())),
+        Step::Burst(cmds) => {
+            for (i, (c, reply)) in cmds.iter().zip(replies).enumerate() {
+                let action = match is_sem(c) {
+                    true => sem(c, i, Client::Main),
+                    false => Action::Op(c.clone()),
+                };
+                levels.push((action, reply.clone()));
+            }
+        }
         Step::Multi(cmds) => {
             let interps: Vec<Interp> = cmds.iter().map(|c| interpret(c)).collect();
             let queueing_error = interps.iter().any(|i| matches!(i, Interp::RedisArity(_)));

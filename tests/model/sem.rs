@@ -692,8 +692,8 @@ fn parse_call(cmd: Cmd, args: &[Bytes]) -> Result<Call, SemErr> {
 }
 
 /// The server's fencing floor (`INFO sem`, `sem_ticket_floor`): no fair ticket is below it.
-/// It changes only when the module loads, the server loads data or it becomes a primary, which
-/// no step does.
+/// Every fair grant moves it past its ticket; otherwise it changes only when the module loads,
+/// the server loads data or it becomes a primary, which no step does.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Fencing {
     pub floor: u64,
@@ -1159,10 +1159,17 @@ fn next_ticket(counter: Option<u64>, floor: u64, now: i64) -> Result<u64, SemErr
     Ok(ticket)
 }
 
-/// Counts a fair grant whose ticket is the floor itself (the floor lifted the counter).
-fn lifted(fencing: &mut Fencing, ticket: u64) {
+/// A fair grant at `now` handed out `ticket`: the node's floor moves past it, unless it is more
+/// than a second (in microseconds) ahead of both the floor and the clock (a counter written by
+/// hand); counts the grant when its ticket is the floor itself (the floor lifted the counter).
+fn lifted(fencing: &mut Fencing, ticket: u64, now: i64) {
     if ticket == fencing.floor {
         fencing.lifted += 1;
+    }
+    let clock = u64::try_from(now).unwrap_or(0).saturating_mul(1000);
+    let reach = fencing.floor.max(clock).saturating_add(1_000_000);
+    if ticket >= fencing.floor && ticket < reach {
+        fencing.floor = ticket + 1;
     }
 }
 
@@ -1372,7 +1379,7 @@ fn rules(
                 sets.put_owner(id, ticket);
                 removed.extend(sets.finish(keys));
                 set_counter(keys, counter, ticket);
-                lifted(&mut world.fencing, ticket);
+                lifted(&mut world.fencing, ticket, now);
                 return Ok((reply(Some(ticket)), Effect::Granted, bind));
             }
             if live_holder {
@@ -1400,7 +1407,7 @@ fn rules(
             removed.extend(sets.finish(keys));
             if let Some(ticket) = ticket {
                 set_counter(keys, counter, ticket);
-                lifted(&mut world.fencing, ticket);
+                lifted(&mut world.fencing, ticket, now);
             }
             Ok((reply(ticket), Effect::Granted, bind))
         }

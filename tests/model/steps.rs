@@ -5,7 +5,7 @@ use super::keyspace::{Bytes, Keyspace, Value};
 use super::rng::Rng;
 use super::sem::{
     counter_key, deadline_ms, interpret, limit_key, owner_key, parse_limit, permits_key, Call, Cmd,
-    Interp, Op, SetCall, SetOp,
+    Interp, Op, SetCall, SetOp, DERIVED,
 };
 use super::wire::{cmd, show_command};
 
@@ -64,6 +64,9 @@ pub enum Step {
     Eval(Vec<Vec<Bytes>>),
     /// Another client's or an operator's command.
     Op(Vec<Bytes>),
+    /// Fair grants with another client's deletions or a flush between them, pipelined: all
+    /// within about one millisecond (tickets must still grow).
+    Burst(Vec<Vec<Bytes>>),
     /// Time passes (ms).
     Sleep(u64),
     /// The main client's connection closes (CLIENT KILL from its successor): the module gives
@@ -76,6 +79,7 @@ impl Step {
     pub fn commands(&self) -> Vec<Vec<Bytes>> {
         match self {
             Step::Sem(args) | Step::Op(args) => vec![args.clone()],
+            Step::Burst(cmds) => cmds.clone(),
             Step::Multi(cmds) => {
                 let mut all = vec![cmd(&["MULTI"])];
                 all.extend(cmds.iter().cloned());
@@ -116,6 +120,7 @@ impl Step {
             Step::Sem(_) => "sem",
             Step::Multi(_) => "multi",
             Step::Eval(_) => "eval",
+            Step::Burst(_) => "burst",
             Step::Op(args) => match args[0].to_ascii_uppercase().as_slice() {
                 b"DEL" => "op DEL",
                 b"RENAME" => "op RENAME",
@@ -141,7 +146,16 @@ impl Step {
     /// Whether only the module may change keys in this step (SEM.* commands, a reconnection's
     /// give-backs, time passing).
     pub fn module_only(&self) -> bool {
-        !matches!(self, Step::Op(_))
+        !matches!(self, Step::Op(_) | Step::Burst(_))
+    }
+
+    /// The other clients' commands the step sends.
+    pub fn ops(&self) -> Vec<&Vec<Bytes>> {
+        match self {
+            Step::Op(args) => vec![args],
+            Step::Burst(cmds) => cmds.iter().filter(|c| !is_sem(c)).collect(),
+            _ => vec![],
+        }
     }
 
     /// The step as redis-cli lines.
@@ -185,6 +199,12 @@ impl Seen<'_> {
 }
 
 /// Whether `args` call a command on a set of semaphores.
+/// Whether `args` is a SEM.* command.
+pub fn is_sem(args: &[Bytes]) -> bool {
+    args.first()
+        .is_some_and(|c| c.len() > 4 && c[..4].eq_ignore_ascii_case(b"sem."))
+}
+
 pub fn is_set(args: &[Bytes]) -> bool {
     Cmd::from_name(&args[0]).is_some_and(|c| c.set_step().is_some())
 }
@@ -934,6 +954,7 @@ pub fn step(rng: &mut Rng, seen: &Seen) -> Step {
         (26, "op"),
         (4, "sleep"),
         (2, "reconnect"),
+        (2, "burst"),
     ]) {
         "sem" => {
             let mut args = sem_any(rng, seen, true);
@@ -980,6 +1001,7 @@ pub fn step(rng: &mut Rng, seen: &Seen) -> Step {
             Step::Eval(calls)
         }
         "op" => Step::Op(op_command(rng, seen)),
+        "burst" => Step::Burst(burst(rng)),
         "reconnect" => Step::Reconnect,
         _ => Step::Sleep(match rng.below(10) {
             0..=1 => 0,
@@ -987,6 +1009,38 @@ pub fn step(rng: &mut Rng, seen: &Seen) -> Step {
             _ => rng.range(10, 50) as u64,
         }),
     }
+}
+
+/// A fair grant with a ticket, the keys of its name (or its counter, or the database) deleted,
+/// and another fair grant: of the same name or another.
+fn burst(rng: &mut Rng) -> Vec<Vec<Bytes>> {
+    let first = sem_name(rng);
+    let second = if rng.percent(50) {
+        first.clone()
+    } else {
+        sem_name(rng)
+    };
+    let grant = |name: &Bytes| {
+        let mut args = vec![b("SEM.ACQUIREFAIR"), name.clone()];
+        args.extend(["5", "1", "WITHTICKET"].map(b));
+        args
+    };
+    let keys = |name: &Bytes, which: &[usize]| -> Vec<Bytes> {
+        which
+            .iter()
+            .map(|&i| match i {
+                0 => name.clone(),
+                i => [name.as_slice(), DERIVED[i - 1]].concat(),
+            })
+            .collect()
+    };
+    let between = match rng.below(4) {
+        0 => [vec![b("DEL")], keys(&first, &[0, 1, 2])].concat(),
+        1 => [vec![b("DEL")], keys(&first, &[2])].concat(),
+        2 => [vec![b("DEL")], keys(&first, &[0, 1, 2, 3, 4])].concat(),
+        _ => vec![b("FLUSHDB")],
+    };
+    vec![grant(&first), between, grant(&second)]
 }
 
 /// Whether a direct call would wait without limit (`WAIT 0`, a SEM.WAITEMPTY timeout of 0) if

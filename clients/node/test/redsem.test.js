@@ -274,6 +274,24 @@ test("fair permits carry growing tickets", async () => {
   await third.release();
 });
 
+test("a fair ticket after its keys went is above the one before", async () => {
+  // A DEL of the name, its owner set and its counter, or FLUSHDB, between two fair grants most
+  // often within one millisecond: the script starts again from the server's clock in
+  // microseconds, the module above every ticket the node handed out.
+  const opts = { limit: 1, lease: 30, fair: true, autoRefresh: false };
+  const repeats = [];
+  for (let round = 0; round < 200; round++) {
+    const first = await acquire(redis, "fence", opts);
+    if (round % 2) await redis.flushdb();
+    else await redis.del("fence", "fence:owner", "fence:counter");
+    const second = await acquire(redis, "fence", opts);
+    if (!(second.ticket > first.ticket)) repeats.push([round, first.ticket, second.ticket]);
+    assert.equal(await first.release(), false); // its keys went: lost
+    assert.equal(await second.release(), true);
+  }
+  assert.deepEqual(repeats, [], `${repeats.length} of 200 rounds: [round, first, second]`);
+});
+
 test("count takes several permits and gives some back", async () => {
   const big = await acquire(redis, "gpus", { limit: 4, lease: 30, count: 3 });
   assert.equal(await live("gpus"), 3);

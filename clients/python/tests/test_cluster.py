@@ -37,6 +37,7 @@ from redsem import (
     AsyncSemaphoreSet,
     ModuleRequired,
     NotAcquired,
+    NotDurable,
     PermitLost,
     Semaphore,
     SemaphoreError,
@@ -781,6 +782,122 @@ def test_the_module_loaded_live_on_the_node_is_picked_up():
             assert api.release(bound) is True
             assert not node.exists(f"{name}:line")
             node.close()
+    finally:
+        for api in apis.values():
+            api.close()
+        c.stop()
+
+
+def test_a_waiter_cut_by_a_failover_waits_on_the_new_primary():
+    """CLUSTER FAILOVER on the replica of a semaphore's primary while one client holds its
+    permit and another waits: the old primary ends the wait with UNBLOCKED, and the waiter waits
+    again on the new primary, for what is left of its wait, until the holder gives its permit
+    back there; never an error, never a second permit beside the holder's."""
+    c = Cluster(replicas=1)
+    apis = {kind: make(c.port) for kind, make in APIS.items()}
+    try:
+        for kind, api in apis.items():
+            name = "{unblocked-%s}jobs" % kind
+            primary = c.owner(name)
+            node = c.node(primary)
+            primary_id = node.execute_command("CLUSTER MYID").decode()
+            replica = next(
+                int(address.split(":")[1].split("@")[0])
+                for address, entry in c.view().items()
+                if entry["master_id"] == primary_id and "fail" not in entry["flags"]
+            )
+            # Durable: WAIT on the connection of the grant, so the replica has the holder.
+            holder = api.acquire(name, 1, lease=30, durable_replicas=1)
+            follower = c.node(replica)
+            follower.execute_command("READONLY")
+            assert follower.zrange(name, 0, -1) == [holder.id.encode()]
+            follower.close()
+            got = []
+
+            def waiter(api=api, name=name):
+                try:
+                    got.append(api.acquire(name, 1, lease=30, wait=25))
+                except Exception as err:
+                    got.append(err)
+
+            thread = threading.Thread(target=waiter)
+            thread.start()
+            command = "blpop" if SCRIPTS else "sem.acquire"
+            deadline = time.monotonic() + 5
+            while not any(
+                "b" in client["flags"] and client["cmd"] == command
+                for client in node.client_list()
+            ):
+                assert time.monotonic() < deadline, "the waiter does not wait"
+                time.sleep(0.01)
+            node.close()
+            promoted = c.node(replica)
+            assert promoted.execute_command("CLUSTER FAILOVER") in (True, b"OK")
+            deadline = time.monotonic() + 10
+            while c.owner(name) != replica:
+                assert time.monotonic() < deadline, "the replica was not promoted"
+                time.sleep(0.05)
+            promoted.close()
+            time.sleep(0.5)
+            assert got == [], "the waiter did not wait on"
+            assert c.live(name) == 1
+            assert api.release(holder) is True
+            thread.join(10)
+            assert len(got) == 1 and not isinstance(got[0], Exception), got
+            assert c.live(name) == 1
+            assert api.release(got[0]) is True
+            assert c.live(name) == 0
+    finally:
+        for api in apis.values():
+            api.close()
+        c.stop()
+
+
+def test_a_durable_wait_cut_by_a_failover_is_answered_by_the_new_primary():
+    """CLUSTER FAILOVER while a durable grant's WAIT blocks (2 replicas wanted, 1 there): the old
+    primary ends WAIT with UNBLOCKED. WAIT is not resent on another connection as if it proved
+    anything: the holder is refreshed on the new primary and WAIT follows there, whose one
+    replica (the old primary) acknowledges it: NotDurable, 1 of 2, and the permit given back."""
+    c = Cluster(replicas=1)
+    apis = {kind: make(c.port) for kind, make in APIS.items()}
+    try:
+        for kind, api in apis.items():
+            name = "{durable-%s}jobs" % kind
+            primary = c.owner(name)
+            node = c.node(primary)
+            primary_id = node.execute_command("CLUSTER MYID").decode()
+            replica = next(
+                int(address.split(":")[1].split("@")[0])
+                for address, entry in c.view().items()
+                if entry["master_id"] == primary_id and "fail" not in entry["flags"]
+            )
+            got = []
+
+            def acquire(api=api, name=name):
+                try:
+                    got.append(
+                        api.acquire(name, 1, lease=30, durable_replicas=2, durable_timeout_ms=4000)
+                    )
+                except Exception as err:
+                    got.append(err)
+
+            thread = threading.Thread(target=acquire)
+            thread.start()
+            deadline = time.monotonic() + 5
+            while not any(client["cmd"] == "wait" for client in node.client_list()):
+                assert time.monotonic() < deadline, "no WAIT blocks"
+                time.sleep(0.01)
+            node.close()
+            promoted = c.node(replica)
+            assert promoted.execute_command("CLUSTER FAILOVER") in (True, b"OK")
+            promoted.close()
+            thread.join(20)
+            assert len(got) == 1
+            outcome = got[0]
+            assert isinstance(outcome, NotDurable), outcome
+            assert (outcome.acked, outcome.wanted) == (1, 2)
+            assert c.owner(name) == replica
+            assert c.live(name) == 0
     finally:
         for api in apis.values():
             api.close()

@@ -272,13 +272,48 @@ def test_the_readme_examples(r, server, capsys):
         assert "4 GPU slots held; lost: False" in printed
         pair = re.search(r"tickets \((\d+), (\d+)\)", printed)
         assert pair is not None, printed
-        assert pair.group(1) == pair.group(2)  # two fresh names granted in one step
+        # Two fresh names granted in one step: the second ticket the next one up.
+        assert int(pair.group(2)) == int(pair.group(1)) + 1
         assert_tickets([int(pair.group(1))], f)
         assert "drained: True" in printed
     assert "paused; stored limit: 0" in printed
     assert "cleared: True stored limit: None" in printed
     names = ("jobs", "printers", "gpus", "gpu", "licence", "deploys", "reports")
     assert [live(r, name) for name in names] == [0] * len(names)
+
+
+def test_the_packages_readme(r, server, capsys):
+    """clients/python/README.md as written: its install line names this package's folder from
+    the repository's root (scripts/test-clients installs it so), and its example for one server
+    runs on the test server (port 6379 replaced) and leaves no holder."""
+    readme = ROOT / "clients/python/README.md"
+    text = readme.read_text()
+    installs = re.findall(r"```sh\n(.*?)```", text, re.S)
+    assert len(installs) == 1
+    command = installs[0].split("#")[0].split()
+    assert command[:2] == ["pip", "install"] and len(command) == 3, command
+    folder = ROOT / command[2]
+    assert (folder / "src/redsem/__init__.py").is_file()
+    project = (folder / "pyproject.toml").read_text()
+    assert 'name = "redsem-client"' in project and 'readme = "README.md"' in project
+    assert f"pip install --quiet --disable-pip-version-check {command[2]} " in (
+        ROOT / "scripts/test-clients"
+    ).read_text()
+    blocks = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", text, re.S)
+        if "RedisCluster" not in block
+    ]
+    assert len(blocks) == 1
+    assert "port=6379" in blocks[0]
+    f = floor(r)
+    exec(compile(blocks[0].replace("port=6379", f"port={server.port}"), str(readme), "exec"), {})
+    printed = capsys.readouterr().out
+    assert re.findall(r"working on (\d) as", printed) == ["0", "1", "2"]
+    tickets = [int(t) for t in re.findall(r"has ticket (\d+)", printed)]
+    assert len(tickets) == 1
+    assert_tickets(tickets, f)
+    assert [live(r, name) for name in ("jobs", "printers")] == [0, 0]
 
 
 def test_grant_and_release(r):
@@ -438,6 +473,28 @@ def test_fair_permits_carry_growing_tickets(r):
     with pytest.raises(redis.ResponseError, match="fair holders"):
         with sem, Semaphore(r, "printers", limit=2, lease=30):
             pass
+
+
+def test_a_fair_ticket_after_its_keys_went_is_above_the_one_before(r):
+    """A name whose keys went between two fair grants (a DEL of the name, its owner set and its
+    counter, or FLUSHDB), the two most often within one millisecond, still gives the second a
+    ticket above the first, in every round: the script starts again from the server's clock in
+    microseconds, the module above every ticket the node handed out."""
+    sem = Semaphore(r, "fence", limit=1, lease=30, fair=True, auto_refresh=False)
+    repeats = []
+    for round in range(200):
+        first = sem.acquire()
+        if round % 2:
+            r.flushdb()
+        else:
+            r.delete("fence", "fence:owner", "fence:counter")
+        second = sem.acquire()
+        assert first.ticket is not None and second.ticket is not None
+        if second.ticket <= first.ticket:
+            repeats.append((round, first.ticket, second.ticket))
+        assert not first.release()  # its keys went: lost
+        assert second.release()
+    assert not repeats, f"{len(repeats)} of 200 rounds: (round, first, second) {repeats[:5]}"
 
 
 def test_count_takes_several_permits_and_gives_some_back(r):
@@ -697,14 +754,17 @@ def test_a_fair_set_carries_one_ticket_per_semaphore(r):
             assert_module_required(r, "SEM.ACQUIREALL", lambda: sem.__enter__())
             return
         with sem as permits:
-            # gpu is fresh (the clock of this grant), licence goes on from its counter.
+            # gpu is fresh (the clock of this grant), licence goes on from its counter, and
+            # above gpu's ticket, handed out before it in the same step.
             assert permits.tickets is not None
             gpu = permits.tickets[0]
             assert_tickets([gpu], f)
-            assert permits.tickets == (gpu, single.ticket + 1)
-            assert r.zscore("licence:owner", permits.id) == single.ticket + 1
+            licence = max(single.ticket + 1, gpu + 1)
+            assert permits.tickets == (gpu, licence)
+            assert r.zscore("licence:owner", permits.id) == licence
         with sem as permits:
-            assert permits.tickets == (gpu + 1, single.ticket + 2)
+            # Each above every ticket handed out before, in the order named.
+            assert permits.tickets == (licence + 1, licence + 2)
 
 
 def test_a_waiting_set_is_granted_when_a_member_is_freed(r):
@@ -814,8 +874,9 @@ def test_async_sets_and_wait_empty(server):
         f = (seconds * 1000 + micros // 1000) * 1000
         spec = [("gpu", 1), ("licence", 5, 2)]
         async with AsyncSemaphoreSet(r, spec, lease=0.6, fair=True) as permits:
-            # Two fresh names granted in one step: each the clock of that step.
-            assert permits.tickets is not None and permits.tickets[0] == permits.tickets[1]
+            # Two fresh names granted in one step: the clock of that step, then one up.
+            assert permits.tickets is not None
+            assert permits.tickets[1] == permits.tickets[0] + 1
             assert_tickets(permits.tickets[:1], f)
             f = permits.tickets[0]
             with pytest.raises(NotAcquired):
@@ -836,7 +897,7 @@ def test_async_sets_and_wait_empty(server):
         waiting = asyncio.ensure_future(acquire_all_async(r, spec, lease=30, fair=True, wait=10))
         assert await wait_empty_async(r, "gpu", 10) is True
         async with await waiting as permits:
-            assert permits.tickets == (f + 2, f + 2)
+            assert permits.tickets == (f + 4, f + 5)
         await leaving
         with pytest.raises(PermitLost):
             async with AsyncSemaphoreSet(r, spec, lease=0.6) as permits:
@@ -1488,3 +1549,332 @@ def test_an_interrupted_wait_leaves_the_line(r):
     assert waiting(r, "gone") == 0 and r.keys("gone:wake*") == []
     assert holder.release() is True
     assert live(r, "gone") == 0
+
+
+# Waits cut by the server, acquires interrupted, releases without an answer, durable grants
+# whose WAIT is cut.
+
+
+def the_blocked_waiter(r) -> int:
+    """The id of the one client blocked in a wait (SEM.ACQUIRE with the module, BLPOP without)."""
+    command = "sem.acquire" if has_module(r) else "blpop"
+    found = []
+
+    def blocked():
+        found[:] = [c["id"] for c in r.client_list() if "b" in c["flags"] and c["cmd"] == command]
+        return found
+
+    wait_until("the waiter blocks", blocked)
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_wait_cut_by_unblocked_waits_again(r, server, kind):
+    """A waiter whose blocked command the server ends with UNBLOCKED (what a failover gives its
+    waiters; here CLIENT UNBLOCK ... ERROR, twice) waits on: granted when the holder gives its
+    permit back, never an error."""
+    holder = Semaphore(r, "cut", limit=1, lease=30).acquire()
+    got = []
+
+    def wait_for_it():
+        try:
+            if kind == "sync":
+                permit = Semaphore(r, "cut", limit=1, lease=30, wait=20).acquire()
+                got.append(permit.id)
+                got.append(permit.release())
+                return
+
+            async def main():
+                ar = redis.asyncio.Redis(port=server.port)
+                permit = await AsyncSemaphore(ar, "cut", limit=1, lease=30, wait=20).acquire()
+                got.append(permit.id)
+                got.append(await permit.release())
+                await ar.aclose()
+
+            asyncio.run(main())
+        except Exception as err:
+            got.append(err)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    for _ in range(2):
+        assert r.execute_command("CLIENT UNBLOCK", the_blocked_waiter(r), "ERROR") == 1
+        time.sleep(0.2)
+        assert got == [], got
+    wait_until("the waiter is in line", lambda: waiting(r, "cut") == 1)
+    assert holder.release() is True
+    waiter.join(10)
+    assert len(got) == 2 and got[1] is True, got
+    assert live(r, "cut") == 0
+
+
+class Interrupted(Exception):
+    """Raised in the main thread by a signal handler, as KeyboardInterrupt is."""
+
+
+def test_a_cancelled_wait_gives_back_a_grant_that_came_after(server):
+    """An asyncio wait granted by the server, then cancelled before its task read the grant (the
+    holder's release sent by a blocking call from the event loop's own thread, so the task runs
+    only after both): the grant nobody will see is given back, no permit is left without a
+    holder."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        holder = await AsyncSemaphore(r, "late", limit=1, lease=30, auto_refresh=False).acquire()
+        waiter = AsyncSemaphore(r, "late", limit=1, lease=30, wait=20)
+        task = asyncio.ensure_future(waiter.acquire())
+        while waiting(rs, "late") != 1:
+            await asyncio.sleep(0.01)
+        assert sem(rs, "RELEASE", "late", holder.id) == 1  # granted to the waiter
+        assert live(rs, "late") == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await r.aclose()
+
+    asyncio.run(main())
+    assert live(rs, "late") == 0
+    assert waiting(rs, "late") == 0
+    rs.close()
+
+
+@pytest.mark.skipif(SCRIPTS, reason="sets need the module")
+def test_a_cancelled_set_wait_gives_back_a_grant_that_came_after(server):
+    """As above, for a set: the whole set granted to a wait cancelled before it read the grant
+    is given back."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        holder = await AsyncSemaphore(r, "b", limit=1, lease=30, auto_refresh=False).acquire()
+        wanted = [("a", 1), ("b", 1)]
+        task = asyncio.ensure_future(acquire_all_async(r, wanted, lease=30, wait=20))
+        while waiting(rs, "b") != 1:
+            await asyncio.sleep(0.01)
+        assert sem(rs, "RELEASE", "b", holder.id) == 1  # the set granted to the waiter
+        assert [live(rs, name) for name in ("a", "b")] == [1, 1]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await r.aclose()
+
+    asyncio.run(main())
+    assert [live(rs, name) for name in ("a", "b")] == [0, 0]
+    rs.close()
+
+
+def test_an_interrupted_wait_gives_back_a_grant_that_came_after(r):
+    """The same for the sync API: a signal's handler in the waiting thread (as SIGINT's raises
+    KeyboardInterrupt) sends the holder's release, which grants the wait, then raises before the
+    grant is read."""
+    import signal
+
+    holder = Semaphore(r, "late", limit=1, lease=30, auto_refresh=False).acquire()
+    other = redis.Redis(port=r.connection_pool.connection_kwargs["port"])
+    main = threading.get_ident()
+
+    def interrupt(signum, frame):
+        assert sem(other, "RELEASE", "late", holder.id) == 1  # granted to the waiter
+        raise Interrupted()
+
+    def signal_the_waiter():
+        wait_until("the waiter waits", lambda: waiting(other, "late") == 1)
+        the_blocked_waiter(other)
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    helper = threading.Thread(target=signal_the_waiter)
+    try:
+        helper.start()
+        with pytest.raises(Interrupted):
+            Semaphore(r, "late", limit=1, lease=30, wait=20).acquire()
+    finally:
+        helper.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert live(r, "late") == 0
+    assert waiting(r, "late") == 0
+    other.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_release_without_an_answer_can_be_sent_again(server, kind):
+    """A release whose connection the server closed (CLIENT KILL) fails with a connection error
+    and leaves the permit held and releasable: a second release() gives it back and answers
+    True."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+    kill = ["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]
+    if kind == "sync":
+        client = redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0))
+        permit = Semaphore(client, "again", limit=1, lease=30, auto_refresh=False).acquire()
+        assert rs.execute_command(*kill) >= 1
+        with pytest.raises(redis.ConnectionError):
+            permit.release()
+        assert live(rs, "again") == 1
+        assert permit.release() is True
+        assert permit.release() is True  # repeated, not sent again
+        client.close()
+    else:
+
+        async def main():
+            client = redis.asyncio.Redis(port=server.port, retry=AsyncRetry(NoBackoff(), 0))
+            permit = await AsyncSemaphore(
+                client, "again", limit=1, lease=30, auto_refresh=False
+            ).acquire()
+            assert rs.execute_command(*kill) >= 1
+            with pytest.raises(redis.ConnectionError):
+                await permit.release()
+            assert live(rs, "again") == 1
+            assert await permit.release() is True
+            assert await permit.release() is True
+            await client.aclose()
+
+        asyncio.run(main())
+    assert live(rs, "again") == 0
+    rs.close()
+
+
+class Proxy:
+    """A TCP proxy on a free loopback port to a server's port, as a client's address that moves
+    to a new primary: ``hold()`` makes new connections wait, ``point(port)`` sends them on;
+    ``freeze()`` drops what comes from then on, both ways (a network that lost it)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.frozen = False
+        self.ready = threading.Event()
+        self.ready.set()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._link, args=(client,), daemon=True).start()
+
+    def _link(self, client) -> None:
+        self.ready.wait(30)
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+        except OSError:
+            client.close()
+            return
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a, b) -> None:
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                if not self.frozen:
+                    b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def freeze(self) -> None:
+        self.frozen = True
+
+    def hold(self) -> None:
+        self.ready.clear()
+
+    def point(self, target: int) -> None:
+        self.target = target
+        self.ready.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def link_up(port) -> bool:
+    client = redis.Redis(port=port)
+    try:
+        return client.info("replication")["master_link_status"] == "up"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_durable_grant_whose_wait_is_cut_is_looked_for_on_the_new_primary(kind):
+    """The primary dies while WAIT blocks for the grant's replica (the replication stream cut, so
+    the grant reaches neither replica); a replica is promoted, the other follows it, and the
+    client's address now leads there (a proxy). redis-py resends WAIT on its new connection,
+    where it counts nothing written and answers 1 at once: the acquire must not report a
+    durable permit. It finds no holder on the new primary and raises NotDurable, and the name
+    is free there."""
+    primary = Server("--repl-diskless-sync-delay", "0")
+    feed = Proxy(primary.port)  # the replication stream
+    replicas = [Server("--replicaof", "127.0.0.1", str(feed.port)) for _ in range(2)]
+    proxy = Proxy(primary.port)  # the client's address
+    try:
+        for replica in replicas:
+            wait_until("the replica is in sync", lambda: link_up(replica.port), 10)
+        feed.freeze()
+        outcome = []
+
+        def acquire():
+            # socket_timeout None, as redis-py before 8: commands are retried on a new connection.
+            options = dict(port=proxy.port, socket_timeout=None)
+            durable = dict(limit=1, lease=30, durable_replicas=1, durable_timeout_ms=30000)
+            try:
+                if kind == "sync":
+                    outcome.append(Semaphore(redis.Redis(**options), "jobs", **durable).acquire())
+                else:
+
+                    async def main():
+                        client = redis.asyncio.Redis(**options)
+                        return await AsyncSemaphore(client, "jobs", **durable).acquire()
+
+                    outcome.append(asyncio.run(main()))
+            except Exception as err:
+                outcome.append(err)
+
+        thread = threading.Thread(target=acquire)
+        thread.start()
+        p = redis.Redis(port=primary.port)
+        wait_until(
+            "the grant waits for a replica",
+            lambda: any(c["cmd"] == "wait" for c in p.client_list()),
+        )
+        assert p.zcard("jobs") == 1
+        p.close()
+        proxy.hold()
+        primary.process.kill()
+        primary.process.wait()
+        new = redis.Redis(port=replicas[0].port)
+        new.replicaof("NO", "ONE")
+        redis.Redis(port=replicas[1].port).replicaof("127.0.0.1", replicas[0].port)
+        wait_until("the other replica follows", lambda: link_up(replicas[1].port), 10)
+        assert new.zcard("jobs") == 0  # the grant reached no replica
+        proxy.point(replicas[0].port)
+        thread.join(30)
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], NotDurable), outcome
+        assert outcome[0].acked == 0 and outcome[0].wanted == 1
+        assert live(new, "jobs") == 0
+        with Semaphore(new, "jobs", limit=1, lease=30) as permit:
+            assert new.zrange("jobs", 0, -1) == [permit.id.encode()]
+        new.close()
+    finally:
+        for replica in replicas:
+            replica.stop()
+        primary.stop()
+        proxy.close()
+        feed.close()

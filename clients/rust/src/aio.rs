@@ -32,6 +32,7 @@
 //! runs out).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,9 +45,9 @@ use crate::cluster::{
     cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route, CONNECT_WITHIN,
 };
 use crate::core::{
-    connection_broken, deadline, durable_wait, identifier, left, lock, next_step, next_tick,
-    slot_of, wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Next, Op, Pool,
-    Request, Result, Retries, SetSpec, Wait,
+    connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
+    next_tick, slot_of, wait_empty_op, AcquireSpec, Action, Backend, Durable, Error, Holder,
+    KnownCell, Next, Op, Pool, Request, Result, Retries, SetSpec, Wait,
 };
 
 /// A connection that several callers share: the redis crate's multiplexed connection, or its
@@ -462,7 +463,9 @@ impl Link {
         loop {
             let next = match action {
                 Action::Send(op) => {
-                    let answer = self.send(&mut |backend| op.request(backend, long)).await;
+                    let answer = self
+                        .send(&mut |backend| wait.as_sent(&op).request(backend, long))
+                        .await;
                     let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }
@@ -489,6 +492,30 @@ impl Link {
                 self.route.use_module(&self.addr);
             }
             action = next?;
+        }
+    }
+
+    /// As the sync API's `Link::durable`.
+    async fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
+        let mut retries = Retries::new(self.route.budget());
+        loop {
+            // Sent once, on the connection that wrote the grant (or its refresh): never on
+            // another, as a pooled connection found closed would be.
+            self.once = true;
+            self.reused = false;
+            let answer = self.plain::<usize>(&durable_wait(wanted, timeout)).await;
+            self.once = false;
+            match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {
+                Durable::Done => return Ok(()),
+                Durable::Recheck(pause) => {
+                    tokio::time::sleep(pause).await;
+                    let sent = Instant::now();
+                    let held: i64 = self.op(&holder.refresh_op()).await?;
+                    if !holder.refreshed(sent, held) {
+                        return Err(Error::NotDurable { acked: 0, wanted });
+                    }
+                }
+            }
         }
     }
 
@@ -649,27 +676,32 @@ impl Semaphore {
         drop(waiting);
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
-        if let Some((wanted, timeout)) = self.durable {
-            let acked = link.plain::<usize>(&durable_wait(wanted, timeout)).await;
-            let acked = match acked {
-                Ok(acked) if acked >= wanted => None,
-                Ok(acked) => Some(Error::NotDurable { acked, wanted }),
-                Err(err) => Some(err),
-            };
-            if let Some(err) = acked {
-                let _ = link.op::<i64>(&holder.release_op()).await;
-                return Err(err);
-            }
-        }
-        if !self.spec.bound {
-            // Granted: the permit's calls go on the shared connection.
-            link = Link::new(self.target.clone(), slot, self.known.clone());
-        }
+        // From here on, a drop (an error, or the caller's timeout while replicas are awaited)
+        // gives the permit back.
         let mut permit = Permit {
             holding: Holding::new(holder, link),
             ticket,
             count: self.spec.count.unwrap_or(1),
         };
+        if let Some((wanted, timeout)) = self.durable {
+            let holding = &permit.holding;
+            let durable = holding
+                .shared
+                .link
+                .lock()
+                .await
+                .durable(holding.holder(), wanted, timeout)
+                .await;
+            if let Err(err) = durable {
+                let _ = permit.holding.give_back().await;
+                return Err(err);
+            }
+        }
+        if !self.spec.bound {
+            // Granted: the permit's calls go on the shared connection.
+            *permit.holding.shared.link.lock().await =
+                Link::new(self.target.clone(), slot, self.known.clone());
+        }
         // A wait for the grant leaves the lease's start unknown: confirm it now.
         if sent.elapsed() > self.spec.lease / 3 && !permit.refresh().await? {
             permit.holding.give_back().await?;
@@ -840,8 +872,9 @@ impl Shared {
 /// The refresh task and the release that a permit and a set share.
 struct Holding {
     shared: Arc<Shared>,
-    refresher: Option<JoinHandle<()>>,
-    released: bool,
+    refresher: Mutex<Option<JoinHandle<()>>>,
+    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
+    released: AtomicBool,
 }
 
 impl Holding {
@@ -851,8 +884,8 @@ impl Holding {
                 holder,
                 link: tokio::sync::Mutex::new(link),
             }),
-            refresher: None,
-            released: false,
+            refresher: Mutex::new(None),
+            released: AtomicBool::new(false),
         }
     }
 
@@ -860,20 +893,24 @@ impl Holding {
         &self.shared.holder
     }
 
-    async fn give_back(&mut self) -> Result<bool> {
-        self.released = true;
+    /// As the sync API's: an error leaves the permit held, for another call or the drop.
+    async fn give_back(&self) -> Result<bool> {
+        if self.released.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let lost_before = self.holder().is_lost();
-        if let Some(refresher) = self.refresher.take() {
+        if let Some(refresher) = lock(&self.refresher).take() {
             refresher.abort();
         }
         let released = self.shared.release().await?;
+        self.released.store(true, Ordering::SeqCst);
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
     fn start_refreshing(&mut self) {
         let shared = Arc::clone(&self.shared);
         let interval = shared.holder.lease / 3;
-        self.refresher = Some(tokio::spawn(async move {
+        *lock(&self.refresher) = Some(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
                 match shared.refresh().await {
@@ -890,14 +927,29 @@ impl Holding {
 impl Drop for Holding {
     /// No async drop: the refresh stops, and inside a runtime a task gives the permit back.
     fn drop(&mut self) {
-        if let Some(refresher) = self.refresher.take() {
+        if let Some(refresher) = lock(&self.refresher).take() {
             refresher.abort();
         }
-        if !self.released {
+        if !self.released.load(Ordering::SeqCst) {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                // On the shared connection: the permit's own may still be blocked in a call
+                // that was dropped (`WAIT numreplicas`), which would hold the release back.
+                let link = self
+                    .shared
+                    .link
+                    .try_lock()
+                    .ok()
+                    .map(|l| l.sibling(Kind::Shared));
                 let shared = Arc::clone(&self.shared);
                 runtime.spawn(async move {
-                    let _ = shared.release().await;
+                    match link {
+                        Some(mut link) => {
+                            let _ = link.op::<i64>(&shared.holder.release_op()).await;
+                        }
+                        None => {
+                            let _ = shared.release().await;
+                        }
+                    }
                 });
             }
         }
@@ -971,8 +1023,8 @@ impl Permit {
         Ok(released == 1)
     }
 
-    /// As [`crate::Permit::release`].
-    pub async fn release(mut self) -> Result<bool> {
+    /// As [`crate::Permit::release`]: an error leaves the permit held, to release again.
+    pub async fn release(&self) -> Result<bool> {
         self.holding.give_back().await
     }
 }
@@ -1033,7 +1085,7 @@ impl PermitSet {
     }
 
     /// As [`crate::PermitSet::release`].
-    pub async fn release(mut self) -> Result<bool> {
+    pub async fn release(&self) -> Result<bool> {
         self.holding.give_back().await
     }
 }

@@ -764,6 +764,19 @@ impl<'a> Wait<'a> {
         Action::Send(op)
     }
 
+    /// The last [`Action::Send`] as sent (again, after a failure in Redis Cluster: an
+    /// `UNBLOCKED` wait, a failover): an attempt waits what is left of the wait, not what was
+    /// left when it was first sent.
+    pub(crate) fn as_sent(&self, op: &Op) -> Op {
+        match self.sent {
+            Sent::Attempt => {
+                self.spec
+                    .op(self.id, left(self.until), self.line_sent, op.first_attempt)
+            }
+            Sent::Leave => op.clone(),
+        }
+    }
+
     /// What the last [`Action::Send`] got, passed on: a failure the server answered (an error
     /// reply) tells that nothing was granted; one of the connection leaves it unknown.
     pub(crate) fn sent(&mut self, answer: Result<(Value, Backend)>) -> Result<(Value, Backend)> {
@@ -1034,6 +1047,37 @@ pub(crate) fn durable_wait(replicas: usize, timeout: Duration) -> Cmd {
     let mut cmd = redis::cmd("WAIT");
     cmd.arg(replicas).arg(timeout.as_millis() as u64);
     cmd
+}
+
+/// What to do after a durable grant's `WAIT numreplicas` answered.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// Enough replicas acknowledged the grant.
+    Done,
+    /// The connection that wrote the grant is gone (its primary failed over): after this
+    /// pause, refresh the holder on the slot's owner and send `WAIT` again. A `WAIT` on another
+    /// connection covers none of the grant's writes (that connection wrote nothing, and it
+    /// answers at once); the refresh is a write of the new one that carries the holder, so the
+    /// next `WAIT` covers it. A holder the refresh does not find was lost in the failover.
+    Recheck(Duration),
+}
+
+/// The step after `answer`, the reply of `WAIT numreplicas` sent once, on the connection that
+/// wrote the grant (or that refreshed it); `cluster`: the call went to a node of Redis Cluster.
+pub(crate) fn durable_answer(
+    answer: Result<usize>,
+    wanted: usize,
+    cluster: bool,
+    retries: &mut Retries,
+) -> Result<Durable> {
+    match answer {
+        Ok(acked) if acked >= wanted => Ok(Durable::Done),
+        Ok(acked) => Err(Error::NotDurable { acked, wanted }),
+        Err(Error::Redis(err)) if next_step(&err, cluster) != Next::Fail => {
+            Ok(Durable::Recheck(retries.pause(err)?))
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// A holder's state, shared by the permit and its refresh.

@@ -1,6 +1,7 @@
 //! The sync API: a connection of its own per permit, a refresh thread.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -10,9 +11,9 @@ use redis::{Client, Cmd, Connection, FromRedisValue, Value};
 
 use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
-    connection_broken, deadline, durable_wait, identifier, left, lock, next_step, next_tick,
-    slot_of, wait_empty_op, AcquireSpec, Action, Backend, Error, Holder, KnownCell, Next, Op, Pool,
-    Request, Result, Retries, SetSpec, Wait,
+    connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
+    next_tick, slot_of, wait_empty_op, AcquireSpec, Action, Backend, Durable, Error, Holder,
+    KnownCell, Next, Op, Pool, Request, Result, Retries, SetSpec, Wait,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -258,7 +259,7 @@ impl Link {
         loop {
             let next = match action {
                 Action::Send(op) => {
-                    let answer = self.send(&mut |backend| op.request(backend, long));
+                    let answer = self.send(&mut |backend| wait.as_sent(&op).request(backend, long));
                     let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }
@@ -317,6 +318,31 @@ impl Link {
             drop(done);
             popped
         })
+    }
+
+    /// `WAIT replicas timeout` after the grant of `holder`, on the connection that wrote it:
+    /// [`Error::NotDurable`] unless that many replicas acknowledge it (core's [`Durable`]).
+    fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
+        let mut retries = Retries::new(self.route.budget());
+        loop {
+            // Sent once, on the connection that wrote the grant (or its refresh): never on
+            // another, as a pooled connection found closed would be.
+            self.once = true;
+            self.reused = false;
+            let answer = self.plain::<usize>(&durable_wait(wanted, timeout));
+            self.once = false;
+            match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {
+                Durable::Done => return Ok(()),
+                Durable::Recheck(pause) => {
+                    thread::sleep(pause);
+                    let sent = Instant::now();
+                    let held: i64 = self.op(&holder.refresh_op())?;
+                    if !holder.refreshed(sent, held) {
+                        return Err(Error::NotDurable { acked: 0, wanted });
+                    }
+                }
+            }
+        }
     }
 
     /// A waiter that gives up while in line leaves it, and gives back a grant made meanwhile.
@@ -456,12 +482,10 @@ impl Semaphore {
             count: self.spec.count.unwrap_or(1),
         };
         if let Some((wanted, timeout)) = self.durable {
-            let acked: usize = permit
+            let holder = permit.holding.holder();
+            permit
                 .holding
-                .with_link(|link| link.plain(&durable_wait(wanted, timeout)))?;
-            if acked < wanted {
-                return Err(Error::NotDurable { acked, wanted });
-            }
+                .with_link(|link| link.durable(holder, wanted, timeout))?;
         }
         // A wait for the grant leaves the lease's start unknown: confirm it now.
         if sent.elapsed() > self.spec.lease / 3 && !permit.refresh()? {
@@ -644,9 +668,10 @@ impl Shared {
 struct Holding {
     shared: Arc<Shared>,
     /// Dropping it stops the refresh thread.
-    stop: Option<mpsc::Sender<()>>,
-    refresher: Option<JoinHandle<()>>,
-    released: bool,
+    stop: Mutex<Option<mpsc::Sender<()>>>,
+    refresher: Mutex<Option<JoinHandle<()>>>,
+    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
+    released: AtomicBool,
 }
 
 impl Holding {
@@ -656,9 +681,9 @@ impl Holding {
                 holder,
                 link: Mutex::new(link),
             }),
-            stop: None,
-            refresher: None,
-            released: false,
+            stop: Mutex::new(None),
+            refresher: Mutex::new(None),
+            released: AtomicBool::new(false),
         }
     }
 
@@ -670,14 +695,20 @@ impl Holding {
         send(&mut lock(&self.shared.link))
     }
 
-    fn give_back(&mut self) -> Result<bool> {
-        self.released = true;
+    /// The release: an error (a connection's) leaves the permit held, to be given back by
+    /// another call or the drop; once answered, a later call sends nothing and answers false.
+    fn give_back(&self) -> Result<bool> {
+        if self.released.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let lost_before = self.holder().is_lost();
-        self.stop.take(); // the refresh thread ends at its next wake-up...
-        if let Some(refresher) = self.refresher.take() {
+        lock(&self.stop).take(); // the refresh thread ends at its next wake-up...
+        let refresher = lock(&self.refresher).take();
+        if let Some(refresher) = refresher {
             let _ = refresher.join(); // ...which is now, after a refresh under way
         }
         let released: i64 = self.with_link(|link| link.op(&self.holder().release_op()))?;
+        self.released.store(true, Ordering::SeqCst);
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
@@ -700,16 +731,14 @@ impl Holding {
                 }
             })
             .expect("cannot start the refresh thread");
-        self.stop = Some(stop);
-        self.refresher = Some(refresher);
+        *lock(&self.stop) = Some(stop);
+        *lock(&self.refresher) = Some(refresher);
     }
 }
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        if !self.released {
-            let _ = self.give_back();
-        }
+        let _ = self.give_back();
     }
 }
 
@@ -784,8 +813,10 @@ impl Permit {
     }
 
     /// Gives the permit back: `Ok(true)` if it was held throughout, `Ok(false)` if it was lost
-    /// (the work it guarded may have overlapped another holder's).
-    pub fn release(mut self) -> Result<bool> {
+    /// (the work it guarded may have overlapped another holder's). An error (the connection's)
+    /// leaves the permit held: call `release` again (else its drop tries once more). Once a
+    /// release was answered, another sends nothing and answers `Ok(false)`.
+    pub fn release(&self) -> Result<bool> {
         self.holding.give_back()
     }
 }
@@ -849,8 +880,8 @@ impl PermitSet {
     }
 
     /// Gives every permit back: `Ok(true)` if all were held throughout, `Ok(false)` if one was
-    /// lost.
-    pub fn release(mut self) -> Result<bool> {
+    /// lost. An error leaves them held, as [`Permit::release`].
+    pub fn release(&self) -> Result<bool> {
         self.holding.give_back()
     }
 }

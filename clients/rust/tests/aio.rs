@@ -329,10 +329,11 @@ async fn sets_are_granted_whole_waited_for_and_given_back_whole() {
     let permits = pair(&target).fair(true).acquire().await.unwrap();
     assert_eq!(permits.names(), ["gpu", "licence"]);
     assert_eq!(permits.counts(), [1, 3]);
-    // Two fresh names granted in one step: each the clock of that step.
+    // Two fresh names granted in one step: the clock of that step (or the node's floor), then
+    // the next one up, in the order named.
     let tickets = permits.tickets().expect("fair tickets").to_vec();
     assert_eq!(tickets.len(), 2);
-    assert_eq!(tickets[0], tickets[1]);
+    assert_eq!(tickets[1], tickets[0] + 1);
     fresh.ticket(&mut conn, tickets[0] as i64);
     assert_eq!((live(&mut conn, "gpu"), live(&mut conn, "licence")), (1, 3));
     assert!(permits.refresh().await.unwrap());
@@ -458,4 +459,156 @@ async fn without_the_module_what_needs_it_fails_before_anything_is_sent() {
     assert_eq!(live_by_script(&mut conn, "jobs"), 0);
     let stats: String = run(&mut conn, &["INFO", "commandstats"]);
     assert!(!stats.contains("cmdstat_sem."), "{stats}");
+}
+
+/// The clients blocked in the server (`INFO clients`): waiters of the module, and `BLPOP`s of
+/// the script's waiters.
+fn blocked_clients(conn: &mut redis::Connection) -> u64 {
+    let info: String = run(conn, &["INFO", "clients"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("blocked_clients:"))
+        .expect("blocked_clients")
+        .trim()
+        .parse()
+        .expect("a count")
+}
+
+/// Nobody waits for `name`: in the module's line, or in the script's.
+fn nobody_in_line(conn: &mut redis::Connection, name: &str) -> bool {
+    match scripts() {
+        false => run::<String>(conn, &["SEM.GET", name, "JSON"]).contains("\"waiters\":0"),
+        true => run::<i64>(conn, &["ZCARD", &format!("{name}:line")]) == 0,
+    }
+}
+
+/// A waiting acquire cut by a timeout of the caller's ends its wait in the server at once (the
+/// module's blocked acquire, the script's `BLPOP`), and a release then serves nobody.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_wait_ends_in_the_server_at_once() {
+    let server = server();
+    let mut conn = server.connection();
+    let target = Target::from(client(&server));
+    let sem = Semaphore::new(&target, "jobs");
+    let holder = sem.acquire().await.unwrap();
+    let waiting = sem.clone().wait(Some(Duration::from_secs(20)));
+    let cut = tokio::time::timeout(Duration::from_millis(300), waiting.acquire()).await;
+    assert!(cut.is_err(), "the caller's timeout did not fire");
+    wait_until(
+        "the wait ended in the server",
+        Duration::from_secs(1),
+        || blocked_clients(&mut conn) == 0,
+    );
+    assert!(nobody_in_line(&mut conn, "jobs"));
+    assert!(holder.release().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(live(&mut conn, "jobs"), 0);
+    // The pool's connections still serve waits.
+    let permit = sem
+        .clone()
+        .wait(Some(Duration::from_secs(5)))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(permit.release().await.unwrap());
+}
+
+/// A grant that reaches a wait in the very moment it is dropped is given back: the server is
+/// kept busy (a script that spins) from before the caller's timeout fires until right after it
+/// ran the holder's release, pipelined behind the script; so the grant goes out before the
+/// server reads anything the drop sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grant_in_the_moment_of_the_drop_is_given_back() {
+    let server = server();
+    let mut conn = server.connection();
+    let target = Target::from(client(&server));
+    let sem = Semaphore::new(&target, "jobs").lease(Duration::from_secs(30));
+    let holder = sem.acquire().await.unwrap();
+    let holder_id = holder.id().to_string();
+    let waiting = sem.clone().wait(Some(Duration::from_secs(20)));
+    let cut = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_millis(800), waiting.acquire()).await
+    });
+    wait_until("the waiter blocks", Duration::from_secs(5), || {
+        blocked_clients(&mut conn) == 1
+    });
+    let mut spin = redis::cmd("EVAL");
+    spin.arg(
+        "local t = redis.call('TIME') local s = t[1] * 1000 + t[2] / 1000 \
+              repeat t = redis.call('TIME') until t[1] * 1000 + t[2] / 1000 > s + 1000 \
+              return 0",
+    )
+    .arg(0);
+    let mut release = redis::cmd("EVAL");
+    match scripts() {
+        false => release = redis::cmd("SEM.RELEASE"),
+        true => {
+            release.arg(SCRIPT).arg(6).arg("jobs");
+            for suffix in [":owner", ":counter", ":permits", ":limit", ":wake"] {
+                release.arg(format!("jobs{suffix}"));
+            }
+            release.arg("RELEASE");
+        }
+    }
+    if !scripts() {
+        release.arg("jobs");
+    }
+    release.arg(&holder_id);
+    let busy = std::thread::spawn(move || {
+        let (_, released): (i64, i64) = redis::pipe()
+            .add_command(spin)
+            .add_command(release)
+            .query(&mut conn)
+            .unwrap();
+        (released, conn)
+    });
+    assert!(
+        cut.await.unwrap().is_err(),
+        "the caller's timeout did not fire"
+    );
+    let (released, mut conn) = busy.join().unwrap();
+    assert_eq!(released, 1);
+    wait_until("the grant is given back", Duration::from_secs(3), || {
+        live(&mut conn, "jobs") == 0
+    });
+    assert!(nobody_in_line(&mut conn, "jobs"));
+    drop(holder);
+}
+
+/// A durable acquire cut by a timeout of the caller's while the replicas are awaited (here there
+/// is none: `WAIT` would block for its whole timeout) gives its grant back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_durable_acquire_dropped_while_replicas_are_awaited_gives_its_grant_back() {
+    let server = server();
+    let mut conn = server.connection();
+    let sem = Semaphore::new(client(&server), "jobs")
+        .lease(Duration::from_secs(30))
+        .durable(1, Duration::from_secs(5));
+    let cut = tokio::time::timeout(Duration::from_millis(300), sem.acquire()).await;
+    assert!(cut.is_err(), "the caller's timeout did not fire");
+    assert!(calls(&mut conn, "wait") >= 1, "no WAIT was sent");
+    wait_until("the grant is given back", Duration::from_secs(2), || {
+        live(&mut conn, "jobs") == 0
+    });
+}
+
+/// As the sync suite's: a release that fails (here the shared connection was closed) leaves the
+/// permit held, and a second call gives it back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_that_fails_can_be_called_again() {
+    let server = server();
+    let mut conn = server.connection();
+    let permit = Semaphore::new(client(&server), "jobs")
+        .auto_refresh(false)
+        .acquire()
+        .await
+        .unwrap();
+    let _: i64 = run(
+        &mut conn,
+        &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+    );
+    assert!(matches!(permit.release().await, Err(Error::Redis(_))));
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    assert!(permit.release().await.unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 0);
+    assert!(!permit.release().await.unwrap());
 }

@@ -8,9 +8,10 @@
 //! with REDIS_SERVER (the server binary), REDSEM_MODULE (the module, absolute) and
 //! REDSEM_TEST_CLUSTER (scripts/test-cluster, absolute; by default found from this crate).
 //!
-//! Two clusters: three primaries for the calls, the errors, the load over three slots and a
+//! Four clusters: three primaries for the calls, the errors, the load over three slots and a
 //! reshard under load; three primaries with a replica each for a primary killed under a waiter
-//! and a holder.
+//! and a holder; three primaries for waiters unblocked (`UNBLOCKED`); three primaries with two
+//! replicas each for a durable acquire whose primary dies during its `WAIT`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -76,6 +77,7 @@ fn driver(args: &[&str]) -> String {
 #[derive(Debug, Clone)]
 struct Node {
     port: u16,
+    pid: u32,
     alive: bool,
     primary: bool,
     slots: Vec<(u16, u16)>,
@@ -126,6 +128,7 @@ impl Nodes {
             .iter()
             .map(|node| Node {
                 port: node["port"].as_u64().unwrap() as u16,
+                pid: node["pid"].as_u64().unwrap() as u32,
                 alive: node["alive"].as_bool().unwrap(),
                 primary: node["primary"].as_bool().unwrap(),
                 slots: node["slots"]
@@ -1038,4 +1041,227 @@ fn waiting_on(conn: &mut redis::Connection, names: &[&str]) -> usize {
             json.contains("\"waiters\":1")
         })
         .count()
+}
+
+/// Ends the wait of the one client blocked on this node (`CLIENT UNBLOCK <id> ERROR`: the
+/// `UNBLOCKED` error that a failover gives blocked clients), once it blocks.
+fn unblock_the_waiter(conn: &mut redis::Connection) {
+    let started = Instant::now();
+    loop {
+        let clients: String = redis::cmd("CLIENT").arg("LIST").query(conn).unwrap();
+        let blocked = clients
+            .lines()
+            .find(|client| client.contains(" flags=b "))
+            .and_then(|client| client.strip_prefix("id="))
+            .and_then(|rest| rest.split(' ').next())
+            .map(|id| id.to_string());
+        if let Some(id) = blocked {
+            let unblocked: i64 = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(&id)
+                .arg("ERROR")
+                .query(conn)
+                .unwrap();
+            assert_eq!(unblocked, 1);
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "nobody blocks");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A waiter whose blocked call ends with `UNBLOCKED` (`CLIENT UNBLOCK <id> ERROR`) waits again
+/// on the slot's owner, sync and async: served when a permit frees up, and refused when what
+/// was left of its wait has passed, not a whole wait later.
+#[test]
+fn an_unblocked_waiter_waits_again_within_its_wait() {
+    if mode().is_none() {
+        return;
+    }
+    let nodes = Nodes::start(0);
+    let cluster = nodes.cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let name = "{unblocked}".to_string();
+    let mut conn = nodes.conn(nodes.owner(slot(&name)));
+    let sem = Semaphore::new(&cluster, name.clone()).auto_refresh(false);
+    let asem = aio::Semaphore::new(&cluster, name.clone()).auto_refresh(false);
+
+    // Unblocked twice, then served.
+    let holder = sem.acquire().unwrap();
+    let waiting = sem.clone().wait(Some(Duration::from_secs(20)));
+    let waiter = thread::spawn(move || waiting.acquire());
+    unblock_the_waiter(&mut conn);
+    unblock_the_waiter(&mut conn);
+    assert!(!waiter.is_finished());
+    assert!(holder.release().unwrap());
+    let served = waiter.join().unwrap().unwrap();
+    assert_eq!(redsem_client::in_use(&cluster, &name).unwrap(), 1);
+    assert!(served.release().unwrap());
+
+    let holder = sem.acquire().unwrap();
+    let awaiting = asem.clone().wait(Some(Duration::from_secs(20)));
+    let awaiter = rt.spawn(async move { awaiting.acquire().await });
+    unblock_the_waiter(&mut conn);
+    unblock_the_waiter(&mut conn);
+    assert!(!awaiter.is_finished());
+    assert!(holder.release().unwrap());
+    let served = rt.block_on(awaiter).unwrap().unwrap();
+    assert!(rt.block_on(served.release()).unwrap());
+
+    // Unblocked after 1 s of a 2.5 s wait: refused at 2.5 s.
+    let holder = sem.acquire().unwrap();
+    let started = Instant::now();
+    let waiting = sem.clone().wait(Some(Duration::from_millis(2500)));
+    let waiter = thread::spawn(move || waiting.acquire());
+    thread::sleep(Duration::from_secs(1));
+    unblock_the_waiter(&mut conn);
+    assert!(matches!(waiter.join().unwrap(), Err(Error::NotAcquired)));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2400) && waited < Duration::from_millis(3200),
+        "{waited:?}"
+    );
+    let started = Instant::now();
+    let awaiting = asem.clone().wait(Some(Duration::from_millis(2500)));
+    let awaiter = rt.spawn(async move { awaiting.acquire().await });
+    thread::sleep(Duration::from_secs(1));
+    unblock_the_waiter(&mut conn);
+    assert!(matches!(
+        rt.block_on(awaiter).unwrap(),
+        Err(Error::NotAcquired)
+    ));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2400) && waited < Duration::from_millis(3200),
+        "{waited:?}"
+    );
+    assert!(holder.release().unwrap());
+    assert_eq!(redsem_client::in_use(&cluster, &name).unwrap(), 0);
+}
+
+/// `kill -<signal> <pid>`.
+fn signal(signal: &str, pid: u32) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// The replicas of the primary at `port`.
+fn replicas_of(nodes: &Nodes, port: u16) -> Vec<Node> {
+    nodes
+        .nodes()
+        .into_iter()
+        .filter(|node| node.alive && !node.primary)
+        .filter(|node| {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut nodes.conn(node.port))
+                .unwrap();
+            info.contains(&format!("master_port:{port}\r\n"))
+        })
+        .collect()
+}
+
+/// A durable acquire whose primary dies while its `WAIT numreplicas` blocks (its two replicas
+/// are stopped and cut off: the grant reaches neither) is not called durable by a `WAIT` on a new
+/// connection to the new primary, which its other replica, following it, answers at once: it
+/// fails with `NotDurable`, and nothing is held. Sync and async.
+#[test]
+fn a_durable_wait_cut_by_a_failover_is_not_answered_by_another_connection() {
+    if mode().is_none() {
+        return;
+    }
+    let nodes = Nodes::start(2);
+    let cluster = nodes.cluster();
+    let sync_name = "{durable}".to_string();
+    let sync_owner = nodes.owner(slot(&sync_name));
+    let async_name = (0..)
+        .map(|n| format!("{{durable{n}}}"))
+        .find(|name| nodes.owner(slot(name)) != sync_owner)
+        .unwrap();
+    let async_owner = nodes.owner(slot(&async_name));
+    let third_name = (0..)
+        .map(|n| format!("{{durable-{n}}}"))
+        .find(|name| ![sync_owner, async_owner].contains(&nodes.owner(slot(name))))
+        .unwrap();
+    // The third: the replicas are stopped but not cut off, so the grant waits in their sockets
+    // and reaches them when they wake up: the new primary has the holder, whose refresh the
+    // next WAIT covers, and the permit is durable.
+    for (name, asynchronous, cut_off) in [
+        (sync_name, false, true),
+        (async_name, true, true),
+        (third_name, false, false),
+    ] {
+        let victim = nodes.owner(slot(&name));
+        let replicas = replicas_of(&nodes, victim);
+        assert_eq!(replicas.len(), 2);
+        // Stopped; cut off, their links are closed by the primary too: the grant then stays in
+        // its backlog (a stopped replica would still find it in its socket when it wakes up).
+        for replica in &replicas {
+            signal("STOP", replica.pid);
+        }
+        if cut_off {
+            let killed: i64 = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("replica")
+                .query(&mut nodes.conn(victim))
+                .unwrap();
+            assert_eq!(killed, 2);
+        }
+        let acquiring = {
+            let (cluster, name) = (cluster.clone(), name.clone());
+            thread::spawn(move || {
+                let lease = Duration::from_secs(30);
+                let durable = Duration::from_secs(20);
+                match asynchronous {
+                    false => Semaphore::new(&cluster, name)
+                        .lease(lease)
+                        .auto_refresh(false)
+                        .durable(1, durable)
+                        .acquire()
+                        .and_then(|permit| permit.refresh()),
+                    true => tokio::runtime::Runtime::new().unwrap().block_on(async {
+                        aio::Semaphore::new(&cluster, name)
+                            .lease(lease)
+                            .auto_refresh(false)
+                            .durable(1, durable)
+                            .acquire()
+                            .await?
+                            .refresh()
+                            .await
+                    }),
+                }
+            })
+        };
+        // Granted on the primary, whose WAIT now blocks.
+        let started = Instant::now();
+        while redsem_client::in_use(&cluster, &name).unwrap() == 0 {
+            assert!(started.elapsed() < Duration::from_secs(10), "no grant");
+            thread::sleep(Duration::from_millis(20));
+        }
+        thread::sleep(Duration::from_millis(300));
+        assert!(!acquiring.is_finished());
+        driver(&["kill", &nodes.dir(), &victim.to_string()]);
+        for replica in &replicas {
+            signal("CONT", replica.pid);
+        }
+        driver(&["wait", &nodes.dir()]);
+        match (cut_off, acquiring.join().unwrap()) {
+            (
+                true,
+                Err(Error::NotDurable {
+                    acked: 0,
+                    wanted: 1,
+                }),
+            ) => {}
+            (false, Ok(true)) => {} // held on the new primary
+            (_, other) => panic!("a durable acquire, cut off {cut_off}: {other:?}"),
+        }
+        let new_owner = nodes.owner(slot(&name));
+        assert_ne!(new_owner, victim);
+        assert_eq!(redsem_client::in_use(&cluster, &name).unwrap(), 0);
+    }
 }

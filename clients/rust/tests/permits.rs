@@ -103,7 +103,12 @@ fn readme_limit_example(url: &str) -> Result<(), Error> {
 /// The lines of this file between `// README <what> begins` and its end, unindented once, as
 /// clients/README.md shows them.
 fn example_text(what: &str) -> String {
-    let this_file = include_str!("permits.rs");
+    example_text_of(include_str!("permits.rs"), what)
+}
+
+/// The lines of a suite's file between `// README <what> begins` and its end, unindented once,
+/// with the server's address as the READMEs show it.
+fn example_text_of(this_file: &str, what: &str) -> String {
     let begin = this_file
         .find(&format!("// README {what} begins\n"))
         .unwrap();
@@ -115,7 +120,49 @@ fn example_text(what: &str) -> String {
         .skip(1)
         .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
         .collect();
-    example.replace("open(url)", "open(\"redis://127.0.0.1:6379/\")")
+    example
+        .replace("open(url)", "open(\"redis://127.0.0.1:6379/\")")
+        .replace(
+            "new(urls)",
+            "new(vec![\"redis://127.0.0.1:7000/\", \"redis://127.0.0.1:7001/\"])",
+        )
+}
+
+/// Every Rust block of clients/rust/README.md is the code of an example a suite runs: this
+/// one's (`the_readme_examples`), the async suite's and the cluster suite's (run with
+/// `REDSEM_CLUSTER`), each of which asserts the release's answer.
+#[test]
+fn every_rust_block_of_the_crates_readme_is_run_by_a_suite() {
+    let readme = include_str!("../README.md");
+    let run = [
+        example_text("example"),
+        example_text_of(include_str!("aio.rs"), "async example"),
+        example_text_of(include_str!("cluster.rs"), "cluster example"),
+    ];
+    let mut blocks = 0;
+    for block in readme.split("```rust\n").skip(1) {
+        let block = &block[..block.find("```").expect("an open block")];
+        // The imports the suites have at their top.
+        let uses = block
+            .lines()
+            .take_while(|line| line.starts_with("use ") || line.is_empty())
+            .map(|line| line.len() + 1)
+            .sum::<usize>();
+        let block = &block[uses..];
+        assert!(
+            run.iter().any(|example| example == block),
+            "clients/rust/README.md shows code no suite runs:\n{block}"
+        );
+        blocks += 1;
+    }
+    assert_eq!(blocks, run.len(), "an example no longer in the README");
+    for example in &run {
+        assert!(example.contains(".release()?") || example.contains(".release().await?"));
+        assert!(
+            !example.contains("let _ = "),
+            "an answer dropped:\n{example}"
+        );
+    }
 }
 
 #[test]
@@ -242,12 +289,13 @@ fn fair_permits_carry_growing_tickets() {
     );
     match &fresh {
         None => {
+            // The clock in microseconds: up to 999 past the millisecond read after.
             assert!(
-                (since..=server_ms(&mut conn) * 1000).contains(&one),
+                (since..=server_ms(&mut conn) * 1000 + 999).contains(&one),
                 "{one}"
             );
-            // One more than the first when both came in the same millisecond.
-            let latest = (server_ms(&mut conn) * 1000).max(one + 1);
+            // One more than the first when both came in the same microsecond.
+            let latest = (server_ms(&mut conn) * 1000 + 999).max(one + 1);
             assert!(two > one && two <= latest, "{one} then {two}");
         }
         Some(fresh) => {
@@ -275,6 +323,41 @@ fn fair_permits_carry_growing_tickets() {
         false => assert_eq!(third, one + 2),
         true => assert!(third > two, "{third}"),
     }
+}
+
+/// A name whose keys went between two fair grants (a `DEL` of the name, its owner set and its
+/// counter, or `FLUSHDB`), the two most often within one millisecond, still gives the second a
+/// ticket above the first, in every round: the script starts again from the server's clock in
+/// microseconds, the module above every ticket the node handed out.
+#[test]
+fn a_fair_ticket_after_its_keys_went_is_above_the_one_before() {
+    let server = server();
+    let mut conn = server.connection();
+    let fence = Semaphore::new(client(&server), "fence")
+        .fair(true)
+        .auto_refresh(false);
+    let mut repeats = Vec::new();
+    for round in 0..200 {
+        let first = fence.acquire().unwrap();
+        if round % 2 == 1 {
+            let _: () = run(&mut conn, &["FLUSHDB"]);
+        } else {
+            let _: i64 = run(&mut conn, &["DEL", "fence", "fence:owner", "fence:counter"]);
+        }
+        let second = fence.acquire().unwrap();
+        let (one, two) = (first.ticket().unwrap(), second.ticket().unwrap());
+        if two <= one {
+            repeats.push((round, one, two));
+        }
+        assert!(!first.release().unwrap(), "its keys went: lost");
+        assert!(second.release().unwrap());
+    }
+    assert!(
+        repeats.is_empty(),
+        "{} of 200 rounds (round, first, second): {:?}",
+        repeats.len(),
+        &repeats[..repeats.len().min(5)]
+    );
 }
 
 #[test]
@@ -457,8 +540,10 @@ fn a_fair_set_carries_one_ticket_per_semaphore() {
     let permits = pair(&server).fair(true).acquire().unwrap();
     let tickets = permits.tickets().expect("fair tickets");
     let gpu = fresh.ticket(&mut conn, tickets[0] as i64);
-    assert_eq!(tickets, [gpu as u64, licence as u64 + 1]);
-    assert!(zset(&mut conn, "licence:owner").contains(&(permits.id().to_string(), licence + 1)));
+    // licence goes on from its counter, and above gpu's, granted before it in the same step.
+    let next = (licence + 1).max(gpu + 1);
+    assert_eq!(tickets, [gpu as u64, next as u64]);
+    assert!(zset(&mut conn, "licence:owner").contains(&(permits.id().to_string(), next)));
 }
 
 #[test]
@@ -769,4 +854,79 @@ fn without_the_module_then_with_it_the_same_code_goes_on() {
     ] {
         assert_eq!(run::<i64>(&mut conn, &["EXISTS", key]), 0, "{key}");
     }
+}
+
+/// A release that fails (its connection was cut) leaves the permit held, and a second call
+/// gives it back; once answered, another call sends nothing.
+#[test]
+fn a_release_that_fails_can_be_called_again() {
+    let server = server();
+    let mut conn = server.connection();
+    // durable(0, ..): the permit keeps a connection of its own, which the server then closes.
+    let permit = Semaphore::new(client(&server), "jobs")
+        .durable(0, Duration::from_millis(100))
+        .auto_refresh(false)
+        .acquire()
+        .unwrap();
+    kill_the_waits_connection(&mut conn);
+    assert!(matches!(permit.release(), Err(Error::Redis(_))));
+    assert_eq!(live(&mut conn, "jobs"), 1);
+    assert!(permit.release().unwrap());
+    assert_eq!(live(&mut conn, "jobs"), 0);
+    let runs = calls(&mut conn, "sem.release") + script_runs(&mut conn);
+    assert!(!permit.release().unwrap());
+    drop(permit);
+    assert_eq!(
+        calls(&mut conn, "sem.release") + script_runs(&mut conn),
+        runs
+    );
+}
+
+/// A durable acquire whose `WAIT numreplicas` connection is closed while it blocks (its
+/// replica is stopped: the grant has not reached it) fails, and gives the grant back: the
+/// `WAIT` is not sent again on another connection, which wrote nothing and which the stopped
+/// replica's last acknowledgement would answer at once. The connection is one of the pool's
+/// (an acquire before gave it back), which a call that finds it closed otherwise replaces.
+#[test]
+fn a_durable_wait_whose_connection_closes_is_not_sent_on_another() {
+    let primary = server_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let replica = common::start_replica_of(&primary);
+    let mut conn = primary.connection();
+    let jobs = Semaphore::new(client(&primary), "jobs").auto_refresh(false);
+    assert!(jobs.acquire().unwrap().release().unwrap()); // a connection for the pool
+    let info: String = run(&mut replica.connection(), &["INFO", "server"]);
+    let pid = info
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let signal = |signal: &str| {
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let durable = jobs.clone().durable(1, Duration::from_secs(10));
+    let acquiring = thread::spawn(move || durable.acquire());
+    wait_until("the durable acquire waits", Duration::from_secs(5), || {
+        run::<String>(&mut conn, &["CLIENT", "LIST"]).contains(" cmd=wait ")
+    });
+    kill_the_waits_connection(&mut conn);
+    let acquired = acquiring.join().unwrap();
+    signal("-CONT");
+    match acquired {
+        Err(Error::Redis(err)) => assert!(err.is_connection_dropped() || err.is_io_error()),
+        other => panic!("a durable acquire whose WAIT was cut: {other:?}"),
+    }
+    assert_eq!(live(&mut conn, "jobs"), 0);
 }

@@ -177,40 +177,67 @@ def _add_note(exc: BaseException, note: str) -> None:
 _NO_LIMIT = 31536000.0
 
 
-def _run_blocking(conn: _SyncConn, args: Args, block: Optional[float]) -> Any:
+def _unblocked(err: BaseException) -> bool:
+    """A blocked command ended by the server without an answer (``UNBLOCKED``): what a failover
+    gives its waiters (the primary turned replica), and CLIENT UNBLOCK ... ERROR. A wait cut so
+    is sent again, for what is left of it."""
+    return isinstance(err, redis.exceptions.ResponseError) and str(err).startswith("UNBLOCKED")
+
+
+def _run_blocking(
+    conn: _SyncConn, args: Args, block: Optional[float], once: bool = False
+) -> Any:
     """Runs a command that may block ``block`` seconds in the server (None: without limit) on a
     single-connection client. The reply is read for that long plus the connection's
     socket_timeout (redis-py 8 sets 5 s by default, shorter than many waits), and not retried
-    (a retried wait would join the end of the line)."""
+    (a retried wait would join the end of the line). ``once``: sent on this very connection or
+    not at all, never by redis-py's retry on a new one (``WAIT numreplicas`` counts the writes
+    of the connection it is sent on: on a new one it answers at once)."""
     connection = conn.connection
     if connection is None:
         raise SemaphoreError("a single-connection client has no connection")
     base = connection.socket_timeout
-    if (
-        block == 0
-        or base is None
-        or "timeout" not in inspect.signature(connection.read_response).parameters
-    ):
+    timed = "timeout" in inspect.signature(connection.read_response).parameters
+    if not once and (block == 0 or base is None or not timed):
         return _execute(conn, *args)
-    cast(Any, connection).send_command(*args)  # untyped in some redis-py releases
+    if once and getattr(connection, "_sock", None) is None:
+        raise redis.ConnectionError(f"the connection closed before {args[0]!s}")
+    # Untyped in some redis-py releases. ``once``: no health check, whose PING would reconnect
+    # a dropped connection silently.
+    cast(Any, connection).send_command(*args, check_health=not once)
+    if base is None or not timed:
+        return connection.read_response()
     # On a timeout redis-py closes the connection (the server then drops the waiter).
     return connection.read_response(timeout=(_NO_LIMIT if block is None else block) + base)
 
 
-async def _run_blocking_async(conn: _AsyncConn, args: Args, block: Optional[float]) -> Any:
+async def _run_blocking_async(
+    conn: _AsyncConn, args: Args, block: Optional[float], once: bool = False
+) -> Any:
     """As _run_blocking, for redis.asyncio."""
     await conn.initialize()
     connection = conn.connection
     if connection is None:
         raise SemaphoreError("a single-connection client has no connection")
     base = connection.socket_timeout
-    if block == 0 or base is None:
+    if not once and (block == 0 or base is None):
         return await _execute_async(conn, *args)
-    timeout = (_NO_LIMIT if block is None else block) + base
+    if once and not connection.is_connected:
+        raise redis.ConnectionError(f"the connection closed before {args[0]!s}")
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await connection.send_command(*args)
-    reply = await connection.read_response(timeout=timeout)
+    # ``once``: no health check, whose PING would reconnect a dropped connection silently.
+    await connection.send_command(*args, check_health=not once)
+    if base is None:
+        return await connection.read_response()
+    timeout = (_NO_LIMIT if block is None else block) + base
+    try:
+        reply = await connection.read_response(timeout=timeout)
+    except asyncio.CancelledError:
+        # Closed (as recent redis-py releases do themselves): the server ends the wait, and no
+        # reply of it is read later as another command's.
+        await connection.disconnect(nowait=True)
+        raise
     if reply is None and loop.time() - started >= timeout:
         # redis.asyncio answers None to a read that timed out: its reply may still come, so
         # this connection must not serve another command.
@@ -516,9 +543,23 @@ class _Hop:
         that may take a new place)."""
         return _send(self.conn, self.scripts, self._form(args), first)
 
-    def blocking(self, args: Args, block: Optional[float]) -> Any:
-        """A command that may block ``block`` seconds in the server (None: without limit)."""
-        return _run_blocking(self.conn, self._form(args), block)
+    def blocking(self, args: Args, block: Optional[float], once: bool = False) -> Any:
+        """A command that may block ``block`` seconds in the server (None: without limit);
+        ``once``: on this connection or not at all (see _run_blocking)."""
+        return _run_blocking(self.conn, self._form(args), block, once)
+
+    def waiting(self, command: Callable[[], Tuple[Args, Optional[float]]]) -> Tuple[Any, float]:
+        """A wait: the blocking command ``command()`` makes for the time left then (its
+        arguments, and how long it may block), sent again when UNBLOCKED cuts it. Returns its
+        reply and the monotonic time of its last send."""
+        while True:
+            sent = time.monotonic()
+            args, block = command()
+            try:
+                return self.blocking(args, block), sent
+            except redis.exceptions.ResponseError as err:
+                if not _unblocked(err):
+                    raise
 
     def side(self, args: Args) -> Any:
         """A script operation on another connection to the same server, while this one blocks
@@ -546,9 +587,11 @@ class _Line:
         if needs is not None and self.scripts:
             raise ModuleRequired(needs)
 
-    def run(self, op: Callable[[_Hop], _T], until: Optional[float] = None) -> _T:
+    def run(
+        self, op: Callable[[_Hop], _T], until: Optional[float] = None, once: bool = False
+    ) -> _T:
         """Runs ``op``; in Cluster, again after a move or a failure (until the monotonic time
-        ``until`` at the latest)."""
+        ``until`` at the latest). ``once``: on the line's connection as it is, or an error."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -577,7 +620,9 @@ class _PlainLine(_Line):
         _note_backend(self._client, True)
         self.scripts = False
 
-    def run(self, op: Callable[[_Hop], _T], until: Optional[float] = None) -> _T:
+    def run(
+        self, op: Callable[[_Hop], _T], until: Optional[float] = None, once: bool = False
+    ) -> _T:
         # Cached per pool; asked again while on the script, so a module loaded later is used.
         self.scripts = not _has_module(self._client)
         if self._conn is None:
@@ -587,7 +632,8 @@ class _PlainLine(_Line):
 
     def close(self) -> None:
         if self._own and self._conn is not None:
-            self._conn.close()  # back to the pool
+            conn, self._conn = self._conn, None
+            conn.close()  # back to the pool
 
 
 # Errors after which a call in Cluster waits and is sent again to the slot's owner (found anew):
@@ -758,10 +804,16 @@ class _ClusterLine(_Line):
             conn.close(broken=True)
             raise
 
-    def run(self, op: Callable[[_Hop], _T], until: Optional[float] = None) -> _T:
+    def run(
+        self, op: Callable[[_Hop], _T], until: Optional[float] = None, once: bool = False
+    ) -> _T:
         retries = _Retries(self._retry_for, until, self.slot)
         asked: Any = None  # the node an ASK named
         with self._lock:
+            if once:
+                if self._conn is None:
+                    raise redis.ConnectionError(f"no connection to slot {self.slot}'s primary")
+                return self._on_own(op)
             while True:
                 try:
                     if asked is not None:
@@ -900,8 +952,21 @@ class _AsyncHop:
     async def send(self, args: Args, first: bool = False) -> Any:
         return await _send_async(self.conn, self.scripts, self._form(args), first)
 
-    async def blocking(self, args: Args, block: Optional[float]) -> Any:
-        return await _run_blocking_async(self.conn, self._form(args), block)
+    async def blocking(self, args: Args, block: Optional[float], once: bool = False) -> Any:
+        return await _run_blocking_async(self.conn, self._form(args), block, once)
+
+    async def waiting(
+        self, command: Callable[[], Tuple[Args, Optional[float]]]
+    ) -> Tuple[Any, float]:
+        """As _Hop.waiting."""
+        while True:
+            sent = time.monotonic()
+            args, block = command()
+            try:
+                return await self.blocking(args, block), sent
+            except redis.exceptions.ResponseError as err:
+                if not _unblocked(err):
+                    raise
 
     async def side(self, args: Args) -> Any:
         if self._side is None:
@@ -928,7 +993,10 @@ class _AsyncLine:
             raise ModuleRequired(needs)
 
     async def run(
-        self, op: Callable[[_AsyncHop], Awaitable[_T]], until: Optional[float] = None
+        self,
+        op: Callable[[_AsyncHop], Awaitable[_T]],
+        until: Optional[float] = None,
+        once: bool = False,
     ) -> _T:
         raise NotImplementedError
 
@@ -957,7 +1025,10 @@ class _AsyncPlainLine(_AsyncLine):
         self.scripts = False
 
     async def run(
-        self, op: Callable[[_AsyncHop], Awaitable[_T]], until: Optional[float] = None
+        self,
+        op: Callable[[_AsyncHop], Awaitable[_T]],
+        until: Optional[float] = None,
+        once: bool = False,
     ) -> _T:
         self.scripts = not await _has_module_async(self._client)
         if self._conn is None:
@@ -966,7 +1037,8 @@ class _AsyncPlainLine(_AsyncLine):
 
     async def close(self) -> None:
         if self._own and self._conn is not None:
-            await self._conn.aclose()  # back to the pool
+            conn, self._conn = self._conn, None
+            await conn.aclose()  # back to the pool
 
 
 class _AsyncClusterLine(_AsyncLine):
@@ -1027,11 +1099,18 @@ class _AsyncClusterLine(_AsyncLine):
         return _AsyncHop(conn, scripts, self._names, side, use_module)
 
     async def run(
-        self, op: Callable[[_AsyncHop], Awaitable[_T]], until: Optional[float] = None
+        self,
+        op: Callable[[_AsyncHop], Awaitable[_T]],
+        until: Optional[float] = None,
+        once: bool = False,
     ) -> _T:
         retries = _Retries(self._retry_for, until, self.slot)
         asked: Any = None
         async with self._lock:
+            if once:
+                if self._conn is None:
+                    raise redis.ConnectionError(f"no connection to slot {self.slot}'s primary")
+                return await self._on_own(op)
             while True:
                 try:
                     await self._cluster.initialize()  # once per client
@@ -1167,17 +1246,23 @@ def _leave(hop: _Hop, options: "_Options", identifier: Identifier) -> None:
         pass
 
 
+def _acquire_args(
+    options: Union["_Options", "_SetOptions"], identifier: Identifier, deadline: float
+) -> Tuple[Args, Optional[float]]:
+    """An acquire with the module for what is left of its wait at ``deadline``, and how long it
+    may block."""
+    wait = _wait_left(options.wait, deadline)
+    return options.acquire_command(identifier, wait), _blocks_for(wait)
+
+
 def _with_module(
     hop: _Hop, options: "_Options", identifier: Identifier, deadline: float
 ) -> Tuple[Any, float]:
     """The module was found loaded while waiting: wait with it for the time left."""
     hop.use_module()
-    sent = time.monotonic()
-    wait = _wait_left(options.wait, deadline)
-    if not wait:
-        return None, sent
-    command = options.acquire_command(identifier, wait)
-    return hop.blocking(command, _blocks_for(wait)), sent
+    if not _wait_left(options.wait, deadline):
+        return None, time.monotonic()
+    return hop.waiting(lambda: _acquire_args(options, identifier, deadline))
 
 
 def _acquire_by_script(
@@ -1225,6 +1310,10 @@ def _acquire_by_script(
                     ticker = _Ticker(hop, options.name, retry)
                 try:
                     popped = hop.blocking(["BLPOP", key, seconds], float(seconds))
+                except redis.exceptions.ResponseError as err:
+                    if not _unblocked(err):
+                        raise
+                    popped = None  # cut short: the next attempt keeps the place
                 finally:
                     if ticker is not None:
                         ticker.stop()
@@ -1302,12 +1391,9 @@ async def _with_module_async(
 ) -> Tuple[Any, float]:
     """As _with_module, for redis.asyncio."""
     hop.use_module()
-    sent = time.monotonic()
-    wait = _wait_left(options.wait, deadline)
-    if not wait:
-        return None, sent
-    command = options.acquire_command(identifier, wait)
-    return await hop.blocking(command, _blocks_for(wait)), sent
+    if not _wait_left(options.wait, deadline):
+        return None, time.monotonic()
+    return await hop.waiting(lambda: _acquire_args(options, identifier, deadline))
 
 
 async def _acquire_by_script_async(
@@ -1350,6 +1436,10 @@ async def _acquire_by_script_async(
                     ticker = _AsyncTicker(hop, options.name, retry)
                 try:
                     popped = await hop.blocking(["BLPOP", key, seconds], float(seconds))
+                except redis.exceptions.ResponseError as err:
+                    if not _unblocked(err):
+                        raise
+                    popped = None  # cut short: the next attempt keeps the place
                 finally:
                     if ticker is not None:
                         await ticker.stop()
@@ -1555,6 +1645,141 @@ class _SetOptions:
         return f"the set {wanted} was not granted{waited}"
 
 
+# How long the release of a grant nobody saw is tried (in Cluster, resent through a failover).
+_FORGET_FOR = 2.0
+
+
+def _unseen(err: BaseException) -> bool:
+    """Whether an acquire that raised ``err`` may have been granted unseen: anything but the
+    server's answer (a refusal, an error) or a check before sending. An interrupt, a
+    cancellation, a lost connection or a timeout may come after the grant."""
+    return not isinstance(err, (redis.exceptions.ResponseError, NotAcquired, ModuleRequired))
+
+
+def _forget(line: _Line, command: Args) -> None:
+    """Best effort, after an acquire interrupted or without an answer: ``command`` (the release
+    of its identifier) gives back a grant its caller never saw. The line's connection, closed
+    first, ended the wait in the server; the release goes on another, and answers 0 where
+    nothing was granted."""
+    line.close()
+    try:
+        line.run(lambda hop: hop.send(command), until=time.monotonic() + _FORGET_FOR)
+    except Exception:  # unreachable: the grant, if any, runs out with its lease
+        pass
+    finally:
+        line.close()
+
+
+async def _forget_async(line: _AsyncLine, command: Args) -> None:
+    """As _forget, for redis.asyncio; shielded, so a second cancellation does not stop it."""
+
+    async def forget() -> None:
+        await line.close()
+        try:
+            await line.run(lambda hop: hop.send(command), until=time.monotonic() + _FORGET_FOR)
+        except Exception:
+            pass
+        finally:
+            await line.close()
+
+    task = asyncio.ensure_future(forget())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+
+
+def _cut(err: BaseException) -> bool:
+    """Whether ``err`` cut a WAIT for replicas short, without its answer."""
+    return isinstance(err, (redis.ConnectionError, redis.TimeoutError)) or _unblocked(err)
+
+
+def _not_found(options: _Options, err: BaseException) -> NotDurable:
+    return NotDurable(
+        f"WAIT for the grant of {options.name!r} was cut ({type(err).__name__}: {err}), and "
+        "the primary serving it since has no such holder",
+        0,
+        options.durable_replicas,
+    )
+
+
+def _durable(line: _Line, permit: "Permit", granted_on: object) -> None:
+    """Raises NotDurable unless ``durable_replicas`` replicas acknowledged the grant: WAIT on
+    the connection that wrote it (``granted_on``), sent once. A WAIT cut (its connection lost,
+    the primary failed over) is never sent again on another connection, where it would count
+    nothing written and answer at once: the holder is refreshed on the primary of now (a write
+    of that connection) and WAIT follows on it; a holder not found there was not durable."""
+    options = permit._options
+    wait: Args = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
+    block = options.durable_timeout_ms / 1000 or None
+
+    def on_grant(hop: _Hop) -> Any:
+        if hop.conn is not granted_on:
+            raise redis.ConnectionError("the grant was written on another connection")
+        return hop.blocking(wait, block, once=True)
+
+    try:
+        acked = line.run(on_grant, once=True)
+    except redis.RedisError as err:
+        if not _cut(err):
+            raise
+        command = permit._refresh_args()
+
+        def again(hop: _Hop) -> Tuple[Any, float, int]:
+            sent = time.monotonic()
+            reply = hop.send(command)
+            if reply != 1:
+                return reply, sent, 0
+            try:
+                return reply, sent, hop.blocking(wait, block, once=True)
+            except redis.exceptions.ResponseError as cut:
+                if _unblocked(cut):  # a failover under way: in Cluster, again on the new owner
+                    raise redis.ConnectionError(str(cut)) from cut
+                raise
+
+        reply, sent, acked = line.run(again)
+        if not permit._refreshed(command, reply, sent):
+            raise _not_found(options, err) from err
+    options.check_durable(int(acked))
+
+
+async def _durable_async(line: _AsyncLine, permit: "AsyncPermit", granted_on: object) -> None:
+    """As _durable, for redis.asyncio."""
+    options = permit._options
+    wait: Args = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
+    block = options.durable_timeout_ms / 1000 or None
+
+    async def on_grant(hop: _AsyncHop) -> Any:
+        if hop.conn is not granted_on:
+            raise redis.ConnectionError("the grant was written on another connection")
+        return await hop.blocking(wait, block, once=True)
+
+    try:
+        acked = await line.run(on_grant, once=True)
+    except redis.RedisError as err:
+        if not _cut(err):
+            raise
+        command = permit._refresh_args()
+
+        async def again(hop: _AsyncHop) -> Tuple[Any, float, int]:
+            sent = time.monotonic()
+            reply = await hop.send(command)
+            if reply != 1:
+                return reply, sent, 0
+            try:
+                return reply, sent, await hop.blocking(wait, block, once=True)
+            except redis.exceptions.ResponseError as cut:
+                if _unblocked(cut):
+                    raise redis.ConnectionError(str(cut)) from cut
+                raise
+
+        reply, sent, acked = await line.run(again)
+        if not permit._refreshed(command, reply, sent):
+            raise _not_found(options, err) from err
+    options.check_durable(int(acked))
+
+
 class _Held:
     """What every permit shares, sync or async, of one semaphore or of a set: identity, and
     whether it is still held."""
@@ -1571,6 +1796,7 @@ class _Held:
         self._confirmed_until = sent + lease
         self._lost_reason: Optional[str] = None
         self._released: Optional[bool] = None  # the release's outcome, once released
+        self._release_error: Optional[BaseException] = None  # of a release without an answer
 
     def _what(self) -> str:
         raise NotImplementedError
@@ -1628,9 +1854,9 @@ class _Held:
         return self._released
 
     def _release_failed(self, err: BaseException) -> None:
-        # Not refreshed any more, the permit runs out at the end of its lease.
-        self._mark_lost(f"the release failed: {err!r}")
-        self._released = False
+        # No answer: the permit may still be held. It stays releasable (a later release() sends
+        # again); not refreshed any more, it runs out at the end of its lease otherwise.
+        self._release_error = err
 
     def _describe(self) -> str:
         raise NotImplementedError
@@ -1751,7 +1977,8 @@ class _SyncHeld(_Held):
     def release(self) -> bool:
         """Gives the permit back: True if it was held throughout, False if it was lost (then
         the work it guarded may have overlapped another holder's). Later calls repeat the
-        answer."""
+        answer; after a release that raised (no answer: a connection error, a timeout, an
+        interrupt) a later call sends it again."""
         with self._release_lock:
             if self._released is not None:
                 return self._released
@@ -1988,7 +2215,9 @@ class Semaphore:
         waits without limit. Without the module the script keeps the line in the server, first
         come first served, and hands a freed permit to the first waiter itself; the package
         blocks on the waiter's own list (``<name>:wake:<id>``) and tries again at least every
-        2.5 s.
+        2.5 s. A wait the server ends with UNBLOCKED (a failover, CLIENT UNBLOCK ... ERROR)
+        waits again for what is left; one interrupted or cancelled gives back a grant that came
+        meanwhile.
     fair: use SEM.ACQUIREFAIR (first come, first served; ``permit.ticket`` is a fencing token).
     count: take this many permits at once (COUNT), all or none.
     bound: BOUND; the permit is given back when its connection closes (the process dies).
@@ -1997,7 +2226,10 @@ class Semaphore:
         names one permit: a second acquire with it, while the first permit is held, renews
         that permit rather than taking another (which is what makes a retried acquire safe).
     durable_replicas, durable_timeout_ms: after the grant, ``WAIT durable_replicas
-        durable_timeout_ms``; fewer acknowledgements give the permit back and raise NotDurable.
+        durable_timeout_ms`` on the connection that wrote it; fewer acknowledgements give the
+        permit back and raise NotDurable. A WAIT cut (the connection lost, a failover) is not
+        sent again elsewhere: the holder is refreshed on the primary of now and WAIT follows
+        there; a holder not found there raises NotDurable.
     auto_refresh: False to refresh by hand (``permit.refresh()``) instead of in a thread.
     retry_for: in Redis Cluster, how long (seconds) a call is resent, with the same identifier,
         while its slot moves or its primary fails over (a waiting acquire then waits again on
@@ -2035,34 +2267,33 @@ class Semaphore:
         """Takes a permit, or raises NotAcquired (or NotDurable, or a redis-py error)."""
         options = self.options
         line = _line(self.client, [options.name], options.retry_for, own=True)
+        identifier = options.identifier or str(uuid.uuid4())
+        granted_on: List[object] = [None]  # the connection of the last send
         try:
             line.open("BOUND" if options.bound else None)
-            identifier = options.identifier or str(uuid.uuid4())
             deadline = _wait_deadline(options.wait)
 
             def attempt(hop: _Hop) -> Tuple[Any, float]:
+                granted_on[0] = hop.conn
                 if hop.scripts:
                     if options.bound:  # a node without the module, after a move
                         raise ModuleRequired("BOUND")
                     return _acquire_by_script(hop, options, identifier, deadline)
-                sent = time.monotonic()
-                wait = _wait_left(options.wait, deadline)
-                command = options.acquire_command(identifier, wait)
-                return hop.blocking(command, _blocks_for(wait)), sent
+                return hop.waiting(lambda: _acquire_args(options, identifier, deadline))
 
             reply, sent = line.run(attempt)
             if reply is None:
                 raise NotAcquired(options.describe())
             permit = Permit(options, line, identifier, options.ticket_of(reply), sent)
-        except BaseException:
-            line.close()
+        except BaseException as err:
+            if granted_on[0] is not None and _unseen(err):
+                _forget(line, ["SEM.RELEASE", options.name, identifier])
+            else:
+                line.close()
             raise
         try:
             if options.durable_replicas:
-                wait: Args = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
-                block = options.durable_timeout_ms / 1000 or None
-                acked = line.run(lambda hop: hop.blocking(wait, block))
-                options.check_durable(acked)
+                _durable(line, permit, granted_on[0])
             # A wait for the grant leaves the lease's start unknown: confirm it now.
             if time.monotonic() - sent > options.lease / 3 and not permit.refresh():
                 raise PermitLost(permit._lost_message())
@@ -2126,34 +2357,33 @@ class AsyncSemaphore:
         line = _async_line(
             self.client, [options.name], options.retry_for, own=True, bound=options.bound
         )
+        identifier = options.identifier or str(uuid.uuid4())
+        granted_on: List[object] = [None]  # the connection of the last send
         try:
             await line.open("BOUND" if options.bound else None)
-            identifier = options.identifier or str(uuid.uuid4())
             deadline = _wait_deadline(options.wait)
 
             async def attempt(hop: _AsyncHop) -> Tuple[Any, float]:
+                granted_on[0] = hop.conn
                 if hop.scripts:
                     if options.bound:
                         raise ModuleRequired("BOUND")
                     return await _acquire_by_script_async(hop, options, identifier, deadline)
-                sent = time.monotonic()
-                wait = _wait_left(options.wait, deadline)
-                command = options.acquire_command(identifier, wait)
-                return await hop.blocking(command, _blocks_for(wait)), sent
+                return await hop.waiting(lambda: _acquire_args(options, identifier, deadline))
 
             reply, sent = await line.run(attempt)
             if reply is None:
                 raise NotAcquired(options.describe())
             permit = AsyncPermit(options, line, identifier, options.ticket_of(reply), sent)
-        except BaseException:
-            await line.close()
+        except BaseException as err:
+            if granted_on[0] is not None and _unseen(err):
+                await _forget_async(line, ["SEM.RELEASE", options.name, identifier])
+            else:
+                await line.close()
             raise
         try:
             if options.durable_replicas:
-                wait: Args = ["WAIT", options.durable_replicas, options.durable_timeout_ms]
-                block = options.durable_timeout_ms / 1000 or None
-                acked = await line.run(lambda hop: hop.blocking(wait, block))
-                options.check_durable(acked)
+                await _durable_async(line, permit, granted_on[0])
             if time.monotonic() - sent > options.lease / 3 and not await permit.refresh():
                 raise PermitLost(permit._lost_message())
         except BaseException:
@@ -2224,25 +2454,28 @@ class SemaphoreSet:
         ModuleRequired without the module."""
         options = self.options
         line = _line(self.client, options.names, options.retry_for, own=True)
+        identifier = options.identifier or str(uuid.uuid4())
+        sent_once = False
         try:
             line.open("SEM.ACQUIREALL")
-            identifier = options.identifier or str(uuid.uuid4())
             deadline = _wait_deadline(options.wait)
 
             def attempt(hop: _Hop) -> Tuple[Any, float]:
+                nonlocal sent_once
+                sent_once = True
                 if hop.scripts:  # a node without the module, after a move
                     raise ModuleRequired("SEM.ACQUIREALL")
-                sent = time.monotonic()
-                wait = _wait_left(options.wait, deadline)
-                command = options.acquire_command(identifier, wait)
-                return hop.blocking(command, _blocks_for(wait)), sent
+                return hop.waiting(lambda: _acquire_args(options, identifier, deadline))
 
             reply, sent = line.run(attempt)
             if reply is None:
                 raise NotAcquired(options.describe())
             permits = PermitSet(options, line, identifier, options.tickets_of(reply), sent)
-        except BaseException:
-            line.close()
+        except BaseException as err:
+            if sent_once and _unseen(err):
+                _forget(line, ["SEM.RELEASEALL", len(options.names), *options.names, identifier])
+            else:
+                line.close()
             raise
         try:
             # A wait for the grant leaves the lease's start unknown: confirm it now.
@@ -2300,25 +2533,29 @@ class AsyncSemaphoreSet:
         line = _async_line(
             self.client, options.names, options.retry_for, own=True, bound=options.bound
         )
+        identifier = options.identifier or str(uuid.uuid4())
+        sent_once = False
         try:
             await line.open("SEM.ACQUIREALL")
-            identifier = options.identifier or str(uuid.uuid4())
             deadline = _wait_deadline(options.wait)
 
             async def attempt(hop: _AsyncHop) -> Tuple[Any, float]:
+                nonlocal sent_once
+                sent_once = True
                 if hop.scripts:
                     raise ModuleRequired("SEM.ACQUIREALL")
-                sent = time.monotonic()
-                wait = _wait_left(options.wait, deadline)
-                command = options.acquire_command(identifier, wait)
-                return await hop.blocking(command, _blocks_for(wait)), sent
+                return await hop.waiting(lambda: _acquire_args(options, identifier, deadline))
 
             reply, sent = await line.run(attempt)
             if reply is None:
                 raise NotAcquired(options.describe())
             permits = AsyncPermitSet(options, line, identifier, options.tickets_of(reply), sent)
-        except BaseException:
-            await line.close()
+        except BaseException as err:
+            if sent_once and _unseen(err):
+                names = options.names
+                await _forget_async(line, ["SEM.RELEASEALL", len(names), *names, identifier])
+            else:
+                await line.close()
             raise
         try:
             if time.monotonic() - sent > options.lease / 3 and not await permits.refresh():
@@ -2424,7 +2661,7 @@ def wait_empty(
         def attempt(hop: _Hop) -> Any:
             if hop.scripts:
                 raise ModuleRequired("SEM.WAITEMPTY")
-            return hop.blocking(*_wait_empty_left(name, timeout, deadline))
+            return hop.waiting(lambda: _wait_empty_left(name, timeout, deadline))[0]
 
         return bool(line.run(attempt) == 1)
     finally:
@@ -2445,7 +2682,7 @@ async def wait_empty_async(
         async def attempt(hop: _AsyncHop) -> Any:
             if hop.scripts:
                 raise ModuleRequired("SEM.WAITEMPTY")
-            return await hop.blocking(*_wait_empty_left(name, timeout, deadline))
+            return (await hop.waiting(lambda: _wait_empty_left(name, timeout, deadline)))[0]
 
         return bool(await line.run(attempt) == 1)
     finally:

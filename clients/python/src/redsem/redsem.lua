@@ -38,6 +38,7 @@
 --                                   until the earliest live holder's deadline (0: none)
 --   LEAVE <id>                   -> the caller leaves the line: nil, or the message of a grant
 --                                   made to it before it left (see below), which it now holds
+--                                   (a grant's "G" only while that holder is live)
 --
 -- Keys, as the module keeps them: <name> (sorted set: id -> deadline, Unix ms), <name>:owner
 -- (fair: id -> ticket), <name>:counter (fair: the last ticket), <name>:permits (hash: the
@@ -45,7 +46,9 @@
 -- <name>:limit (an operator's limit, 0 pauses). <name>, <name>:owner and <name>:permits expire
 -- at the latest deadline; no key is ever left empty. Arguments, validation order and error
 -- texts are the module's (sem.max-lease at its default, one year). The clock is the server's
--- (TIME). Fair tickets are max(counter + 1, now_ms * 1000), as the module's fencing floor.
+-- (TIME). Fair tickets are max(counter + 1, the clock in microseconds), on the scale of the
+-- module's fencing floor (ms * 1000): a name whose keys went (DEL, FLUSHDB) starts again from
+-- the clock, and would repeat a ticket only for two grants within one microsecond.
 --
 -- The line (this script's own keys, all in the name's slot): <name>:line (sorted set: waiter
 -- id -> arrival number), <name>:places (hash: waiter id -> "deadline kind limit lease_ms count",
@@ -66,6 +69,10 @@
 -- A refused ACQUIRE without LINE changes nothing but the expired holders it removes; a plain one
 -- may take a free permit ahead of the line (as SEM.ACQUIRE without WAIT does), a fair one is
 -- refused while anyone waits. A caller that holds a live permit renews it, waiting or not.
+-- Each attempt with LINE empties the caller's list, whether granted or refused: every
+-- message a waiter takes was told after its last attempt, so the lease of a grant told started
+-- after that attempt was sent (a grant whose lease ran out before the waiter came back is gone
+-- with it).
 -- Lists and the line expire PLACE_MS after their last write: nothing lingers.
 --
 -- The module loaded later: every call first asks the server whether SEM.ACQUIRE exists; when it
@@ -84,7 +91,6 @@ local MAX_LIMIT = 4294967295
 local MAX_LEASE_MS = 31536000000 -- one year, the module's default sem.max-lease
 local MAX_TICKET = 9007199254740992 -- 2^53: sorted-set scores hold integers exactly up to it
 local MAX_TICKET_TEXT = '9007199254740992'
-local TICKETS_PER_MS = 1000
 -- A waiter's place in line is held this long after its last attempt; the packages try again
 -- at least every NUDGE_MS (their longest BLPOP), so a live waiter never loses its place.
 local PLACE_MS = 6000
@@ -196,6 +202,7 @@ while QUICK do -- one pass; `break` hands the call to the full routines
   end
   local time = call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
   local now_text = int(now)
   -- The expired holders. Up to 8 holders are read whole (`alive`: each live one's deadline, as
   -- the call changes them; `scores`: every one's score); of more, the earliest deadline after
@@ -354,7 +361,7 @@ while QUICK do -- one pass; `break` hands the call to the full routines
               end
             end
             if last_ticket and last_ticket < MAX_TICKET then
-              ticket = math.max(last_ticket + 1, now * TICKETS_PER_MS)
+              ticket = math.max(last_ticket + 1, now_us)
             end
             if not ticket or ticket > MAX_TICKET then
               bail = true
@@ -532,6 +539,7 @@ while QUICK do -- one pass; `break` hands the call to the full routines
           .. int(lease_ms) .. ' 0')
         call('PEXPIRE', LINE, PLACE_MS_TEXT)
         call('PEXPIRE', PLACES, PLACE_MS_TEXT)
+        call('DEL', WAKE .. ':' .. id) -- as in F.take_place
         ahead = rank
       end
       result = { false, retry, ahead }
@@ -800,11 +808,6 @@ function F.exists(key)
   return redis.call('EXISTS', key) == 1
 end
 
-function F.now_ms()
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-end
-
 -- A deadline in whole milliseconds, rounded up (a foreign score may have decimals).
 function F.deadline_of(score)
   if not score then
@@ -816,7 +819,15 @@ end
 -- The call's store: which keys it opened and how it moved the deadlines in <name>, so that the
 -- expiry can be settled at the end as the module does. `deadlines` is 'none' (unchanged),
 -- 'raised' (holders were only added, the latest at `added`) or 'unknown'.
-local store = { created = false, deadlines = 'none', added = 0 }
+local store = { created = false, deadlines = 'none', added = 0, now_us = 0 }
+
+-- The server's clock in milliseconds (deadlines); the same reading in microseconds is kept for
+-- the tickets (store.now_us).
+function F.now_ms()
+  local time = redis.call('TIME')
+  store.now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
 
 -- Every call checks the types first: a key of another type is an error that changes nothing.
 -- A count of each key is the cheapest check there is (a command that answers WRONGTYPE for a
@@ -1145,12 +1156,13 @@ end
 -- What a refresh or release found: 1 for a live holder, else 0 (expired or absent).
 local LIVE, LOST = 1, 0
 
-function F.next_ticket(now)
+-- The next fair ticket: above the counter, and at least the clock of F.now_ms in microseconds.
+function F.next_ticket()
   local last = F.counter() or 0
   if last >= MAX_TICKET then
     F.fail(ERR.exhausted)
   end
-  local ticket = math.max(last + 1, now * TICKETS_PER_MS)
+  local ticket = math.max(last + 1, store.now_us)
   if ticket > MAX_TICKET then
     F.fail(ERR.exhausted)
   end
@@ -1196,7 +1208,7 @@ function F.acquire_rule(now, id, kind, limit, lease_ms, count)
       end
       return { renewed = outcome == 'updated' }, s, limit
     elseif room then
-      local ticket = F.next_ticket(now)
+      local ticket = F.next_ticket()
       local expired = s.is_expired[id]
       if expired or F.put_holder(id, at, 'if_new') == 'added' then
         F.prune(s)
@@ -1220,7 +1232,7 @@ function F.acquire_rule(now, id, kind, limit, lease_ms, count)
   end
   local ticket
   if kind == 'fair' then
-    ticket = F.next_ticket(now)
+    ticket = F.next_ticket()
   end
   F.prune(s)
   F.put_holder(id, at, 'upsert')
@@ -1279,8 +1291,8 @@ function F.parse_place(text)
     count = count > 0 and count or nil }
 end
 
--- Takes (or keeps) `id`'s place at the end of the line, held until now + PLACE_MS; returns how
--- many wait before it.
+-- Takes (or keeps) `id`'s place at the end of the line, held until now + PLACE_MS, and empties
+-- its list; returns how many wait before it.
 function F.take_place(now, id, kind, limit, lease_ms, count)
   local rank
   if F.line_count() == 0 then
@@ -1299,6 +1311,10 @@ function F.take_place(now, id, kind, limit, lease_ms, count)
   redis.call('HSET', PLACES, id, F.place_text(now + PLACE_MS, kind, limit, lease_ms, count))
   redis.call('PEXPIRE', LINE, PLACE_MS)
   redis.call('PEXPIRE', PLACES, PLACE_MS)
+  -- What the waiter was told before this attempt is past: a grant whose lease ran out before
+  -- the waiter came back (it was away through a failover, or stalled) left it not holding, and
+  -- it would take that "G" from its list for a permit, counting a lease from this attempt.
+  redis.call('DEL', F.wake_key(id))
   return rank
 end
 
@@ -1643,6 +1659,7 @@ function F.leave(args)
   end
   local id = F.identifier(args[1])
   F.open()
+  local now = F.now_ms()
   local key = F.wake_key(id)
   local got = false
   if redis.call('TYPE', key).ok == 'list' then
@@ -1654,6 +1671,14 @@ function F.leave(args)
     end
     redis.call('DEL', key)
   end
+  -- A grant is handed over only to a live holder: one whose lease ran out (or that another
+  -- client removed) holds nothing, and its caller must not count a lease from it.
+  if got and got:sub(1, 1) == 'G' then
+    local held_until = F.deadline(id)
+    if not held_until or held_until <= now then
+      got = false
+    end
+  end
   if F.line_count() == 0 then
     return got
   end
@@ -1662,7 +1687,7 @@ function F.leave(args)
     F.give_up_line()
     return got
   end
-  return F.served(F.now_ms(), got)
+  return F.served(now, got)
 end
 
 local OPERATIONS = {

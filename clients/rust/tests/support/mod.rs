@@ -167,3 +167,17 @@ pub fn server_without_module() -> Server {
 pub fn live_by_script(conn: &mut redis::Connection, name: &str) -> i64 {
     script(conn, name, &["GET"])
 }
+
+/// Closes the connection whose last command was `WAIT` (a durable permit's own), from the
+/// server's side.
+pub fn kill_the_waits_connection(conn: &mut redis::Connection) {
+    let clients: String = run(conn, &["CLIENT", "LIST"]);
+    let id = clients
+        .lines()
+        .find(|client| client.contains(" cmd=wait "))
+        .and_then(|client| client.strip_prefix("id="))
+        .and_then(|rest| rest.split(' ').next())
+        .expect("no connection sent WAIT")
+        .to_string();
+    let _: () = run(conn, &["CLIENT", "KILL", "ID", &id]);
+}

@@ -4,10 +4,12 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.Executor;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.Consumer;
+import java.util.function.Supplier;
 
 /**
  * What a permit of one semaphore and a set of permits share: the identifier, the background
@@ -202,6 +204,41 @@ abstract class Held implements AutoCloseable {
     } finally {
       calls.unlock();
     }
+  }
+
+  /**
+   * {@code take} on {@code executor}, its permit as the future's result. Completed by anyone
+   * else (cancel, orTimeout, completeExceptionally), the future ends the wait ({@code stop}),
+   * and a permit granted after that is given back before its refresh starts.
+   */
+  static <P extends Held> CompletableFuture<P> async(Executor executor, Stop stop,
+      Supplier<P> take, boolean autoRefresh) {
+    CompletableFuture<P> future = new CompletableFuture<>();
+    future.whenComplete((permit, error) -> stop.request(false)); // nothing once it has finished
+    try {
+      executor.execute(() -> {
+        P permit;
+        try {
+          permit = take.get();
+        } catch (Throwable e) {
+          future.completeExceptionally(e);
+          return;
+        }
+        if (future.isDone()) {
+          permit.abandon();
+          return;
+        }
+        if (autoRefresh) {
+          permit.startRefreshing();
+        }
+        if (!future.complete(permit)) {
+          permit.abandon();
+        }
+      });
+    } catch (RuntimeException e) {
+      future.completeExceptionally(e); // the executor refused it
+    }
+    return future;
   }
 
   /** {@link #release()} on redsem's own daemon threads. */

@@ -10,17 +10,20 @@ final class Hop {
   /** The node ("host:port") in Cluster, "" on one server: the key of its backend. */
   final String node;
   private final List<String> names; // in Cluster: the long form's names
+  /** What ends the line's waits from outside (a cancelled future, an interrupt). */
+  final Stop stop;
 
-  Hop(Transport.Conn conn, boolean scripts, String node, List<String> names) {
+  Hop(Transport.Conn conn, boolean scripts, String node, List<String> names, Stop stop) {
     this.conn = conn;
     this.scripts = scripts;
     this.node = node;
     this.names = names;
+    this.stop = stop;
   }
 
   /** The same connection, speaking to the module (found loaded in the middle of a call). */
   Hop module() {
-    return new Hop(conn, false, node, names);
+    return new Hop(conn, false, node, names, stop);
   }
 
   private List<Object> form(List<Object> args) {
@@ -52,8 +55,30 @@ final class Hop {
     }
   }
 
-  /** A command that may block {@code blockMillis} in the server (-1: without limit). */
+  /**
+   * A command that may block {@code blockMillis} in the server (-1: without limit), ended by
+   * the line's {@link Stop}: WaitInterrupted before it is sent when the wait was stopped; once
+   * sent, a stop unblocks it in the server and its answer is returned.
+   */
   Object blocking(List<Object> args, long blockMillis) {
-    return conn.call(blockMillis, form(args));
+    if (blockMillis == 0) {
+      return conn.call(0, form(args));
+    }
+    stop.check();
+    try {
+      return conn.call(blockMillis, form(args), new Transport.Watch() {
+        @Override
+        public void blocked(long clientId) {
+          stop.enter(node, conn, clientId);
+        }
+
+        @Override
+        public void interrupted() {
+          stop.request(true);
+        }
+      });
+    } finally {
+      stop.leave();
+    }
   }
 }

@@ -107,6 +107,8 @@ final class JedisTransport implements Transport {
     // The pools are the application's.
   }
 
+  private static final ProtocolCommand CLIENT = () -> Commands.bytes("CLIENT");
+
   private static final class JedisConn implements Conn {
     private final Connection connection;
 
@@ -115,25 +117,47 @@ final class JedisTransport implements Transport {
     }
 
     @Override
-    public Object call(long blockMillis, List<Object> args) {
+    public Object call(long blockMillis, List<Object> args, Watch watch) {
       byte[] name = Commands.bytes(args.get(0));
       ProtocolCommand command = () -> name;
       CommandArguments arguments = new CommandArguments(command);
       for (int i = 1; i < args.size(); i++) {
         arguments.add(Commands.bytes(args.get(i)));
       }
-      if (blockMillis == 0) {
+      if (blockMillis == 0 && watch == null) {
         return connection.executeCommand(arguments);
       }
       int base = connection.getSoTimeout();
       long timeout = blockMillis < 0 || base == 0 ? 0 : blockMillis + base;
       connection.setSoTimeout((int) Math.min(timeout, Integer.MAX_VALUE));
       try {
-        return connection.executeCommand(arguments);
+        if (watch == null) {
+          return connection.executeCommand(arguments);
+        }
+        connection.sendCommand(new CommandArguments(CLIENT).add(Commands.bytes("ID")));
+        connection.sendCommand(arguments);
+        long id;
+        try {
+          id = (Long) connection.getOne(); // flushes both
+        } catch (JedisDataException refused) {
+          id = -1;
+        }
+        watch.blocked(id);
+        return connection.getOne();
       } finally {
         if (!connection.isBroken()) {
           connection.setSoTimeout(base);
         }
+      }
+    }
+
+    @Override
+    public void abort() {
+      try {
+        connection.setBroken();
+        connection.forceDisconnect();
+      } catch (java.io.IOException | RuntimeException e) {
+        // closed already
       }
     }
 

@@ -1,7 +1,6 @@
 package io.redsem;
 
 import io.lettuce.core.RedisCommandExecutionException;
-import io.lettuce.core.RedisCommandInterruptedException;
 import io.lettuce.core.RedisCommandTimeoutException;
 import io.lettuce.core.RedisException;
 import io.lettuce.core.RedisFuture;
@@ -35,7 +34,35 @@ class LettuceConn implements Transport.Conn {
   }
 
   @Override
-  public Object call(long blockMillis, List<Object> args) {
+  public Object call(long blockMillis, List<Object> args, Transport.Watch watch) {
+    Duration base = connection.getTimeout();
+    Duration timeout = base;
+    if (blockMillis != 0) {
+      // A dedicated connection: its command timeout covers the wait in the server too.
+      timeout = blockMillis < 0 ? NO_LIMIT : base.plusMillis(blockMillis);
+      connection.setTimeout(timeout);
+    }
+    try {
+      RedisFuture<Object> id = watch == null ? null : dispatch(List.of("CLIENT", "ID"));
+      RedisFuture<Object> future = dispatch(args);
+      if (id != null) {
+        long clientId;
+        try {
+          clientId = Commands.integer(await(id, base, "CLIENT ID", null));
+        } catch (RedisCommandExecutionException refused) {
+          clientId = -1;
+        }
+        watch.blocked(clientId);
+      }
+      return await(future, timeout, Commands.text(args.get(0)), watch);
+    } finally {
+      if (blockMillis != 0) {
+        connection.setTimeout(base);
+      }
+    }
+  }
+
+  private RedisFuture<Object> dispatch(List<Object> args) {
     byte[] name = Commands.bytes(args.get(0));
     String shown = Commands.text(name);
     ProtocolKeyword keyword = new ProtocolKeyword() {
@@ -53,27 +80,30 @@ class LettuceConn implements Transport.Conn {
     for (int i = 1; i < args.size(); i++) {
       arguments.add(Commands.bytes(args.get(i)));
     }
-    Duration base = connection.getTimeout();
-    Duration timeout = base;
-    if (blockMillis != 0) {
-      // A dedicated connection: its command timeout covers the wait in the server too.
-      timeout = blockMillis < 0 ? NO_LIMIT : base.plusMillis(blockMillis);
-      connection.setTimeout(timeout);
-    }
-    try {
-      RedisFuture<Object> future =
-          connection.async().dispatch(keyword, new ReplyOutput(), arguments);
-      return await(future, timeout, shown);
-    } finally {
-      if (blockMillis != 0) {
-        connection.setTimeout(base);
-      }
-    }
+    return connection.async().dispatch(keyword, new ReplyOutput(), arguments);
   }
 
-  private static Object await(RedisFuture<Object> future, Duration timeout, String command) {
+  /**
+   * The reply, read even when the thread is interrupted meanwhile (a call's answer may be a
+   * grant): the interrupt is told to {@code watch}, which may end the call in the server, and
+   * the thread's interrupt status is set again after.
+   */
+  private static Object await(RedisFuture<Object> future, Duration timeout, String command,
+      Transport.Watch watch) {
+    long until = System.nanoTime() + timeout.toNanos();
+    boolean interrupted = false;
     try {
-      return future.toCompletableFuture().get(timeout.toNanos(), TimeUnit.NANOSECONDS);
+      while (true) {
+        try {
+          return future.toCompletableFuture().get(
+              Math.max(0, until - System.nanoTime()), TimeUnit.NANOSECONDS);
+        } catch (InterruptedException e) {
+          interrupted = true;
+          if (watch != null) {
+            watch.interrupted();
+          }
+        }
+      }
     } catch (ExecutionException e) {
       Throwable cause = e.getCause();
       if (cause instanceof RuntimeException) {
@@ -85,10 +115,16 @@ class LettuceConn implements Transport.Conn {
       throw new RedisCommandTimeoutException("no reply to " + command + " within " + timeout);
     } catch (CancellationException e) {
       throw new RedisException("the connection closed under " + command, e);
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      throw new RedisCommandInterruptedException(e);
+    } finally {
+      if (interrupted) {
+        Thread.currentThread().interrupt();
+      }
     }
+  }
+
+  @Override
+  public void abort() {
+    connection.closeAsync();
   }
 
   @Override

@@ -30,8 +30,16 @@ final class Line implements AutoCloseable {
   private String movedTo; // the owner a MOVED named, until the next topology is read
   /** Whether the server of the last call runs the script (it has no module). */
   volatile boolean scripts;
+  /** What ends the line's waits from outside. */
+  final Stop stop;
 
   Line(Redsem redsem, List<String> names, boolean dedicated, long retryForNanos) {
+    this(redsem, names, dedicated, retryForNanos,
+        new Stop(redsem.transport, "\"" + String.join("\", \"", names) + "\""));
+  }
+
+  Line(Redsem redsem, List<String> names, boolean dedicated, long retryForNanos, Stop stop) {
+    this.stop = stop;
     this.redsem = redsem;
     this.transport = redsem.transport;
     this.names = names;
@@ -77,23 +85,38 @@ final class Line implements AutoCloseable {
   }
 
   private <T> T runPlain(Op<T> op) {
-    if (conn == null) {
-      conn = transport.open(null, dedicated);
-      connNode = "";
-    }
-    boolean broken = true;
-    try {
-      scripts = !redsem.hasModule("", conn);
-      T reply = op.run(new Hop(conn, scripts, "", null));
-      broken = false;
-      return reply;
-    } catch (RuntimeException e) {
-      broken = broken(e);
-      throw e;
-    } finally {
-      if (!dedicated || broken) {
-        closeConn(broken);
+    while (true) {
+      if (conn == null) {
+        conn = transport.open(null, dedicated);
+        connNode = "";
       }
+      boolean broken = true;
+      try {
+        scripts = !redsem.hasModule("", conn);
+        T reply = op.run(new Hop(conn, scripts, "", null, stop));
+        broken = false;
+        return reply;
+      } catch (RuntimeException e) {
+        broken = broken(e);
+        // Another client ended the blocked call (CLIENT UNBLOCK ... ERROR): the op waits again
+        // for what is left of its time; a stop of its own ends it before it is sent.
+        if (broken || transport.classify(e) != Transport.Failure.UNBLOCKED) {
+          throw e;
+        }
+      } finally {
+        if (!dedicated || broken) {
+          closeConn(broken);
+        }
+      }
+      pause(FIRST_PAUSE_MS);
+    }
+  }
+
+  private static void pause(long ms) {
+    try {
+      Thread.sleep(ms);
+    } catch (InterruptedException ie) {
+      Thread.currentThread().interrupt(); // the op's stop sees it
     }
   }
 
@@ -116,7 +139,7 @@ final class Line implements AutoCloseable {
           try {
             boolean script = !redsem.hasModule(node, askConn);
             askConn.call(0, List.of("ASKING"));
-            T reply = op.run(new Hop(askConn, script, node, names));
+            T reply = op.run(new Hop(askConn, script, node, names, stop));
             broken = false;
             return reply;
           } catch (RuntimeException e) {
@@ -132,7 +155,7 @@ final class Line implements AutoCloseable {
           connNode = node;
         }
         scripts = !redsem.hasModule(connNode, conn);
-        T reply = op.run(new Hop(conn, scripts, connNode, names));
+        T reply = op.run(new Hop(conn, scripts, connNode, names, stop));
         if (!dedicated) {
           closeConn(false);
         }

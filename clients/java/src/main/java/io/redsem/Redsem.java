@@ -133,7 +133,12 @@ public final class Redsem implements AutoCloseable {
 
   private boolean waitEmptyNanos(String name, long timeout) {
     Commands.checkName(name, "the semaphore name");
-    try (Line line = new Line(this, List.of(name), true, retryForNanos)) {
+    return waitEmptyNanos(name, timeout, new Stop(transport, "\"" + name + "\" to be empty"));
+  }
+
+  private boolean waitEmptyNanos(String name, long timeout, Stop stop) {
+    stop.check(); // interrupted already: nothing is sent
+    try (Line line = new Line(this, List.of(name), true, retryForNanos, stop)) {
       line.open("SEM.WAITEMPTY");
       long deadline = timeout == Commands.NO_LIMIT ? 0 : System.nanoTime() + timeout;
       Object reply = line.run(hop -> {
@@ -148,15 +153,37 @@ public final class Redsem implements AutoCloseable {
         long ms = Math.max(1, Commands.sentMillis(left));
         return hop.blocking(List.of("SEM.WAITEMPTY", name, Commands.seconds(ms)), ms);
       });
+      if (stop.stopping()) {
+        throw stop.stopped(null);
+      }
       return reply != null && Commands.integer(reply) == 1;
+    } catch (RuntimeException e) {
+      throw !(e instanceof WaitInterrupted) && stop.stopping() ? stop.stopped(e) : e;
     }
   }
 
-  /** {@link #waitEmpty(String, Duration)} on redsem's own daemon threads. */
+  /**
+   * {@link #waitEmpty(String, Duration)} on redsem's own daemon threads; completing the future
+   * yourself (cancel, orTimeout) ends the wait in the server.
+   */
   public CompletableFuture<Boolean> waitEmptyAsync(String name, Duration timeout) {
     long nanos = Commands.waitNanos(timeout, "timeout");
     Commands.checkName(name, "the semaphore name");
-    return CompletableFuture.supplyAsync(() -> waitEmptyNanos(name, nanos), Refresher.async());
+    Stop stop = new Stop(transport, "\"" + name + "\" to be empty");
+    CompletableFuture<Boolean> future = new CompletableFuture<>();
+    future.whenComplete((emptied, error) -> stop.request(false));
+    try {
+      Refresher.async().execute(() -> {
+        try {
+          future.complete(waitEmptyNanos(name, nanos, stop));
+        } catch (Throwable e) {
+          future.completeExceptionally(e);
+        }
+      });
+    } catch (RuntimeException e) {
+      future.completeExceptionally(e);
+    }
+    return future;
   }
 
   /**

@@ -50,6 +50,11 @@ final class Refresher {
     return TIMER.schedule(() -> WORKERS.execute(task), delayNanos, TimeUnit.NANOSECONDS);
   }
 
+  /** {@code look} every {@code periodNanos} on the timer thread itself: it must not block. */
+  static ScheduledFuture<?> watch(long periodNanos, Runnable look) {
+    return TIMER.scheduleWithFixedDelay(look, periodNanos, periodNanos, TimeUnit.NANOSECONDS);
+  }
+
   static ScheduledFuture<?> every(long periodNanos, Runnable refresh) {
     return TIMER.scheduleWithFixedDelay(
         () -> WORKERS.execute(refresh), periodNanos, periodNanos, TimeUnit.NANOSECONDS);

@@ -60,10 +60,9 @@ final class ScriptWait {
     try {
       return attempts(hop);
     } catch (RuntimeException e) {
-      // Whatever an interrupt cut short (Lettuce stops awaiting any reply): the connection may
-      // still answer, and the place is left.
-      if (!(e instanceof WaitInterrupted) && Thread.currentThread().isInterrupted()) {
-        throw new WaitInterrupted(interrupted(), e);
+      // Whatever a stop cut short (a connection closed under its BLPOP): the place is left.
+      if (!(e instanceof WaitInterrupted) && hop.stop.stopping()) {
+        throw hop.stop.stopped(e);
       }
       throw e;
     }
@@ -128,7 +127,7 @@ final class ScriptWait {
           }
         }
         message = popped == null ? "" : Commands.text(((List<?>) popped).get(1));
-        if (Thread.currentThread().isInterrupted()) {
+        if (hop.stop.stopping()) {
           // The caller will never see a permit granted meanwhile: give it back.
           if (message.startsWith("G")) {
             placed = false;
@@ -138,7 +137,7 @@ final class ScriptWait {
               // the lease ends it
             }
           }
-          throw new WaitInterrupted(interrupted(), null);
+          throw hop.stop.stopped(null);
         }
         long nudge = nudgeMillis(message);
         if (nudge <= 0 || System.nanoTime() - at >= NUDGE_NANOS) {
@@ -184,10 +183,6 @@ final class ScriptWait {
     } catch (RuntimeException ignored) {
       // it expires with its place (6 s)
     }
-  }
-
-  private String interrupted() {
-    return "interrupted while waiting for a permit of \"" + name + "\"";
   }
 
   /** The module's reply for a grant the script told ("G", "G<ticket>"), or its error ("E..."). */

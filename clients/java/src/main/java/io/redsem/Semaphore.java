@@ -55,17 +55,35 @@ public final class Semaphore {
 
   /**
    * Takes a permit, or throws {@link NotAcquired} (or {@link NotDurable}, {@link
-   * ModuleRequired}, or the client library's error).
+   * ModuleRequired}, or the client library's error). A wait whose thread is interrupted ends
+   * in the server and throws {@link WaitInterrupted} (the thread's interrupt status stays set);
+   * a permit granted in that instant is given back.
    */
   public Permit acquire() {
+    Permit permit = take(new Stop(redsem.transport, what()));
+    if (autoRefresh) {
+      permit.startRefreshing();
+    }
+    return permit;
+  }
+
+  private String what() {
+    return "a permit of \"" + name + "\"";
+  }
+
+  /** The acquire, not refreshed yet; {@code stop} ends its waits from outside. */
+  private Permit take(Stop stop) {
     boolean dedicated = bound || waitNanos != 0 || durableReplicas > 0;
-    Line line = new Line(redsem, List.of(name), dedicated, retryForNanos);
+    if (waitNanos != 0) {
+      stop.check(); // interrupted already: nothing is sent
+    }
+    Line line = new Line(redsem, List.of(name), dedicated, retryForNanos, stop);
     Permit permit;
     long sent;
     ScriptWait waiter = null;
+    String identifier = id != null ? id : UUID.randomUUID().toString();
     try {
       line.open(bound ? "BOUND" : null);
-      String identifier = id != null ? id : UUID.randomUUID().toString();
       long deadline = waitNanos == Commands.NO_LIMIT ? 0 : System.nanoTime() + waitNanos;
       ScriptWait script = new ScriptWait(redsem, name, identifier, fair, waitNanos, deadline,
           command(identifier, 0, false), left -> command(identifier, left, true));
@@ -85,6 +103,9 @@ public final class Semaphore {
       Object reply = result[0];
       sent = (Long) result[1];
       if (reply == null) {
+        if (waitNanos != 0 && stop.stopping()) {
+          throw stop.stopped(null);
+        }
         throw new NotAcquired("no permit of \"" + name + "\" (limit " + limit + ") was granted"
             + Commands.describeWait(waitNanos));
       }
@@ -94,25 +115,27 @@ public final class Semaphore {
       permit = new Permit(name, identifier, ticket, count == 0 ? 1 : count, leaseNanos, line, sent);
     } catch (RuntimeException e) {
       line.close();
-      if (waiter != null) {
-        waiter.leave(retryForNanos, id == null && e instanceof WaitInterrupted);
+      boolean stopped = e instanceof WaitInterrupted || (waitNanos != 0 && stop.stopping());
+      RuntimeException thrown = stopped && !(e instanceof WaitInterrupted) ? stop.stopped(e) : e;
+      if (waiter != null && line.scripts) {
+        waiter.leave(retryForNanos, id == null && stopped);
+      } else if (stopped && id == null) {
+        // A grant may have been written to a connection closed under it: the id is this
+        // acquire's own, nobody else holds with it.
+        giveBack(identifier);
       }
-      throw e;
+      throw thrown;
     }
     try {
       if (durableReplicas > 0) {
-        long acked = Commands.integer(line.run(hop -> hop.blocking(
-            List.of("WAIT", durableReplicas, durableTimeoutMillis),
-            durableTimeoutMillis == 0 ? -1 : durableTimeoutMillis)));
-        if (acked < durableReplicas) {
-          throw new NotDurable(acked + " of " + durableReplicas
-              + " replicas acknowledged the grant of \"" + name + "\" within "
-              + durableTimeoutMillis + " ms", acked, durableReplicas);
-        }
+        durable(line, permit);
       }
       // A wait for the grant leaves the lease's start unknown: confirm it now.
       if (System.nanoTime() - sent > leaseNanos / 3 && !permit.refresh()) {
         throw new PermitLost(permit.lostMessage());
+      }
+      if (!stop.finish()) {
+        throw stop.stopped(null); // stopped as it was granted: nobody will have it
       }
     } catch (RuntimeException e) {
       permit.abandon();
@@ -121,24 +144,64 @@ public final class Semaphore {
     if (!bound) {
       line.shed(); // only BOUND ties the permit to its connection
     }
-    if (autoRefresh) {
-      permit.startRefreshing();
-    }
     return permit;
+  }
+
+  /**
+   * WAIT replicas after the grant, on the granting connection (its writes are what WAIT
+   * counts). When that connection is lost (the primary failed) or the WAIT is unblocked, a WAIT
+   * sent anew on another connection would count no write of it: it would answer at once with
+   * every replica attached. So the holder is first refreshed there (the new primary), and the
+   * WAIT then counts that write; a holder the new primary does not have is NotDurable.
+   */
+  private void durable(Line line, Permit permit) {
+    boolean[] again = {false};
+    long acked = Commands.integer(line.run(hop -> {
+      if (again[0]) {
+        Object held = hop.send(permit.refreshArgs());
+        if (Commands.integer(held) != 1) {
+          return 0L;
+        }
+      }
+      again[0] = true;
+      return hop.blocking(List.of("WAIT", durableReplicas, durableTimeoutMillis),
+          durableTimeoutMillis == 0 ? -1 : durableTimeoutMillis);
+    }));
+    if (line.stop.stopping()) {
+      throw line.stop.stopped(null);
+    }
+    if (acked < durableReplicas) {
+      throw new NotDurable(acked + " of " + durableReplicas
+          + " replicas acknowledged the grant of \"" + name + "\" within "
+          + durableTimeoutMillis + " ms", acked, durableReplicas);
+    }
+  }
+
+  /** Best effort: releases this acquire's own identifier (a grant nobody will have). */
+  private void giveBack(String identifier) {
+    try (Line line = new Line(redsem, List.of(name), false,
+        Math.min(retryForNanos, ScriptWait.NUDGE_NANOS))) {
+      line.run(hop -> hop.send(List.of("SEM.RELEASE", name, identifier)));
+    } catch (RuntimeException ignored) {
+      // its lease ends it
+    }
   }
 
   /**
    * {@link #acquire()} on redsem's own daemon threads: the future completes with the permit, or
    * with its error ({@link NotAcquired}, ...). Nothing blocks the caller's thread (nor Lettuce's
-   * event loop); a waiting acquire holds one of those threads while it waits.
+   * event loop); a waiting acquire holds one of those threads while it waits. Completing the
+   * future yourself ({@code cancel}, {@code orTimeout}, {@code completeExceptionally}) ends the
+   * wait in the server, and a permit granted after that is given back: nobody holds it.
    */
   public CompletableFuture<Permit> acquireAsync() {
     return acquireAsync(Refresher.async());
   }
 
-  /** {@link #acquire()} on {@code executor}. */
+  /** {@link #acquire()} on {@code executor}, as {@link #acquireAsync()}. */
   public CompletableFuture<Permit> acquireAsync(Executor executor) {
-    return CompletableFuture.supplyAsync(this::acquire, executor);
+    Stop stop = new Stop(redsem.transport, what());
+    return Held.async(executor, stop, () -> take(stop), autoRefresh);
   }
 
   /** The acquire, waiting {@code wait} ns; {@code inServer=false}: the script's form. */

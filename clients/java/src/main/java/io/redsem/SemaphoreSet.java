@@ -57,12 +57,28 @@ public final class SemaphoreSet {
    * ModuleRequired} without the module.
    */
   public PermitSet acquire() {
-    Line line = new Line(redsem, names, true, retryForNanos);
+    PermitSet permits = take(new Stop(redsem.transport, what()));
+    if (autoRefresh) {
+      permits.startRefreshing();
+    }
+    return permits;
+  }
+
+  private String what() {
+    return "the set \"" + String.join("\", \"", names) + "\"";
+  }
+
+  /** The acquire, not refreshed yet; {@code stop} ends its wait from outside. */
+  private PermitSet take(Stop stop) {
+    if (waitNanos != 0) {
+      stop.check(); // interrupted already: nothing is sent
+    }
+    Line line = new Line(redsem, names, true, retryForNanos, stop);
     PermitSet permits;
     long sent;
+    String identifier = id != null ? id : UUID.randomUUID().toString();
     try {
       line.open("SEM.ACQUIREALL");
-      String identifier = id != null ? id : UUID.randomUUID().toString();
       long deadline = waitNanos == Commands.NO_LIMIT ? 0 : System.nanoTime() + waitNanos;
       Object[] result = line.run(hop -> {
         if (hop.scripts) { // a node without the module, after a move
@@ -77,6 +93,9 @@ public final class SemaphoreSet {
       Object reply = result[0];
       sent = (Long) result[1];
       if (reply == null) {
+        if (waitNanos != 0 && stop.stopping()) {
+          throw stop.stopped(null);
+        }
         StringBuilder wanted = new StringBuilder();
         for (int i = 0; i < names.size(); i++) {
           wanted.append(i == 0 ? "" : ", ").append('"').append(names.get(i)).append("\" (")
@@ -96,12 +115,26 @@ public final class SemaphoreSet {
       permits = new PermitSet(names, counts, identifier, tickets, leaseNanos, line, sent);
     } catch (RuntimeException e) {
       line.close();
-      throw e;
+      boolean stopped = e instanceof WaitInterrupted || (waitNanos != 0 && stop.stopping());
+      if (stopped && id == null) {
+        // A grant may have been written to a connection closed under it: the id is this
+        // acquire's own, nobody else holds with it.
+        try (Line back = new Line(redsem, names, false,
+            Math.min(retryForNanos, ScriptWait.NUDGE_NANOS))) {
+          back.run(hop -> hop.send(releaseAll(identifier)));
+        } catch (RuntimeException ignored) {
+          // their leases end them
+        }
+      }
+      throw stopped && !(e instanceof WaitInterrupted) ? stop.stopped(e) : e;
     }
     try {
       // A wait for the grant leaves the lease's start unknown: confirm it now.
       if (System.nanoTime() - sent > leaseNanos / 3 && !permits.refresh()) {
         throw new PermitLost(permits.lostMessage());
+      }
+      if (!stop.finish()) {
+        throw stop.stopped(null); // stopped as it was granted: nobody will have it
       }
     } catch (RuntimeException e) {
       permits.abandon();
@@ -110,10 +143,16 @@ public final class SemaphoreSet {
     if (!bound) {
       line.shed();
     }
-    if (autoRefresh) {
-      permits.startRefreshing();
-    }
     return permits;
+  }
+
+  private List<Object> releaseAll(String identifier) {
+    List<Object> args = new ArrayList<>();
+    args.add("SEM.RELEASEALL");
+    args.add(names.size());
+    args.addAll(names);
+    args.add(identifier);
+    return args;
   }
 
   /** {@link #acquire()} on redsem's own daemon threads (as {@link Semaphore#acquireAsync()}). */
@@ -123,7 +162,8 @@ public final class SemaphoreSet {
 
   /** {@link #acquire()} on {@code executor}. */
   public CompletableFuture<PermitSet> acquireAsync(Executor executor) {
-    return CompletableFuture.supplyAsync(this::acquire, executor);
+    Stop stop = new Stop(redsem.transport, what());
+    return Held.async(executor, stop, () -> take(stop), autoRefresh);
   }
 
   private List<Object> command(String identifier, long wait) {

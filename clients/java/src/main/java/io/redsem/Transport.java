@@ -43,10 +43,31 @@ interface Transport extends AutoCloseable {
      * not block, -1: without limit); the reply is read for that long plus the connection's own
      * timeout.
      */
-    Object call(long blockMillis, List<Object> args);
+    default Object call(long blockMillis, List<Object> args) {
+      return call(blockMillis, args, null);
+    }
+
+    /**
+     * As {@link #call(long, List)}, for a call that may be ended from another thread: {@code
+     * watch} (when not null) is given the connection's CLIENT ID, asked in the same write before
+     * the call (-1 when the server refuses it), and told when the waiting thread is interrupted.
+     * The interrupt does not end the call: its answer is read (the thread's interrupt status is
+     * set again after).
+     */
+    Object call(long blockMillis, List<Object> args, Watch watch);
+
+    /** Closes the connection at once, under a call another thread is blocked in. */
+    void abort();
 
     /** Gives the connection back; {@code broken}: a call failed and its reply may still come. */
     void close(boolean broken);
+  }
+
+  /** What a call that may be ended from another thread tells of itself. */
+  interface Watch {
+    void blocked(long clientId);
+
+    void interrupted();
   }
 
   /** What an error means: a redirection, a pause, a script to load, or none of these. */
@@ -78,6 +99,11 @@ interface Transport extends AutoCloseable {
     static final Failure NOSCRIPT = new Failure(Kind.NOSCRIPT, null, false);
     /** TRYAGAIN: the slot is moving, its owner unchanged (no need to read the topology). */
     static final Failure TRYAGAIN = new Failure(Kind.PAUSE, null, false);
+    /**
+     * UNBLOCKED: another client (CLIENT UNBLOCK ... ERROR) or a failover (CLUSTER FAILOVER, the
+     * server turned replica) ended a blocked call: it waits again for the time it has left.
+     */
+    static final Failure UNBLOCKED = new Failure(Kind.PAUSE, null, false);
 
     /** The meaning of a server's error text (the same for every library). */
     static Failure ofServerError(String message) {
@@ -96,6 +122,9 @@ interface Transport extends AutoCloseable {
       }
       if (m.startsWith("TRYAGAIN")) {
         return TRYAGAIN;
+      }
+      if (m.startsWith("UNBLOCKED")) {
+        return UNBLOCKED;
       }
       for (String paused : new String[] {"CLUSTERDOWN", "LOADING", "MASTERDOWN", "READONLY"}) {
         if (m.startsWith(paused)) {

@@ -1,10 +1,12 @@
 package io.redsem;
 
 /**
- * The thread was interrupted while its acquire waited: the acquire gives up its place (and a
- * permit granted meanwhile), and the connection it blocked on is closed, not reused.
+ * A wait (an acquire's, a set's, a waitEmpty's) ended from outside: its thread was interrupted
+ * (the thread's interrupt status stays set), or its future was completed by someone else. The
+ * wait was ended in the server: the acquire left its place in line, and a permit granted in
+ * that instant was given back.
  */
-final class WaitInterrupted extends RedsemException {
+public final class WaitInterrupted extends RedsemException {
   private static final long serialVersionUID = 1L;
 
   WaitInterrupted(String message, Throwable cause) {

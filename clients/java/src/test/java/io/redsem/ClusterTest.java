@@ -122,6 +122,9 @@ class ClusterTest {
     dir = Files.createTempDirectory("redsem-java-cluster-");
     List<String> args = new ArrayList<>(List.of("start", dir.toString(), "--server",
         RedisServer.binary(), "--primaries", "3", "--replicas", "1"));
+    if (!SCRIPTS) {
+      RedisServer.assumeModule();
+    }
     switch (MODE) {
       case "module":
         args.addAll(List.of("--module", RedisServer.module()));
@@ -406,6 +409,99 @@ class ClusterTest {
       }
     }
     lettuce.shutdown();
+  }
+
+  /** The id of the client of {@code port} blocked in {@code cmd} (within 5 s). */
+  private static String blockedIn(int port, String cmd) throws InterruptedException {
+    long end = System.nanoTime() + 5_000_000_000L;
+    while (System.nanoTime() < end) {
+      for (String line : Commands.text(SemaphoreTest.raw(port, "CLIENT", "LIST")).split("\n")) {
+        if (line.contains(" cmd=" + cmd + " ") && line.contains("flags=b")) {
+          return line.replaceAll("^id=(\\d+) .*$", "$1").trim();
+        }
+      }
+      Thread.sleep(5);
+    }
+    throw new AssertionError("no client blocked in " + cmd + " on " + port);
+  }
+
+  private static void signal(String sig, long pid) throws Exception {
+    assertEquals(0, new ProcessBuilder("kill", "-" + sig, String.valueOf(pid)).start().waitFor());
+  }
+
+  /**
+   * A durable acquire whose WAIT is cut (its connection lost, as when the primary fails) sends
+   * WAIT again on a new connection, which has written nothing: WAIT would count every replica
+   * attached, and the permit be called durable while no replica has it (on Valkey and Redis 8,
+   * where only writes move a connection's offset; Redis 7.0 moves it at every command). The
+   * replica is stopped (SIGSTOP), so no grant reaches it.
+   */
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(50)
+  void aDurableWaitCutShortIsNotTakenForAcknowledged(ClusterKind kind) throws Exception {
+    String name = name("durable");
+    int primary = ownerOf(Commands.slot(name));
+    Matcher replica = Pattern.compile("slave0:ip=[^,]+,port=(\\d+)")
+        .matcher(Commands.text(SemaphoreTest.raw(primary, "INFO", "replication")));
+    assertTrue(replica.find(), "the primary has a replica");
+    Matcher pid = Pattern.compile("\"port\": " + replica.group(1) + ", \"pid\": (\\d+)")
+        .matcher(cluster("nodes", dir.toString()));
+    assertTrue(pid.find(), "the replica's pid");
+    long replicaPid = Long.parseLong(pid.group(1));
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try (Kind.Client c = kind.connect()) {
+      // The client's map of slots read first (Lettuce asks every node, the stopped one too).
+      c.redsem.semaphore(name).limit(1).acquire().close();
+      Thread.sleep(1500); // the replica acknowledges every write so far (once a second)
+      signal("STOP", replicaPid);
+      try {
+        Future<Permit> acquire = pool.submit(() -> c.redsem.semaphore(name).limit(1)
+            .durableReplicas(1).durableTimeout(Duration.ofSeconds(2)).acquire());
+        String waiting;
+        try {
+          waiting = blockedIn(primary, "wait");
+        } catch (AssertionError e) {
+          throw new AssertionError(e.getMessage() + "; the acquire: "
+              + (acquire.isDone() ? String.valueOf(acquire.get()) : "under way"), e);
+        }
+        SemaphoreTest.raw(primary, "CLIENT", "KILL", "ID", waiting);
+        java.util.concurrent.ExecutionException failed = assertThrows(
+            java.util.concurrent.ExecutionException.class, () -> acquire.get(20, TimeUnit.SECONDS));
+        assertTrue(failed.getCause() instanceof NotDurable, "NotDurable: " + failed.getCause());
+        assertEquals(0L, SemaphoreTest.raw(primary, "EXISTS", name), "the permit was given back");
+      } finally {
+        signal("CONT", replicaPid);
+        pool.shutdownNow();
+      }
+    }
+    cluster("wait", dir.toString());
+  }
+
+  /** A wait ended by another client (UNBLOCKED, as CLUSTER FAILOVER sends) waits again. */
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(60)
+  void aWaitUnblockedByAnotherClientWaitsAgain(ClusterKind kind) throws Exception {
+    String name = name("unblocked");
+    int primary = ownerOf(Commands.slot(name));
+    String blocked = SCRIPTS ? "blpop" : "sem.acquire";
+    try (Kind.Client c = kind.connect()) {
+      Permit holder = c.redsem.semaphore(name).limit(1).acquire();
+      java.util.concurrent.CompletableFuture<Permit> waiter =
+          c.redsem.semaphore(name).limit(1).waitFor(20).build().acquireAsync();
+      assertEquals(1L, SemaphoreTest.raw(primary, "CLIENT", "UNBLOCK",
+          blockedIn(primary, blocked), "ERROR"));
+      Thread.sleep(300);
+      if (waiter.isDone()) {
+        waiter.get(); // its error
+      }
+      blockedIn(primary, blocked); // waiting again
+      assertTrue(holder.release());
+      Permit served = waiter.get(10, TimeUnit.SECONDS);
+      assertEquals(1L, SemaphoreTest.raw(primary, "ZCARD", name), "one holder");
+      assertTrue(served.release());
+    }
   }
 
   @ParameterizedTest

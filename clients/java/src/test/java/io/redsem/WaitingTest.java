@@ -40,7 +40,9 @@ class WaitingTest {
 
   @AfterAll
   static void stop() {
-    server.close();
+    if (server != null) {
+      server.close();
+    }
   }
 
   private static String name(String what) {
