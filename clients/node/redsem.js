@@ -1665,7 +1665,10 @@ class PermitSet extends Held {
  * back when the permit's connection closes), id (default: a new UUID v4; an identifier names
  * one permit: a second acquire with it while the first is held renews that permit rather than
  * taking another, so never hold two permits with one id at once), durableReplicas and
- * durableTimeoutMs (WAIT for replicas after the grant), autoRefresh (default true).
+ * durableTimeoutMs (WAIT for replicas after the grant), autoRefresh (default true), signal (an
+ * AbortSignal that cancels the acquire as fetch's does: it rejects with the signal's reason,
+ * the wait ends in the server with its connection, and a grant that came meanwhile is given
+ * back).
  *
  * `redis` is an ioredis client or a connected node-redis client. A permit that binds or asks
  * for replicas uses a connection of its own (`redis.duplicate()`), closed at its release; the

@@ -190,8 +190,8 @@ test("node-redis: sets, tickets, a waiting set, a lost set and waitEmpty", async
   }
   const f = await floor();
   const permits = await acquireAll(redis, pair, { lease: 0.6, fair: true });
-  // Two fresh names granted in one step: each the clock of that step.
-  assert.equal(permits.tickets[0], permits.tickets[1]);
+  // Two fresh names granted in one step: the clock of that step, then the next one up.
+  assert.equal(permits.tickets[1], permits.tickets[0] + 1);
   assertTickets([permits.tickets[0]], f, [f]);
   const t = permits.tickets[0];
   await assert.rejects(acquireAll(redis, pair, { fair: true }), NotAcquired);
@@ -205,7 +205,8 @@ test("node-redis: sets, tickets, a waiting set, a lost set and waitEmpty", async
   assert.equal(await permits.release(), true);
   assert.equal(await emptied, true);
   const next = await waiting;
-  assert.deepEqual(next.tickets, [t + 1, t + 1]);
+  // Each above every ticket handed out before, in the order named.
+  assert.deepEqual(next.tickets, [t + 2, t + 3]);
   await redis.del("gpu");
   await next.whenLost;
   assert.throws(() => next.check(), PermitLost);
