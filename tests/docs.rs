@@ -522,11 +522,18 @@ fn every_client_package_has_its_own_readme() {
         "clients/python/tests/test_cluster.py",
         "def test_the_readmes_cluster_example",
     )];
-    let node_own: &[OwnRun] = &[(
-        "Cluster",
-        "clients/node/test/cluster.test.js",
-        "the README's cluster example, as written there",
-    )];
+    let node_own: &[OwnRun] = &[
+        (
+            "Cluster",
+            "clients/node/test/cluster.test.js",
+            "the README's cluster example, as written there",
+        ),
+        (
+            "new Redis(6379)",
+            "clients/node/test/redsem.test.js",
+            "the package README's example, as written there",
+        ),
+    ];
     let rust_own: &[OwnRun] = &[
         (
             "redsem_client::Cluster",
