@@ -5,7 +5,9 @@ promise not to do. See tests/soak/README.md for each rule and why it cannot fire
   python3 tests/soak/check.py HISTORY.jsonl FAULTS.jsonl
 
 A fault "loses writes" on a slot (lossy) when it can drop what the slot's primary acknowledged:
-a kill -9 of that primary, or a pause long enough that its replica took over. A holder's belief
+a kill -9 of that primary, a pause long enough that its replica took over, or CLUSTER
+FAILOVER (counted as losing writes, though Redis hands over only once the replica has caught up,
+since the old primary's timers and unblocked clients may still write during the hand-over). A holder's belief
 is "explained" at an instant t when such a fault on its name's slot overlaps the span from the
 send of the call that last confirmed the belief (the acquire or a refresh) to t.
 """
@@ -48,6 +50,14 @@ def load(path):
 class Faults:
     def __init__(self, faults):
         self.lossy = [f for f in faults if f.get("lossy")]
+        self.moves = [f for f in faults if f["kind"] == "move"]
+
+    def moved(self, name, since, until):
+        """A move of name's slot overlapping [since, until]: the keys then live on a primary
+        whose replica acknowledged nothing of them."""
+        slot = key_slot(name)
+        return any(f["t0"] <= until and f["t1"] >= since and any(a <= slot <= b for a, b in f["slots"])
+                   for f in self.moves)
 
     def explains(self, name, since, until):
         """A lossy fault on name's slot overlapping [since, until]."""
@@ -132,7 +142,8 @@ def check(history, faults_list):
 
     # Over-admission: more believed holders than the limit at one instant, counting only the
     # holders whose belief no lossy fault explains (a durable holder within its acknowledged
-    # grant's lease is never explained).
+    # grant's lease is never explained, unless its slot moved since: the new owner's replica
+    # acknowledged nothing).
     for name, group in by_name.items():
         limit = group[0].acquire["limit"]
         edges = []
@@ -159,7 +170,8 @@ def check(history, faults_list):
                 c = q.covering(t)
                 if c is None:
                     continue
-                acked = q.durable and c == q.confirms[0]
+                acked = (q.durable and c == q.confirms[0]
+                         and not faults.moved(name, q.acquire["t0"], t))
                 if acked or not faults.explains(name, c[0], t):
                     firm.append((q, acked))
             key = frozenset(q.acquire["p"] for q in held)

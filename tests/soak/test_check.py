@@ -52,6 +52,9 @@ def test():
     # a durable: within its acknowledged lease it is never explained.
     durable = [dict(two[0], durable=True)] + two[1:]
     assert kinds(durable, [kill(100, 200)])[0] == ["durable-over-admission"]
+    # ... unless its slot moved meanwhile (the new owner's replica acknowledged nothing).
+    move = {"kind": "move", "t0": 50, "t1": 60, "slots": [[SLOT, SLOT]], "lossy": False}
+    assert kinds(durable, [move, kill(100, 200)])[0] == []
     # One after the other (a released before b's grant): nothing.
     apart = [acquire("a", 0, 10), call("a", "release", 100, 110),
              acquire("b", 200, 210), call("b", "release", S, S + 10)]
