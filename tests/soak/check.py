@@ -85,16 +85,16 @@ class Permit:
         lease still runs at t), or None."""
         best = None
         for sent, answered in self.confirms:
-            if answered <= t < sent + self.lease and (best is None or sent > best[0]):
+            if answered <= t < sent + self.lease - CLOCK_SLACK_US and (best is None or sent > best[0]):
                 best = (sent, answered)
         return best
 
     def segments(self):
         """The spans when the holder believed it held: [answered, sent + lease) of each
-        confirm, cut at the end; overlapping spans merged."""
+        confirm (less the server's rounding), cut at the end; overlapping spans merged."""
         spans = []
         for sent, answered in self.confirms:
-            a, b = answered, sent + self.lease
+            a, b = answered, sent + self.lease - CLOCK_SLACK_US
             if self.end is not None:
                 b = min(b, self.end)
             a = max(a, self.start)
