@@ -121,8 +121,8 @@ def permits_of(history):
         permit = permits.get(rec["p"])
         if permit is None:
             continue
-        if op == "refresh":
-            if rec["out"] == "ok":
+        if op in ("refresh", "check"):
+            if op == "refresh" and rec["out"] == "ok":
                 permit.confirms.append((rec["t0"], rec["t1"]))
             elif rec["out"] == "lost" and permit.end is None:
                 permit.end = rec["t1"]
@@ -219,10 +219,10 @@ def check(history, faults_list):
                                            "grants": [g1, g2]})
                     break
 
-    # Early loss: a refresh or release told of a loss while the confirmed lease still ran, with
-    # no lossy fault since that confirm.
+    # Early loss: a refresh, release or check told of a loss while the confirmed lease still
+    # ran, with no lossy fault since that confirm.
     for rec in history:
-        if rec["op"] not in ("refresh", "release") or rec["out"] != "lost":
+        if rec["op"] not in ("refresh", "release", "check") or rec["out"] != "lost":
             continue
         p = permits.get(rec["p"])
         if p is None:

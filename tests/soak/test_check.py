@@ -77,6 +77,8 @@ def test():
     early = [acquire("a", 0, 10), call("a", "release", S, S + 10, out="lost")]
     assert kinds(early)[0] == ["early-loss"]
     assert kinds(early, [kill(100, 200)])[0] == []
+    told = [acquire("a", 0, 10), call("a", "check", S, S + 10, out="lost")]
+    assert kinds(told)[0] == ["early-loss"]
     late = [acquire("a", 0, 10), call("a", "release", 3 * S, 3 * S + 10, out="lost")]
     assert kinds(late)[0] == []
     # A call past its budget, a waiter's error, an error within retry_for.

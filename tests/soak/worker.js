@@ -5,7 +5,7 @@
 const fs = require("fs");
 const { performance } = require("perf_hooks");
 const Redis = require("ioredis");
-const { acquire, NotAcquired, NotDurable } = require("redsem-client");
+const { acquire, NotAcquired, NotDurable, PermitLost } = require("redsem-client");
 
 const env = process.env;
 const nodes = env.SOAK_NODES.split(",").map((n) => {
@@ -48,6 +48,9 @@ async function call(record, fn) {
   } catch (err) {
     if (err instanceof NotAcquired) {
       record.out = "not-acquired";
+    } else if (err instanceof PermitLost) {
+      record.out = "lost";
+      record.err = String(err.message);
     } else if (err instanceof NotDurable) {
       record.out = "not-durable";
       record.err = String(err.message);
@@ -95,6 +98,13 @@ async function loop(index) {
       log(r);
       return r.out === "ok";
     };
+    const check = async () => {
+      const r = { ...base, op: "check" };
+      await call(r, () => permit.check());
+      if (!r.out) r.out = "ok";
+      log(r);
+      return r.out === "ok";
+    };
     // A wait for the grant leaves the lease's start unknown: confirm it, as the package does.
     let held = true;
     if ((rec.t1 - rec.t0) / 1e6 > lease / 3) held = await refresh();
@@ -104,7 +114,7 @@ async function loop(index) {
       const holdEnd = performance.now() + rng() * lease * 1600;
       while (held && performance.now() < holdEnd) {
         await sleep(Math.min((lease * 1000) / 3, Math.max(holdEnd - performance.now(), 0)));
-        if (performance.now() < holdEnd) held = await refresh();
+        if (performance.now() < holdEnd) held = (await check()) && (await refresh());
       }
     }
     const r = { ...base, op: "release" };

@@ -15,7 +15,7 @@ import time
 
 import redis.cluster
 
-from redsem import NotAcquired, NotDurable, Semaphore
+from redsem import NotAcquired, NotDurable, PermitLost, Semaphore
 
 NODES = [
     redis.cluster.ClusterNode(host, int(port))
@@ -52,6 +52,10 @@ def call(record: dict, fn):
         value = fn()
     except NotAcquired:
         record["out"] = "not-acquired"
+        value = None
+    except PermitLost as err:
+        record["out"] = "lost"
+        record["err"] = str(err)
         value = None
     except NotDurable as err:
         record["out"] = "not-durable"
@@ -105,6 +109,13 @@ def loop(index: int) -> None:
             log(r)
             return r["out"] == "ok"
 
+        def check() -> bool:
+            r = dict(base, op="check")
+            call(r, permit.check)
+            r.setdefault("out", "ok")
+            log(r)
+            return r["out"] == "ok"
+
         # A wait for the grant leaves the lease's start unknown: confirm it, as the package does.
         held = True
         if (rec["t1"] - rec["t0"]) / 1e6 > lease / 3:
@@ -117,7 +128,7 @@ def loop(index: int) -> None:
             while held and time.monotonic() < hold_end:
                 time.sleep(min(lease / 3, max(hold_end - time.monotonic(), 0)))
                 if time.monotonic() < hold_end:
-                    held = refresh()
+                    held = check() and refresh()
         r = dict(base, op="release")
         released = call(r, permit.release)
         if "out" not in r:

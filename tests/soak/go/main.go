@@ -138,6 +138,12 @@ func main() {
 					logRecord(r)
 					return r["out"] == "ok"
 				}
+				check := func() bool {
+					r := base("check")
+					call(r, func() error { return permit.Check() })
+					logRecord(r)
+					return r["out"] == "ok"
+				}
 				// A wait for the grant leaves the lease's start unknown: confirm it, as the
 				// package does.
 				held := true
@@ -151,7 +157,7 @@ func main() {
 					for held && time.Now().Before(holdEnd) {
 						time.Sleep(min(leaseD/3, max(time.Until(holdEnd), 0)))
 						if time.Now().Before(holdEnd) {
-							held = refresh()
+							held = check() && refresh()
 						}
 					}
 				}

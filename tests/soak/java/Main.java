@@ -168,6 +168,20 @@ public final class Main {
                           log(r);
                           return "ok".equals(r.get("out"));
                         };
+                    Supplier<Boolean> check =
+                        () -> {
+                          Map<String, Object> r = new LinkedHashMap<>(base);
+                          r.put("op", "check");
+                          call(
+                              r,
+                              () -> {
+                                permit.check();
+                                return Boolean.TRUE;
+                              });
+                          r.putIfAbsent("out", "ok");
+                          log(r);
+                          return "ok".equals(r.get("out"));
+                        };
                     // A wait for the grant leaves the lease's start unknown: confirm it, as the
                     // package does.
                     boolean held = true;
@@ -181,7 +195,7 @@ public final class Main {
                       while (held && System.nanoTime() < holdEnd) {
                         long left = Math.max((holdEnd - System.nanoTime()) / 1_000_000, 0);
                         Thread.sleep(Math.min(leaseMs / 3, left));
-                        if (System.nanoTime() < holdEnd) held = refresh.get();
+                        if (System.nanoTime() < holdEnd) held = check.get() && refresh.get();
                       }
                     }
                     Map<String, Object> r = new LinkedHashMap<>(base);
