@@ -220,8 +220,18 @@ def check(history, faults_list):
                     break
 
     # Early loss: a refresh, release or check told of a loss while the confirmed lease still
-    # ran, with no lossy fault since that confirm.
+    # ran, with no lossy fault since that confirm; an acquire that gave up its grant as lost
+    # within a lease of its first send (the grant, later, cannot have lapsed yet).
     for rec in history:
+        if rec["op"] == "acquire" and rec["out"] == "lost":
+            lease = rec["lease"] * 1000
+            if rec["t1"] >= rec["t0"] + lease - CLOCK_SLACK_US:
+                continue
+            if faults.explains(rec["name"], rec["t0"], rec["t1"]):
+                explained["loss before the lease end after a lost write"] += 1
+            else:
+                violations.append({"kind": "early-loss", "name": rec["name"], "call": rec,
+                                   "lease_end": rec["t0"] + lease})
         if rec["op"] not in ("refresh", "release", "check") or rec["out"] != "lost":
             continue
         p = permits.get(rec["p"])

@@ -88,6 +88,7 @@ class Nemesis(threading.Thread):
         self.log = open(log_path, "a", buffering=1)
         self.stop = threading.Event()
         self.error = None
+        self.down = set()  # the ports it killed and has not restarted yet
 
     def pids(self):
         return {n["port"]: n["pid"] for n in tool("nodes", self.dir)["nodes"]}
@@ -154,24 +155,57 @@ class Nemesis(threading.Thread):
             if not any(n["of"] == nodes[port]["id"] and not n["failed"] for n in nodes.values()):
                 return
             fault.update(t0=now_us(), lossy=True)
+            self.down.add(port)
             tool("kill", self.dir, port)
             tool("wait", self.dir)
             fault["killed"] = now_us()
             tool("restart", self.dir, port)
+            self.down.discard(port)
             fault["t1"] = now_us()
         self.record(fault)
 
 
-def heal(dir_):
-    for node in tool("nodes", dir_)["nodes"]:
+def node_states(dir_):
+    """(port, pid, alive) of every node, from the harness's own record (no node asked)."""
+    with open(os.path.join(dir_, "cluster.json")) as f:
+        nodes = json.load(f)["nodes"]
+    out = []
+    for n in nodes:
         try:
-            os.kill(node["pid"], signal.SIGCONT)
+            os.kill(n["pid"], 0)
+            with open(f"/proc/{n['pid']}/stat") as stat:
+                alive = stat.read().split()[2] != "Z"
+        except OSError:
+            alive = False
+        out.append((n["port"], n["pid"], alive))
+    return out
+
+
+def heal(dir_, killed=()):
+    """Resumes every node and restarts the dead ones. Returns the nodes that died without the
+    nemesis killing them (it kills and restarts within one fault): crashes, with their log's
+    end."""
+    crashed = []
+    for port, pid, alive in node_states(dir_):
+        try:
+            os.kill(pid, signal.SIGCONT)
         except OSError:
             pass
-    for node in tool("nodes", dir_)["nodes"]:
-        if not node["alive"]:
-            tool("restart", dir_, node["port"])
+        if not alive:
+            if port not in killed:
+                log = Path(dir_, str(port), "server.log").read_text(errors="replace")
+                crashed.append({"kind": "node-crashed", "port": port, "log": log[-3000:]})
+            tool("restart", dir_, port)
     tool("wait", dir_)
+    return crashed
+
+
+def save_logs(dir_, out_dir, label):
+    """Each node's server log, kept in out_dir/logs-<label> before the cluster goes."""
+    logs = Path(out_dir, f"logs-{label}")
+    logs.mkdir(exist_ok=True)
+    for node in Path(dir_).glob("*/server.log"):
+        (logs / f"{node.parent.name}.log").write_bytes(node.read_bytes())
 
 
 def content(r, key):
@@ -290,7 +324,26 @@ def run_one(args, package, backend, dir_, out_dir, command, rng):
             code = "hung"
         if code != 0:
             failed.append((i, code))
-    heal(dir_)
+    broken = None
+    crashed = []
+    try:
+        crashed = heal(dir_, nemesis.down)
+    except RuntimeError as err:  # the cluster did not come back: the next package gets a new one
+        broken = str(err)
+        for port, _, alive in node_states(dir_):
+            if not alive and port not in nemesis.down:
+                log = Path(dir_, str(port), "server.log").read_text(errors="replace")
+                crashed.append({"kind": "node-crashed", "port": port, "log": log[-3000:]})
+    save_logs(dir_, out_dir, f"{package}-{backend}")
+    if broken is not None:
+        violations = crashed + [{"kind": "heal-failed", "error": broken}]
+        if nemesis.error is not None:
+            violations.append({"kind": "nemesis-failed", "error": str(nemesis.error)})
+        result = {"violations": {v["kind"]: 1 for v in violations}}
+        with open(out_dir / f"{package}-{backend}.violations.jsonl", "w") as f:
+            for v in violations:
+                f.write(json.dumps(v) + "\n")
+        return result, violations, True
     # Leases end (3 s at most), the script's line expires (6 s): then compare.
     time.sleep(4)
     diffs = replicas_differ(dir_, f"soak-{tag}-")
@@ -299,6 +352,7 @@ def run_one(args, package, backend, dir_, out_dir, command, rng):
     violations, explained = check.check(history_list, faults_list)
     for d in diffs:
         violations.append(dict(d, kind="replica-differs"))
+    violations.extend(crashed)
     for i, code in failed:
         err = (out_dir / f"{package}-{backend}.w{i}.log").read_text()[-2000:]
         violations.append({"kind": "worker-failed", "worker": i, "code": code, "stderr": err})
@@ -314,7 +368,7 @@ def run_one(args, package, backend, dir_, out_dir, command, rng):
     with open(out_dir / f"{package}-{backend}.violations.jsonl", "w") as f:
         for v in violations:
             f.write(json.dumps(v) + "\n")
-    return result, violations
+    return result, violations, False
 
 
 def main():
@@ -351,8 +405,10 @@ def main():
         start_cluster(dir_, backend, args.server, args.module)
         try:
             for package in args.packages.split(","):
-                result, violations = run_one(args, package, backend, dir_, out_dir,
-                                             commands[package], rng)
+                result, violations, broken = run_one(args, package, backend, dir_, out_dir,
+                                                     commands[package], rng)
+                if broken:
+                    start_cluster(dir_, backend, args.server, args.module)
                 results[f"{package}, {backend}"] = result
                 for v in violations[:20]:
                     say("VIOLATION", package, backend, json.dumps(v)[:1500])

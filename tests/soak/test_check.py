@@ -79,6 +79,9 @@ def test():
     assert kinds(early, [kill(100, 200)])[0] == []
     told = [acquire("a", 0, 10), call("a", "check", S, S + 10, out="lost")]
     assert kinds(told)[0] == ["early-loss"]
+    # An acquire giving its grant up as lost: early within a lease of its send, not after.
+    assert kinds([acquire("a", 0, S, out="lost")])[0] == ["early-loss"]
+    assert kinds([acquire("a", 0, 3 * S, out="lost")])[0] == []
     late = [acquire("a", 0, 10), call("a", "release", 3 * S, 3 * S + 10, out="lost")]
     assert kinds(late)[0] == []
     # A call past its budget, a waiter's error, an error within retry_for.

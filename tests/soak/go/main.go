@@ -53,7 +53,7 @@ func call(r map[string]any, fn func() error) {
 	case errors.As(err, &notDurable):
 		r["out"] = "not-durable"
 		r["err"] = err.Error()
-	case errors.Is(err, redsem.ErrPermitLost) && r["op"] != "acquire":
+	case errors.Is(err, redsem.ErrPermitLost):
 		r["out"] = "lost"
 		r["err"] = err.Error()
 	default:
