@@ -156,7 +156,7 @@ def check(history, faults_list):
                 edges.append((answered, 0, p))
         edges.sort(key=lambda e: (e[0], e[1]))
         held = set()
-        reported = set()
+        reported, counted = set(), set()
         for t, delta, p in edges:
             if delta < 0:
                 held.discard(p)
@@ -170,7 +170,8 @@ def check(history, faults_list):
                 c = q.covering(t)
                 if c is None:
                     continue
-                acked = (q.durable and c == q.confirms[0]
+                # Within the acquire's own lease a replica has the grant, lost refresh or not.
+                acked = (q.durable and t < q.acquire["t0"] + q.lease - CLOCK_SLACK_US
                          and not faults.moved(name, q.acquire["t0"], t))
                 if acked or not faults.explains(name, c[0], t):
                     firm.append((q, acked))
@@ -190,8 +191,8 @@ def check(history, faults_list):
                         for q, acked in firm
                     ],
                 })
-            elif key not in reported:
-                reported.add(key)
+            elif key not in counted:
+                counted.add(key)
                 explained["over-admission explained by a lost write"] += 1
 
     # Tickets: a fair grant answered before another was sent has the lower ticket, and no

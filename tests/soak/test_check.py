@@ -55,6 +55,11 @@ def test():
     # ... unless its slot moved meanwhile (the new owner's replica acknowledged nothing).
     move = {"kind": "move", "t0": 50, "t1": 60, "slots": [[SLOT, SLOT]], "lossy": False}
     assert kinds(durable, [move, kill(100, 200)])[0] == []
+    # Explained when b is granted, no longer once a refresh of a's answered after the fault.
+    later = [acquire("a", 0, 10), call("a", "refresh", 300, 310),
+             call("a", "release", S, S + 10),
+             acquire("b", 200, 250), call("b", "release", S, S + 10)]
+    assert kinds(later, [kill(20, 120)])[0] == ["over-admission"], kinds(later, [kill(20, 120)])
     # One after the other (a released before b's grant): nothing.
     apart = [acquire("a", 0, 10), call("a", "release", 100, 110),
              acquire("b", 200, 210), call("b", "release", S, S + 10)]
