@@ -114,23 +114,35 @@ abstract class Held implements AutoCloseable {
 
   void startRefreshing() {
     long period = Math.max(leaseNanos / 3, 1_000_000);
-    ticker = Refresher.every(period, this::tick);
+    ticker = Refresher.watch(period, this::tick);
   }
 
+  /** On the timer thread: queues the refresh, unless the last one is still queued or running. */
   private void tick() {
     if (released != null || lostReason != null) {
       stopTicking();
       return;
     }
     if (!refreshing.compareAndSet(false, true)) {
-      return; // the last refresh is still under way (a failover)
+      return; // the last refresh is still under way (a failover, or a long queue)
     }
     try {
+      Refresher.refresh(this::refreshInBackground);
+    } catch (RuntimeException e) {
+      refreshing.set(false); // refused: tried again at the next tick
+    }
+  }
+
+  private void refreshInBackground() {
+    try {
+      if (released != null || lostReason != null) {
+        return;
+      }
       if (!refresh()) {
         stopTicking();
       }
     } catch (RuntimeException e) {
-      // An unreachable server: tried again until the lease is up.
+      // An unreachable server (or released meanwhile): tried again until the lease is up.
       if (isLost() || released != null) {
         stopTicking();
       }

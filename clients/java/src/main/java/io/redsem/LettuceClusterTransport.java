@@ -24,7 +24,7 @@ final class LettuceClusterTransport implements Transport {
   private final RedisClient nodes;
   private final Map<String, StatefulRedisConnection<byte[], byte[]>> shared =
       new ConcurrentHashMap<>();
-  private final Map<String, LettucePool> own = new ConcurrentHashMap<>();
+  private final Map<String, Spares<StatefulRedisConnection<byte[], byte[]>>> own = new ConcurrentHashMap<>();
 
   LettuceClusterTransport(RedisClusterClient cluster) {
     if (cluster == null) {
@@ -66,8 +66,8 @@ final class LettuceClusterTransport implements Transport {
   @Override
   public Conn open(String node, boolean dedicated) {
     if (dedicated) {
-      return own.computeIfAbsent(node,
-          key -> new LettucePool(() -> nodes.connect(ByteArrayCodec.INSTANCE, uri(key)))).take();
+      return LettuceConn.take(own.computeIfAbsent(node,
+          key -> LettuceConn.spares(() -> nodes.connect(ByteArrayCodec.INSTANCE, uri(key)))));
     }
     StatefulRedisConnection<byte[], byte[]> c = shared.compute(node, (key, old) -> {
       if (old != null && old.isOpen()) {
@@ -105,7 +105,7 @@ final class LettuceClusterTransport implements Transport {
 
   @Override
   public void close() {
-    for (LettucePool pool : own.values()) {
+    for (Spares<StatefulRedisConnection<byte[], byte[]>> pool : own.values()) {
       pool.close();
     }
     for (StatefulRedisConnection<byte[], byte[]> c : shared.values()) {

@@ -11,7 +11,7 @@ import io.lettuce.core.codec.ByteArrayCodec;
  */
 final class LettuceTransport implements Transport {
   private final RedisClient client;
-  private final LettucePool own;
+  private final Spares<StatefulRedisConnection<byte[], byte[]>> own;
   private StatefulRedisConnection<byte[], byte[]> shared;
 
   LettuceTransport(RedisClient client) {
@@ -19,7 +19,7 @@ final class LettuceTransport implements Transport {
       throw new IllegalArgumentException("the Lettuce client must not be null");
     }
     this.client = client;
-    this.own = new LettucePool(() -> client.connect(ByteArrayCodec.INSTANCE));
+    this.own = LettuceConn.spares(() -> client.connect(ByteArrayCodec.INSTANCE));
   }
 
   @Override
@@ -30,7 +30,7 @@ final class LettuceTransport implements Transport {
   @Override
   public Conn open(String node, boolean dedicated) {
     if (dedicated) {
-      return own.take();
+      return LettuceConn.take(own);
     }
     return shared();
   }

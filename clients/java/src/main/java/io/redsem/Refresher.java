@@ -2,19 +2,26 @@ package io.redsem;
 
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.ThreadFactory;
+import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 
 /**
- * The background refresh of every permit: one timer thread ticks each permit every lease/3 and
- * hands the refresh to a pool of daemon threads (a refresh may wait out a failover).
+ * The background refresh of every permit of the process: one timer thread ticks each permit
+ * every lease/3 (a task in its queue, no thread of its own) and hands its refresh to a fixed
+ * set of {@link #REFRESH_THREADS} daemon threads (a refresh may wait out a failover), each
+ * borrowing a connection for the call only. A permit has at most one refresh queued or running.
  */
 final class Refresher {
   private Refresher() {}
+
+  /** The threads that run the refreshes of every permit of the process. */
+  static final int REFRESH_THREADS = 4;
 
   private static final AtomicInteger THREADS = new AtomicInteger();
 
@@ -27,8 +34,7 @@ final class Refresher {
   }
 
   private static final ScheduledExecutorService TIMER = timer();
-  private static final ExecutorService WORKERS =
-      Executors.newCachedThreadPool(daemons("redsem-refresh-"));
+  private static final ThreadPoolExecutor WORKERS = workers();
 
   private static ScheduledExecutorService timer() {
     ScheduledThreadPoolExecutor timer =
@@ -38,6 +44,13 @@ final class Refresher {
     return timer;
   }
 
+  private static ThreadPoolExecutor workers() {
+    ThreadPoolExecutor workers = new ThreadPoolExecutor(REFRESH_THREADS, REFRESH_THREADS,
+        30, TimeUnit.SECONDS, new LinkedBlockingQueue<>(), daemons("redsem-refresh-"));
+    workers.allowCoreThreadTimeOut(true); // none while nothing is held
+    return workers;
+  }
+
   private static final ExecutorService ASYNC = Executors.newCachedThreadPool(daemons("redsem-async-"));
 
   /** The threads the async forms run on by default (daemon, made as needed). */
@@ -45,9 +58,12 @@ final class Refresher {
     return ASYNC;
   }
 
-  /** {@code task} once, in {@code delayNanos}, on the daemon threads (it may wait on a node). */
+  /**
+   * {@code task} once, in {@code delayNanos}, on the async threads (it may wait on a node; it
+   * serves a wait under way, not a held permit, and must not queue behind refreshes).
+   */
   static ScheduledFuture<?> later(long delayNanos, Runnable task) {
-    return TIMER.schedule(() -> WORKERS.execute(task), delayNanos, TimeUnit.NANOSECONDS);
+    return TIMER.schedule(() -> ASYNC.execute(task), delayNanos, TimeUnit.NANOSECONDS);
   }
 
   /** {@code look} every {@code periodNanos} on the timer thread itself: it must not block. */
@@ -55,8 +71,8 @@ final class Refresher {
     return TIMER.scheduleWithFixedDelay(look, periodNanos, periodNanos, TimeUnit.NANOSECONDS);
   }
 
-  static ScheduledFuture<?> every(long periodNanos, Runnable refresh) {
-    return TIMER.scheduleWithFixedDelay(
-        () -> WORKERS.execute(refresh), periodNanos, periodNanos, TimeUnit.NANOSECONDS);
+  /** A refresh, on the refresh threads (queued while they are all busy). */
+  static void refresh(Runnable refresh) {
+    WORKERS.execute(refresh);
   }
 }
