@@ -27,7 +27,16 @@ abstract class Held implements AutoCloseable {
   private volatile long confirmedUntil;
   private volatile String lostReason;
   private volatile Boolean released; // the release's outcome, once released
-  private ScheduledFuture<?> ticker;
+  private ScheduledFuture<?> ticker; // a lease under 90 ms: a task of its own on the timer
+  /** Refresher's: when the next refresh is due (System.nanoTime), and the refresh period. */
+  volatile long due;
+  long period;
+  final long seq = SEQ.incrementAndGet(); // orders permits due at the same nanosecond
+  /** Set once the background refresh is to stop (released, lost). */
+  volatile boolean stopped;
+
+  private static final java.util.concurrent.atomic.AtomicLong SEQ =
+      new java.util.concurrent.atomic.AtomicLong();
 
   Held(String id, long leaseNanos, Line line, long sent) {
     this.id = id;
@@ -113,24 +122,30 @@ abstract class Held implements AutoCloseable {
   }
 
   void startRefreshing() {
-    long period = Math.max(leaseNanos / 3, 1_000_000);
-    ticker = Refresher.watch(period, this::tick);
+    period = Math.max(leaseNanos / 3, 1_000_000);
+    if (!Refresher.hold(this)) {
+      ticker = Refresher.watch(period, this::tick);
+    }
   }
 
-  /** On the timer thread: queues the refresh, unless the last one is still queued or running. */
-  private void tick() {
-    if (released != null || lostReason != null) {
+  /**
+   * On the timer thread, when the refresh is due: queues it, unless the last one is still
+   * queued or running. False once the permit needs no more refreshes.
+   */
+  boolean tick() {
+    if (released != null || lostReason != null || stopped) {
       stopTicking();
-      return;
+      return false;
     }
     if (!refreshing.compareAndSet(false, true)) {
-      return; // the last refresh is still under way (a failover, or a long queue)
+      return true; // the last refresh is still under way (a failover, or a long queue)
     }
     try {
       Refresher.refresh(this::refreshInBackground);
     } catch (RuntimeException e) {
       refreshing.set(false); // refused: tried again at the next tick
     }
+    return true;
   }
 
   private void refreshInBackground() {
@@ -152,6 +167,8 @@ abstract class Held implements AutoCloseable {
   }
 
   private void stopTicking() {
+    stopped = true;
+    Refresher.drop(this);
     ScheduledFuture<?> t = ticker;
     if (t != null) {
       t.cancel(false);

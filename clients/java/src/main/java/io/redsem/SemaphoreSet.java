@@ -6,7 +6,6 @@ import java.util.HashSet;
 import java.util.List;
 import java.util.Optional;
 import java.util.Set;
-import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 
@@ -76,7 +75,7 @@ public final class SemaphoreSet {
     Line line = new Line(redsem, names, true, retryForNanos, stop);
     PermitSet permits;
     long sent;
-    String identifier = id != null ? id : UUID.randomUUID().toString();
+    String identifier = id != null ? id : Commands.newId();
     try {
       line.open("SEM.ACQUIREALL");
       long deadline = waitNanos == Commands.NO_LIMIT ? 0 : System.nanoTime() + waitNanos;

@@ -253,9 +253,13 @@ public final class PeerBench {
       for (int i = 1; i < args.length; i++) {
         rest.add(args[i]);
       }
-      return connection.sync().dispatch(keyword,
-          new io.lettuce.core.output.ObjectOutput<>(io.lettuce.core.codec.StringCodec.UTF8),
-          rest);
+      io.lettuce.core.codec.StringCodec codec = io.lettuce.core.codec.StringCodec.UTF8;
+      // The output each reply's type needs, as an application would pick it.
+      io.lettuce.core.output.CommandOutput<String, String, ?> output =
+          args[0].equals("EVALSHA") ? new io.lettuce.core.output.NestedMultiOutput<>(codec)
+              : args[0].equals("SEM.RELEASE") ? new io.lettuce.core.output.IntegerOutput<>(codec)
+              : new io.lettuce.core.output.ValueOutput<>(codec);
+      return connection.sync().dispatch(keyword, output, rest);
     };
   }
 
@@ -367,7 +371,18 @@ public final class PeerBench {
    * limit never reached: every acquire is granted).
    */
   static double pairSeconds(Contender c, int threads, int pairs) throws Exception {
-    Sem sem = c.semaphore("overhead-" + NAMES.incrementAndGet(), 1_000_000, false);
+    Sem sem = c.semaphore("overhead", 1_000_000, false);
+    if (threads == 1) { // on this thread: no thread's start in the time
+      long start = System.nanoTime();
+      for (int i = 0; i < pairs; i++) {
+        Object permit = sem.acquire();
+        if (permit == null) {
+          throw new IllegalStateException("not granted");
+        }
+        sem.release(permit);
+      }
+      return (System.nanoTime() - start) / 1e9;
+    }
     CountDownLatch ready = new CountDownLatch(threads);
     CountDownLatch go = new CountDownLatch(1);
     CountDownLatch done = new CountDownLatch(threads);
@@ -444,7 +459,7 @@ public final class PeerBench {
         }
       }
       System.out.printf("acquire (no wait) + release pairs: %d thread(s) x %d pairs per round, "
-          + "%d rounds, package and raw client in turn; median per pair (min-max)%n%n",
+          + "%d rounds, package and raw client in turn every 100 pairs; median per pair (min-max)%n%n",
           threads, pairs, rounds);
       System.out.println("| client, backend | package µs/pair | raw client µs/pair | package ÷ raw |");
       System.out.println("| --- | ---: | ---: | ---: |");
@@ -453,18 +468,24 @@ public final class PeerBench {
         List<Double> raw = new ArrayList<>();
         List<Double> ratio = new ArrayList<>();
         for (int r = 0; r < rounds; r++) {
-          // Which goes first alternates: neither always follows the other.
-          double a;
-          double b;
-          if (r % 2 == 0) {
-            a = pairSeconds(duos.get(d)[0], threads, pairs);
-            b = pairSeconds(duos.get(d)[1], threads, pairs);
-          } else {
-            b = pairSeconds(duos.get(d)[1], threads, pairs);
-            a = pairSeconds(duos.get(d)[0], threads, pairs);
+          // In blocks of 100 pairs, package and raw in turn, which goes first alternating: a
+          // change of the machine's load falls on both alike.
+          double a = 0;
+          double b = 0;
+          for (int block = 0; block < pairs / 100; block++) {
+            for (int k = 0; k < 2; k++) {
+              boolean pkgTurn = (block + k) % 2 == 0;
+              double t = pairSeconds(duos.get(d)[pkgTurn ? 0 : 1], threads, 100);
+              if (pkgTurn) {
+                a += t;
+              } else {
+                b += t;
+              }
+            }
           }
-          pkg.add(a * 1e6 / pairs);
-          raw.add(b * 1e6 / pairs);
+          int done = pairs / 100 * 100;
+          pkg.add(a * 1e6 / done);
+          raw.add(b * 1e6 / done);
           ratio.add(a / b);
         }
         System.out.printf("| %s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.2f (%.2f-%.2f) |%n",
@@ -497,7 +518,7 @@ public final class PeerBench {
     int waiters = 4;
     boolean overhead = false;
     boolean threadsGiven = false;
-    int pairs = 2000;
+    int pairCount = 2000;
     for (int i = 0; i < args.length; i++) {
       switch (args[i]) {
         case "--module": module = args[++i]; break;
@@ -508,7 +529,7 @@ public final class PeerBench {
         case "--threads": threads = Integer.parseInt(args[++i]); threadsGiven = true; break;
         case "--waiters": waiters = Integer.parseInt(args[++i]); break;
         case "--pair-overhead": overhead = true; break;
-        case "--pairs": pairs = Integer.parseInt(args[++i]); break;
+        case "--pairs": pairCount = Integer.parseInt(args[++i]); break;
         default: throw new IllegalArgumentException("unknown option " + args[i]);
       }
     }
@@ -521,7 +542,7 @@ public final class PeerBench {
     Process b = server(binary, without, null, pin, dir.resolve("s"));
     if (overhead) {
       try {
-        pairOverhead(withModule, without, threadsGiven ? threads : 1, pairs, rounds);
+        pairOverhead(withModule, without, threadsGiven ? threads : 1, pairCount, rounds);
       } finally {
         a.destroyForcibly();
         b.destroyForcibly();
