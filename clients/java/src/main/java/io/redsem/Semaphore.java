@@ -3,6 +3,7 @@ package io.redsem;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Optional;
 import java.util.OptionalLong;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
@@ -49,6 +50,26 @@ public final class Semaphore {
     this.leaseText = Commands.secondsOfNanos(leaseNanos);
   }
 
+  /** The same semaphore with another wait. */
+  private Semaphore(Semaphore s, long waitNanos) {
+    this.redsem = s.redsem;
+    this.name = s.name;
+    this.limit = s.limit;
+    this.leaseNanos = s.leaseNanos;
+    this.waitNanos = waitNanos;
+    this.fair = s.fair;
+    this.count = s.count;
+    this.bound = s.bound;
+    this.id = s.id;
+    this.durableReplicas = s.durableReplicas;
+    this.durableTimeoutMillis = s.durableTimeoutMillis;
+    this.autoRefresh = s.autoRefresh;
+    this.retryForNanos = s.retryForNanos;
+    this.names = s.names;
+    this.what = s.what;
+    this.leaseText = s.leaseText;
+  }
+
   /** A builder of the semaphore {@code name} through {@code redsem}'s client. */
   public static Builder builder(Redsem redsem, String name) {
     return new Builder(redsem, name);
@@ -70,6 +91,39 @@ public final class Semaphore {
       permit.startRefreshing();
     }
     return permit;
+  }
+
+  /**
+   * Waits up to {@code wait} for a permit, instead of the semaphore's own {@code waitFor} (null
+   * or zero: no wait), and throws {@link NotAcquired} when none was granted in that time; as
+   * {@link #acquire()} otherwise.
+   */
+  public Permit acquire(Duration wait) {
+    return new Semaphore(this, Commands.waitNanos(wait, "wait")).acquire();
+  }
+
+  /**
+   * Takes a permit if one is free now, without waiting (whatever {@code waitFor} says): the
+   * permit, or {@link Optional#empty()} when none is free. Other failures ({@link NotDurable},
+   * {@link ModuleRequired}, the client library's errors) are thrown as {@link #acquire()}
+   * throws them.
+   */
+  public Optional<Permit> tryAcquire() {
+    return tryAcquire(Duration.ZERO);
+  }
+
+  /**
+   * Waits up to {@code wait} for a permit (null or zero: no wait), as {@code
+   * java.util.concurrent.Semaphore.tryAcquire(timeout, unit)}: the permit, or {@link
+   * Optional#empty()} when none was granted in that time.
+   */
+  public Optional<Permit> tryAcquire(Duration wait) {
+    Semaphore once = new Semaphore(this, Commands.waitNanos(wait, "wait"));
+    try {
+      return Optional.of(once.acquire());
+    } catch (NotAcquired none) {
+      return Optional.empty();
+    }
   }
 
   private String what() {
@@ -402,6 +456,11 @@ public final class Semaphore {
     /** {@code build().acquire()}. */
     public Permit acquire() {
       return build().acquire();
+    }
+
+    /** {@code build().tryAcquire()}: a permit if one is free now, else empty. */
+    public Optional<Permit> tryAcquire() {
+      return build().tryAcquire();
     }
   }
 }

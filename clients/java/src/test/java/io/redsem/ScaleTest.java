@@ -9,13 +9,13 @@ import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.List;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
@@ -76,6 +76,12 @@ class ScaleTest {
       }
     }
     return count;
+  }
+
+  private static long median(List<Long> xs) {
+    List<Long> sorted = new ArrayList<>(xs);
+    Collections.sort(sorted);
+    return sorted.get(sorted.size() / 2);
   }
 
   private static long ms(long nanos) {
@@ -163,7 +169,7 @@ class ScaleTest {
           .waitFor(Duration.ofSeconds(10)).build();
       AtomicInteger served = new AtomicInteger();
       AtomicLongArray order = new AtomicLongArray(n);
-      AtomicLong slowestRelease = new AtomicLong();
+      List<Long> releases = Collections.synchronizedList(new ArrayList<>());
       long blocked = info("clients", "blocked_clients");
       List<Future<?>> done = new ArrayList<>();
       for (int i = 0; i < n; i++) {
@@ -174,7 +180,7 @@ class ScaleTest {
           Thread.sleep(20);
           long at = System.nanoTime();
           assertTrue(permit.release());
-          slowestRelease.accumulateAndGet(System.nanoTime() - at, Math::max);
+          releases.add(System.nanoTime() - at);
           return null;
         }));
         // The next arrives once this one waits in the server.
@@ -188,11 +194,11 @@ class ScaleTest {
         }
       }
       // The holder's release and the application's GETs answer while 200 wait.
-      long slowestGet = 0;
+      List<Long> gets = new ArrayList<>();
       for (int i = 0; i < 20; i++) {
         long at = System.nanoTime();
         c.get("scale-key");
-        slowestGet = Math.max(slowestGet, System.nanoTime() - at);
+        gets.add(System.nanoTime() - at);
       }
       long at = System.nanoTime();
       assertTrue(holder.release());
@@ -201,24 +207,30 @@ class ScaleTest {
       while (served.get() < n && System.nanoTime() - at < 15_000_000_000L) {
         long t = System.nanoTime();
         c.get("scale-key");
-        slowestGet = Math.max(slowestGet, System.nanoTime() - t);
+        gets.add(System.nanoTime() - t);
         Thread.sleep(10);
       }
       for (Future<?> f : done) {
         f.get(15, TimeUnit.SECONDS);
       }
-      System.err.printf("waiters %s: %d served in %d ms; the holder's release %d ms, the "
-          + "slowest waiter's release %d ms, the slowest app GET %d ms%n", kind, served.get(),
-          ms(System.nanoTime() - at), ms(holderRelease), ms(slowestRelease.get()),
-          ms(slowestGet));
+      List<Long> released = new ArrayList<>(releases);
+      System.err.printf("waiters %s: %d served in %d ms; the holder's release %d ms; the "
+          + "waiters' releases: median %d ms, slowest %d ms; %d app GETs: median %d ms, slowest "
+          + "%d ms%n", kind, served.get(), ms(System.nanoTime() - at), ms(holderRelease),
+          ms(median(released)), ms(Collections.max(released)), gets.size(), ms(median(gets)),
+          ms(Collections.max(gets)));
       assertEquals(n, served.get());
       for (int i = 0; i < n; i++) {
         assertEquals(i, order.get(i), "the " + i + "th grant went to arrival " + order.get(i));
       }
-      assertTrue(holderRelease < 250_000_000L, "the holder's release: " + ms(holderRelease));
-      assertTrue(slowestRelease.get() < 250_000_000L,
-          "a waiter's release: " + ms(slowestRelease.get()) + " ms");
-      assertTrue(slowestGet < 250_000_000L, "the app's GET: " + ms(slowestGet) + " ms");
+      // Milliseconds as a rule; a busy machine may stall one call, never for a wait's time.
+      assertTrue(holderRelease < 1_000_000_000L, "the holder's release: " + ms(holderRelease));
+      assertTrue(median(released) < 50_000_000L, "releases: median " + ms(median(released)));
+      assertTrue(Collections.max(released) < 1_000_000_000L,
+          "a release: " + ms(Collections.max(released)) + " ms");
+      assertTrue(median(gets) < 50_000_000L, "the app's GETs: median " + ms(median(gets)));
+      assertTrue(Collections.max(gets) < 1_000_000_000L,
+          "the app's GET: " + ms(Collections.max(gets)) + " ms");
     } finally {
       pool.shutdownNow();
     }
