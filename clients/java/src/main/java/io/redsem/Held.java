@@ -7,6 +7,7 @@ import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.Executor;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.Consumer;
 import java.util.function.Supplier;
@@ -35,8 +36,7 @@ abstract class Held implements AutoCloseable {
   /** Set once the background refresh is to stop (released, lost). */
   volatile boolean stopped;
 
-  private static final java.util.concurrent.atomic.AtomicLong SEQ =
-      new java.util.concurrent.atomic.AtomicLong();
+  private static final AtomicLong SEQ = new AtomicLong();
 
   Held(String id, long leaseNanos, Line line, long sent) {
     this.id = id;

@@ -1,6 +1,7 @@
 package io.redsem;
 
 import java.util.Comparator;
+import java.util.NoSuchElementException;
 import java.util.concurrent.ConcurrentSkipListSet;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -124,7 +125,7 @@ final class Refresher {
       Held first;
       try {
         first = DUE.first();
-      } catch (java.util.NoSuchElementException empty) {
+      } catch (NoSuchElementException empty) {
         break;
       }
       if (first.due - now > 0) {
