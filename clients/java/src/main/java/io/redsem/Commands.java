@@ -4,6 +4,8 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.UUID;
+import java.util.concurrent.atomic.AtomicLong;
 
 /** What the commands look like: arguments, times, keys, the long form and slots. */
 final class Commands {
@@ -54,9 +56,31 @@ final class Commands {
     return Long.parseLong(text(reply));
   }
 
+  private static final long ID_HIGH;
+  private static final AtomicLong ID_LOW;
+
+  static {
+    java.security.SecureRandom random = new java.security.SecureRandom();
+    // Version 4 and the IETF variant, as UUID.randomUUID() sets them.
+    ID_HIGH = (random.nextLong() & ~0xF000L) | 0x4000L;
+    ID_LOW = new AtomicLong(random.nextLong());
+  }
+
+  /**
+   * A new holder's identifier in the form of a UUID v4: 64 random bits drawn once per process,
+   * then 62 bits counted from a random start, so that no two acquires of the process ever
+   * share one (and two processes share none but by a 1 in 2^60 chance) without a SecureRandom
+   * draw on every acquire.
+   */
+  static String newId() {
+    long low = (ID_LOW.getAndIncrement() & 0x3FFFFFFFFFFFFFFFL) | 0x8000000000000000L;
+    return new UUID(ID_HIGH, low).toString();
+  }
+
   /** Milliseconds as the module reads seconds: digits, a dot and 3 decimals. */
   static String seconds(long ms) {
-    return (ms / 1000) + "." + String.format("%03d", ms % 1000);
+    long frac = ms % 1000; // without String.format: it is on every acquire's path
+    return (ms / 1000) + (frac < 10 ? ".00" : frac < 100 ? ".0" : ".") + frac;
   }
 
   /** Nanoseconds as the module reads seconds; a positive time never rounds down to none. */

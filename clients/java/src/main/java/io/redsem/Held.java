@@ -7,6 +7,7 @@ import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.Executor;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.Consumer;
 import java.util.function.Supplier;
@@ -27,7 +28,15 @@ abstract class Held implements AutoCloseable {
   private volatile long confirmedUntil;
   private volatile String lostReason;
   private volatile Boolean released; // the release's outcome, once released
-  private ScheduledFuture<?> ticker;
+  private ScheduledFuture<?> ticker; // a lease under 90 ms: a task of its own on the timer
+  /** Refresher's: when the next refresh is due (System.nanoTime), and the refresh period. */
+  volatile long due;
+  long period;
+  final long seq = SEQ.incrementAndGet(); // orders permits due at the same nanosecond
+  /** Set once the background refresh is to stop (released, lost). */
+  volatile boolean stopped;
+
+  private static final AtomicLong SEQ = new AtomicLong();
 
   Held(String id, long leaseNanos, Line line, long sent) {
     this.id = id;
@@ -113,24 +122,42 @@ abstract class Held implements AutoCloseable {
   }
 
   void startRefreshing() {
-    long period = Math.max(leaseNanos / 3, 1_000_000);
-    ticker = Refresher.every(period, this::tick);
+    period = Math.max(leaseNanos / 3, 1_000_000);
+    if (!Refresher.hold(this)) {
+      ticker = Refresher.watch(period, this::tick);
+    }
   }
 
-  private void tick() {
-    if (released != null || lostReason != null) {
+  /**
+   * On the timer thread, when the refresh is due: queues it, unless the last one is still
+   * queued or running. False once the permit needs no more refreshes.
+   */
+  boolean tick() {
+    if (released != null || lostReason != null || stopped) {
       stopTicking();
-      return;
+      return false;
     }
     if (!refreshing.compareAndSet(false, true)) {
-      return; // the last refresh is still under way (a failover)
+      return true; // the last refresh is still under way (a failover, or a long queue)
     }
     try {
+      Refresher.refresh(this::refreshInBackground);
+    } catch (RuntimeException e) {
+      refreshing.set(false); // refused: tried again at the next tick
+    }
+    return true;
+  }
+
+  private void refreshInBackground() {
+    try {
+      if (released != null || lostReason != null) {
+        return;
+      }
       if (!refresh()) {
         stopTicking();
       }
     } catch (RuntimeException e) {
-      // An unreachable server: tried again until the lease is up.
+      // An unreachable server (or released meanwhile): tried again until the lease is up.
       if (isLost() || released != null) {
         stopTicking();
       }
@@ -140,6 +167,8 @@ abstract class Held implements AutoCloseable {
   }
 
   private void stopTicking() {
+    stopped = true;
+    Refresher.drop(this);
     ScheduledFuture<?> t = ticker;
     if (t != null) {
       t.cancel(false);

@@ -2,6 +2,11 @@ package io.redsem;
 
 import java.lang.reflect.Field;
 import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.commons.pool2.PooledObjectFactory;
+import org.apache.commons.pool2.impl.DefaultPooledObject;
+import org.apache.commons.pool2.impl.GenericObjectPool;
 import redis.clients.jedis.CommandArguments;
 import redis.clients.jedis.Connection;
 import redis.clients.jedis.ConnectionPool;
@@ -12,14 +17,19 @@ import redis.clients.jedis.exceptions.JedisConnectionException;
 import redis.clients.jedis.exceptions.JedisDataException;
 import redis.clients.jedis.providers.ClusterConnectionProvider;
 import redis.clients.jedis.providers.ConnectionProvider;
+import redis.clients.jedis.providers.PooledConnectionProvider;
 
 /**
  * Jedis: connections of a {@code UnifiedJedis}'s pool ({@code RedisClient}), or of the node
- * pools of a {@code JedisCluster} / {@code RedisClusterClient}.
+ * pools of a {@code JedisCluster} / {@code RedisClusterClient}, borrowed for one call; a call
+ * that blocks or binds takes a connection of redsem's own instead, made by that pool's own
+ * factory (the same address, credentials, TLS and protocol) and never counted in the pool.
  */
 final class JedisTransport implements Transport {
   private final ConnectionProvider provider;
   private final ClusterConnectionProvider cluster; // null on one server
+  /** Redsem's own connections, per pool of the client (a node's in Cluster). */
+  private final Map<Object, Spares<Connection>> spares = new ConcurrentHashMap<>();
 
   private JedisTransport(ConnectionProvider provider) {
     this.provider = provider;
@@ -59,7 +69,11 @@ final class JedisTransport implements Transport {
   @Override
   public Conn open(String node, boolean dedicated) {
     if (cluster == null) {
-      return new JedisConn(provider.getConnection());
+      GenericObjectPool<?> pool = dedicated ? plainPool() : null;
+      if (pool == null) {
+        return new JedisConn(provider.getConnection(), null);
+      }
+      return own(pool);
     }
     ConnectionPool pool = cluster.getNodes().get(node);
     if (pool == null) {
@@ -69,7 +83,71 @@ final class JedisTransport implements Transport {
         throw new JedisConnectionException("no node " + node + " in the cluster's map yet");
       }
     }
-    return new JedisConn(pool.getResource());
+    return dedicated ? own(pool) : new JedisConn(pool.getResource(), null);
+  }
+
+  /**
+   * The pool of a client to one server: a RedisClient's, or a Sentinel client's pool of its
+   * current primary; null for a provider without one (its connections are lent as they are).
+   */
+  private GenericObjectPool<?> plainPool() {
+    if (provider instanceof PooledConnectionProvider) {
+      return ((PooledConnectionProvider) provider).getPool();
+    }
+    Map<?, ?> pools = provider.getConnectionMap();
+    if (pools != null && pools.size() == 1) {
+      Object pool = pools.values().iterator().next();
+      if (pool instanceof GenericObjectPool) {
+        return (GenericObjectPool<?>) pool;
+      }
+    }
+    return null;
+  }
+
+  private Conn own(GenericObjectPool<?> pool) {
+    Spares<Connection> own = spares.get(pool);
+    if (own == null) {
+      // A pool the client closed (a Sentinel primary replaced): its spares go too.
+      spares.entrySet().removeIf(e -> {
+        boolean gone = ((GenericObjectPool<?>) e.getKey()).isClosed();
+        if (gone) {
+          e.getValue().close();
+        }
+        return gone;
+      });
+    }
+    own = spares.computeIfAbsent(pool, key -> {
+      @SuppressWarnings("unchecked")
+      PooledObjectFactory<Connection> factory =
+          (PooledObjectFactory<Connection>) pool.getFactory();
+      return new Spares<>(new Spares.Maker<Connection>() {
+        @Override
+        public Connection connect() {
+          try {
+            return factory.makeObject().getObject();
+          } catch (RuntimeException e) {
+            throw e;
+          } catch (Exception e) {
+            throw new JedisConnectionException(e);
+          }
+        }
+
+        @Override
+        public boolean usable(Connection c) {
+          return c.isConnected() && !c.isBroken();
+        }
+
+        @Override
+        public void close(Connection c) {
+          try {
+            factory.destroyObject(new DefaultPooledObject<>(c));
+          } catch (Exception e) {
+            // closed already
+          }
+        }
+      });
+    });
+    return new JedisConn(own.take(), own);
   }
 
   @Override
@@ -104,16 +182,22 @@ final class JedisTransport implements Transport {
 
   @Override
   public void close() {
-    // The pools are the application's.
+    // The pools are the application's; the connections made beside them are redsem's.
+    for (Spares<Connection> own : spares.values()) {
+      own.close();
+    }
+    spares.clear();
   }
 
   private static final ProtocolCommand CLIENT = () -> Commands.bytes("CLIENT");
 
   private static final class JedisConn implements Conn {
     private final Connection connection;
+    private final Spares<Connection> own; // null: the client's pool lent it
 
-    JedisConn(Connection connection) {
+    JedisConn(Connection connection, Spares<Connection> own) {
       this.connection = connection;
+      this.own = own;
     }
 
     @Override
@@ -163,6 +247,10 @@ final class JedisTransport implements Transport {
 
     @Override
     public void close(boolean broken) {
+      if (own != null) {
+        own.giveBack(connection, broken || connection.isBroken());
+        return;
+      }
       try {
         if (broken) {
           connection.setBroken();

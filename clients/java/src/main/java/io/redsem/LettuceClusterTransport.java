@@ -2,7 +2,6 @@ package io.redsem;
 
 import io.lettuce.core.ClientOptions;
 import io.lettuce.core.RedisClient;
-import io.lettuce.core.RedisCommandExecutionException;
 import io.lettuce.core.RedisConnectionException;
 import io.lettuce.core.RedisURI;
 import io.lettuce.core.api.StatefulRedisConnection;
@@ -10,21 +9,15 @@ import io.lettuce.core.cluster.RedisClusterClient;
 import io.lettuce.core.cluster.models.partitions.Partitions;
 import io.lettuce.core.cluster.models.partitions.RedisClusterNode;
 import io.lettuce.core.codec.ByteArrayCodec;
-import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * Lettuce, Redis Cluster: the slots' owners from the cluster client's view of the topology, and
- * connections of redsem's own to each node (one shared per node for the calls that do not
- * block, one of its own for a call that blocks, binds or follows an ASK), made with the cluster
- * client's resources and each node's URI (its credentials and TLS included).
+ * redsem's connections to each node ({@link LettuceTransport}) made with the cluster client's
+ * resources and each node's URI (its credentials and TLS included).
  */
-final class LettuceClusterTransport implements Transport {
+final class LettuceClusterTransport extends LettuceTransport {
   private final RedisClusterClient cluster;
   private final RedisClient nodes;
-  private final Map<String, StatefulRedisConnection<byte[], byte[]>> shared =
-      new ConcurrentHashMap<>();
-  private final Map<String, LettucePool> own = new ConcurrentHashMap<>();
 
   LettuceClusterTransport(RedisClusterClient cluster) {
     if (cluster == null) {
@@ -42,6 +35,11 @@ final class LettuceClusterTransport implements Transport {
   @Override
   public boolean cluster() {
     return true;
+  }
+
+  @Override
+  StatefulRedisConnection<byte[], byte[]> connect(String node) {
+    return nodes.connect(ByteArrayCodec.INSTANCE, uri(node));
   }
 
   private RedisURI uri(String node) {
@@ -64,21 +62,6 @@ final class LettuceClusterTransport implements Transport {
   }
 
   @Override
-  public Conn open(String node, boolean dedicated) {
-    if (dedicated) {
-      return own.computeIfAbsent(node,
-          key -> new LettucePool(() -> nodes.connect(ByteArrayCodec.INSTANCE, uri(key)))).take();
-    }
-    StatefulRedisConnection<byte[], byte[]> c = shared.compute(node, (key, old) -> {
-      if (old != null && old.isOpen()) {
-        return old;
-      }
-      return nodes.connect(ByteArrayCodec.INSTANCE, uri(key));
-    });
-    return new LettuceConn(c, false);
-  }
-
-  @Override
   public String ownerOf(int slot) {
     RedisClusterNode node = cluster.getPartitions().getMasterBySlot(slot);
     if (node == null) {
@@ -94,24 +77,8 @@ final class LettuceClusterTransport implements Transport {
   }
 
   @Override
-  public RuntimeException serverError(String message) {
-    return new RedisCommandExecutionException(message);
-  }
-
-  @Override
-  public Failure classify(RuntimeException error) {
-    return LettuceConn.classify(error);
-  }
-
-  @Override
   public void close() {
-    for (LettucePool pool : own.values()) {
-      pool.close();
-    }
-    for (StatefulRedisConnection<byte[], byte[]> c : shared.values()) {
-      c.close();
-    }
-    shared.clear();
+    super.close();
     nodes.shutdown();
   }
 }

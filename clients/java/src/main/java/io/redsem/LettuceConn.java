@@ -19,6 +19,7 @@ import java.util.concurrent.CancellationException;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
+import java.util.function.Supplier;
 
 /** A Lettuce connection as redsem sends on it: raw commands, read into plain Java values. */
 class LettuceConn implements Transport.Conn {
@@ -136,8 +137,36 @@ class LettuceConn implements Transport.Conn {
     }
   }
 
-  boolean isOpen() {
-    return connection.isOpen();
+  /** Lettuce connections of redsem's own, made by {@code connect}. */
+  static Spares<StatefulRedisConnection<byte[], byte[]>> spares(
+      Supplier<StatefulRedisConnection<byte[], byte[]>> connect) {
+    return new Spares<>(new Spares.Maker<StatefulRedisConnection<byte[], byte[]>>() {
+      @Override
+      public StatefulRedisConnection<byte[], byte[]> connect() {
+        return connect.get();
+      }
+
+      @Override
+      public boolean usable(StatefulRedisConnection<byte[], byte[]> c) {
+        return c.isOpen();
+      }
+
+      @Override
+      public void close(StatefulRedisConnection<byte[], byte[]> c) {
+        c.closeAsync();
+      }
+    });
+  }
+
+  /** A connection of {@code own}, given back to it when closed. */
+  static Transport.Conn take(Spares<StatefulRedisConnection<byte[], byte[]>> own) {
+    StatefulRedisConnection<byte[], byte[]> c = own.take();
+    return new LettuceConn(c, true) {
+      @Override
+      public void close(boolean broken) {
+        own.giveBack(c, broken);
+      }
+    };
   }
 
   /** What a Lettuce error means for a call in Cluster. */

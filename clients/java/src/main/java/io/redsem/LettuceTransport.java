@@ -4,52 +4,64 @@ import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisCommandExecutionException;
 import io.lettuce.core.api.StatefulRedisConnection;
 import io.lettuce.core.codec.ByteArrayCodec;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
 
 /**
- * Lettuce, one server: one connection shared by the calls that do not block (Lettuce
- * multiplexes it), and a connection of its own for a call that blocks or binds.
+ * Lettuce, what one server and a Redis Cluster share: per server (per node in Cluster) one
+ * connection of redsem's own shared by the calls that do not block (Lettuce multiplexes it),
+ * and connections of its own for the calls that block or bind ({@link Spares}). The
+ * application's connections are never used. {@link #of} gives the one-server form; {@link
+ * LettuceClusterTransport} the cluster's.
  */
-final class LettuceTransport implements Transport {
-  private final RedisClient client;
-  private final LettucePool own;
-  private StatefulRedisConnection<byte[], byte[]> shared;
+abstract class LettuceTransport implements Transport {
+  private final Map<String, StatefulRedisConnection<byte[], byte[]>> shared =
+      new ConcurrentHashMap<>();
+  private final Map<String, Spares<StatefulRedisConnection<byte[], byte[]>>> own =
+      new ConcurrentHashMap<>();
 
-  LettuceTransport(RedisClient client) {
+  /** The transport of a client to one server (its URI names it). */
+  static LettuceTransport of(RedisClient client) {
     if (client == null) {
       throw new IllegalArgumentException("the Lettuce client must not be null");
     }
-    this.client = client;
-    this.own = new LettucePool(() -> client.connect(ByteArrayCodec.INSTANCE));
+    return new LettuceTransport() {
+      @Override
+      StatefulRedisConnection<byte[], byte[]> connect(String node) {
+        return client.connect(ByteArrayCodec.INSTANCE);
+      }
+
+      @Override
+      public boolean cluster() {
+        return false;
+      }
+
+      @Override
+      public String ownerOf(int slot) {
+        throw new UnsupportedOperationException("not a cluster");
+      }
+
+      @Override
+      public void refreshTopology() {
+        throw new UnsupportedOperationException("not a cluster");
+      }
+    };
   }
 
-  @Override
-  public boolean cluster() {
-    return false;
-  }
+  /** A new connection to {@code node} ("" on one server). */
+  abstract StatefulRedisConnection<byte[], byte[]> connect(String node);
 
   @Override
   public Conn open(String node, boolean dedicated) {
+    String key = node == null ? "" : node;
     if (dedicated) {
-      return own.take();
+      return LettuceConn.take(
+          own.computeIfAbsent(key, k -> LettuceConn.spares(() -> connect(k))));
     }
-    return shared();
-  }
-
-  private synchronized Conn shared() {
-    if (shared == null || !shared.isOpen()) {
-      shared = client.connect(ByteArrayCodec.INSTANCE);
-    }
-    return new LettuceConn(shared, false);
-  }
-
-  @Override
-  public String ownerOf(int slot) {
-    throw new UnsupportedOperationException("not a cluster");
-  }
-
-  @Override
-  public void refreshTopology() {
-    throw new UnsupportedOperationException("not a cluster");
+    // One that failed is replaced here, at the next call.
+    StatefulRedisConnection<byte[], byte[]> c = shared.compute(key,
+        (k, old) -> old != null && old.isOpen() ? old : connect(k));
+    return new LettuceConn(c, false);
   }
 
   @Override
@@ -63,11 +75,14 @@ final class LettuceTransport implements Transport {
   }
 
   @Override
-  public synchronized void close() {
-    own.close();
-    if (shared != null) {
-      shared.close();
-      shared = null;
+  public void close() {
+    for (Spares<StatefulRedisConnection<byte[], byte[]>> spares : own.values()) {
+      spares.close();
     }
+    own.clear();
+    for (StatefulRedisConnection<byte[], byte[]> c : shared.values()) {
+      c.close();
+    }
+    shared.clear();
   }
 }

@@ -63,7 +63,7 @@ public final class Redsem implements AutoCloseable {
 
   /** Lettuce, one server: the client's URI names it. */
   public static Redsem of(io.lettuce.core.RedisClient lettuce) {
-    return new Redsem(new LettuceTransport(lettuce));
+    return new Redsem(LettuceTransport.of(lettuce));
   }
 
   /** Lettuce, Redis Cluster: calls go to the primary serving each name's slot. */

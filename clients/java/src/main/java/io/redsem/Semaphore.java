@@ -3,8 +3,8 @@ package io.redsem;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Optional;
 import java.util.OptionalLong;
-import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 
@@ -27,6 +27,9 @@ public final class Semaphore {
   private final long durableTimeoutMillis;
   private final boolean autoRefresh;
   private final long retryForNanos;
+  private final List<String> names; // the one name, as a Line takes it
+  private final String what; // for messages
+  private final String leaseText; // the lease as sent
 
   private Semaphore(Builder b) {
     this.redsem = b.redsem;
@@ -42,6 +45,29 @@ public final class Semaphore {
     this.durableTimeoutMillis = b.durableTimeoutMillis;
     this.autoRefresh = b.autoRefresh;
     this.retryForNanos = b.retryForNanos;
+    this.names = List.of(name);
+    this.what = "a permit of \"" + name + "\"";
+    this.leaseText = Commands.secondsOfNanos(leaseNanos);
+  }
+
+  /** The same semaphore with another wait. */
+  private Semaphore(Semaphore s, long waitNanos) {
+    this.redsem = s.redsem;
+    this.name = s.name;
+    this.limit = s.limit;
+    this.leaseNanos = s.leaseNanos;
+    this.waitNanos = waitNanos;
+    this.fair = s.fair;
+    this.count = s.count;
+    this.bound = s.bound;
+    this.id = s.id;
+    this.durableReplicas = s.durableReplicas;
+    this.durableTimeoutMillis = s.durableTimeoutMillis;
+    this.autoRefresh = s.autoRefresh;
+    this.retryForNanos = s.retryForNanos;
+    this.names = s.names;
+    this.what = s.what;
+    this.leaseText = s.leaseText;
   }
 
   /** A builder of the semaphore {@code name} through {@code redsem}'s client. */
@@ -67,8 +93,41 @@ public final class Semaphore {
     return permit;
   }
 
+  /**
+   * Waits up to {@code wait} for a permit, instead of the semaphore's own {@code waitFor} (null
+   * or zero: no wait), and throws {@link NotAcquired} when none was granted in that time; as
+   * {@link #acquire()} otherwise.
+   */
+  public Permit acquire(Duration wait) {
+    return new Semaphore(this, Commands.waitNanos(wait, "wait")).acquire();
+  }
+
+  /**
+   * Takes a permit if one is free now, without waiting (whatever {@code waitFor} says): the
+   * permit, or {@link Optional#empty()} when none is free. Other failures ({@link NotDurable},
+   * {@link ModuleRequired}, the client library's errors) are thrown as {@link #acquire()}
+   * throws them.
+   */
+  public Optional<Permit> tryAcquire() {
+    return tryAcquire(Duration.ZERO);
+  }
+
+  /**
+   * Waits up to {@code wait} for a permit (null or zero: no wait), as {@code
+   * java.util.concurrent.Semaphore.tryAcquire(timeout, unit)}: the permit, or {@link
+   * Optional#empty()} when none was granted in that time.
+   */
+  public Optional<Permit> tryAcquire(Duration wait) {
+    Semaphore once = new Semaphore(this, Commands.waitNanos(wait, "wait"));
+    try {
+      return Optional.of(once.acquire());
+    } catch (NotAcquired none) {
+      return Optional.empty();
+    }
+  }
+
   private String what() {
-    return "a permit of \"" + name + "\"";
+    return what;
   }
 
   /** The acquire, not refreshed yet; {@code stop} ends its waits from outside. */
@@ -77,23 +136,26 @@ public final class Semaphore {
     if (waitNanos != 0) {
       stop.check(); // interrupted already: nothing is sent
     }
-    Line line = new Line(redsem, List.of(name), dedicated, retryForNanos, stop);
+    Line line = new Line(redsem, names, dedicated, retryForNanos, stop);
     Permit permit;
     long sent;
-    ScriptWait waiter = null;
-    String identifier = id != null ? id : UUID.randomUUID().toString();
+    ScriptWait[] waiter = {null}; // made once a server without the module is met
+    String identifier = id != null ? id : Commands.newId();
     try {
-      line.open(bound ? "BOUND" : null);
+      if (bound) {
+        line.open("BOUND");
+      }
       long deadline = waitNanos == Commands.NO_LIMIT ? 0 : System.nanoTime() + waitNanos;
-      ScriptWait script = new ScriptWait(redsem, name, identifier, fair, waitNanos, deadline,
-          command(identifier, 0, false), left -> command(identifier, left, true));
-      waiter = script;
       Object[] result = line.run(hop -> {
         if (hop.scripts) {
           if (bound) { // a node without the module, after a move
             throw new ModuleRequired("BOUND");
           }
-          return script.run(hop);
+          if (waiter[0] == null) {
+            waiter[0] = new ScriptWait(redsem, name, identifier, fair, waitNanos, deadline,
+                command(identifier, 0, false), left -> command(identifier, left, true));
+          }
+          return waiter[0].run(hop);
         }
         long at = System.nanoTime();
         long left = Commands.waitLeft(waitNanos, deadline);
@@ -117,8 +179,8 @@ public final class Semaphore {
       line.close();
       boolean stopped = e instanceof WaitInterrupted || (waitNanos != 0 && stop.stopping());
       RuntimeException thrown = stopped && !(e instanceof WaitInterrupted) ? stop.stopped(e) : e;
-      if (waiter != null && line.scripts) {
-        waiter.leave(retryForNanos, id == null && stopped);
+      if (waiter[0] != null && line.scripts) {
+        waiter[0].leave(retryForNanos, id == null && stopped);
       } else if (stopped && id == null) {
         // A grant may have been written to a connection closed under it: the id is this
         // acquire's own, nobody else holds with it.
@@ -210,7 +272,7 @@ public final class Semaphore {
     args.add(fair ? "SEM.ACQUIREFAIR" : "SEM.ACQUIRE");
     args.add(name);
     args.add(limit);
-    args.add(Commands.secondsOfNanos(leaseNanos));
+    args.add(leaseText);
     args.add("ID");
     args.add(identifier);
     if (count != 0) {
@@ -394,6 +456,11 @@ public final class Semaphore {
     /** {@code build().acquire()}. */
     public Permit acquire() {
       return build().acquire();
+    }
+
+    /** {@code build().tryAcquire()}: a permit if one is free now, else empty. */
+    public Optional<Permit> tryAcquire() {
+      return build().tryAcquire();
     }
   }
 }

@@ -6,7 +6,6 @@ import java.util.HashSet;
 import java.util.List;
 import java.util.Optional;
 import java.util.Set;
-import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 
@@ -28,6 +27,21 @@ public final class SemaphoreSet {
   private final String id;
   private final boolean autoRefresh;
   private final long retryForNanos;
+
+  /** The same set with another wait. */
+  private SemaphoreSet(SemaphoreSet s, long waitNanos) {
+    this.redsem = s.redsem;
+    this.names = s.names;
+    this.limits = s.limits;
+    this.counts = s.counts;
+    this.leaseNanos = s.leaseNanos;
+    this.waitNanos = waitNanos;
+    this.fair = s.fair;
+    this.bound = s.bound;
+    this.id = s.id;
+    this.autoRefresh = s.autoRefresh;
+    this.retryForNanos = s.retryForNanos;
+  }
 
   private SemaphoreSet(Builder b) {
     this.redsem = b.redsem;
@@ -64,6 +78,29 @@ public final class SemaphoreSet {
     return permits;
   }
 
+  /**
+   * Waits up to {@code wait} for the whole set, instead of the set's own {@code waitFor} (null
+   * or zero: no wait), and throws {@link NotAcquired} when it was not granted in that time.
+   */
+  public PermitSet acquire(Duration wait) {
+    return new SemaphoreSet(this, Commands.waitNanos(wait, "wait")).acquire();
+  }
+
+  /** Takes the whole set if it can be granted now, without waiting: else empty. */
+  public Optional<PermitSet> tryAcquire() {
+    return tryAcquire(Duration.ZERO);
+  }
+
+  /** Waits up to {@code wait} for the whole set: empty when it was not granted in that time. */
+  public Optional<PermitSet> tryAcquire(Duration wait) {
+    SemaphoreSet once = new SemaphoreSet(this, Commands.waitNanos(wait, "wait"));
+    try {
+      return Optional.of(once.acquire());
+    } catch (NotAcquired none) {
+      return Optional.empty();
+    }
+  }
+
   private String what() {
     return "the set \"" + String.join("\", \"", names) + "\"";
   }
@@ -76,7 +113,7 @@ public final class SemaphoreSet {
     Line line = new Line(redsem, names, true, retryForNanos, stop);
     PermitSet permits;
     long sent;
-    String identifier = id != null ? id : UUID.randomUUID().toString();
+    String identifier = id != null ? id : Commands.newId();
     try {
       line.open("SEM.ACQUIREALL");
       long deadline = waitNanos == Commands.NO_LIMIT ? 0 : System.nanoTime() + waitNanos;
@@ -308,6 +345,11 @@ public final class SemaphoreSet {
     /** {@code build().acquire()}. */
     public PermitSet acquire() {
       return build().acquire();
+    }
+
+    /** {@code build().tryAcquire()}: the whole set if it can be granted now, else empty. */
+    public Optional<PermitSet> tryAcquire() {
+      return build().tryAcquire();
     }
   }
 }

@@ -2,6 +2,7 @@ package io.redsem;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
 import org.junit.jupiter.api.Test;
@@ -73,5 +74,26 @@ class CommandsTest {
     assertEquals("30.000", Commands.secondsOfNanos(30_000_000_000L));
     assertEquals("0.250", Commands.secondsOfNanos(250_000_000L));
     assertEquals("0.001", Commands.secondsOfNanos(1), "a positive time never rounds to none");
+  }
+
+  @Test
+  void timesAreSentWithThreeDecimals() {
+    assertEquals("0.007", Commands.seconds(7));
+    assertEquals("0.070", Commands.seconds(70));
+    assertEquals("12.345", Commands.seconds(12_345));
+    assertEquals("31536000.000", Commands.seconds(31_536_000_000L));
+  }
+
+  @Test
+  void identifiersAreUuidV4FormsNeverRepeated() {
+    java.util.Set<String> seen = new java.util.HashSet<>();
+    java.util.regex.Pattern v4 = java.util.regex.Pattern.compile(
+        "[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
+    for (int i = 0; i < 100_000; i++) {
+      String id = Commands.newId();
+      assertTrue(v4.matcher(id).matches(), id);
+      assertTrue(seen.add(id), "repeated: " + id);
+      assertEquals(4, java.util.UUID.fromString(id).version());
+    }
   }
 }

@@ -11,6 +11,7 @@ import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.ExecutionException;
@@ -62,6 +63,15 @@ class ReadmeTest {
       System.out.println("the printer is busy");
     }
     assertEquals(0L, SemaphoreTest.raw(server.port, "EXISTS", "jobs", "printers"));
+
+    Optional<Permit> maybe = redsem.semaphore("reports").limit(2).build().tryAcquire();
+    if (maybe.isPresent()) {
+      try (Permit permit = maybe.get()) {
+        System.out.println("running the report as " + permit.id());
+      }
+    }
+    assertTrue(maybe.isPresent());
+    assertEquals(0L, SemaphoreTest.raw(server.port, "EXISTS", "reports"));
     jedis.close();
   }
 

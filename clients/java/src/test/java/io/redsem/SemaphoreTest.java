@@ -12,6 +12,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.OptionalLong;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
@@ -110,6 +111,62 @@ class SemaphoreTest {
       }
       second.close();
       assertEquals(0, zcard(jobs));
+    }
+  }
+
+  @ParameterizedTest
+  @EnumSource(Kind.class)
+  void tryAcquireTakesAFreePermitOrNoneAndWaitsOnlyWhenAsked(Kind kind) throws Exception {
+    String jobs = name("try");
+    try (Kind.Client c = kind.connect(server.port)) {
+      // The semaphore's own wait is 10 s: tryAcquire() does not wait whatever it says.
+      Semaphore semaphore = c.redsem.semaphore(jobs).limit(1).waitFor(Duration.ofSeconds(10))
+          .build();
+      Optional<Permit> first = semaphore.tryAcquire();
+      assertTrue(first.isPresent());
+      assertNotNull(score(jobs, first.get().id()));
+      long start = System.nanoTime();
+      assertEquals(Optional.empty(), semaphore.tryAcquire());
+      assertTrue(System.nanoTime() - start < 1_000_000_000L, "no wait");
+      start = System.nanoTime();
+      assertEquals(Optional.empty(), semaphore.tryAcquire(Duration.ofMillis(300)));
+      assertTrue(System.nanoTime() - start >= 250_000_000L, "waited its 300 ms");
+      start = System.nanoTime();
+      NotAcquired none = assertThrows(NotAcquired.class,
+          () -> semaphore.acquire(Duration.ofMillis(200)));
+      assertTrue(System.nanoTime() - start >= 150_000_000L, "waited its 200 ms");
+      assertTrue(none.getMessage().contains("within 0.200 s"), none.getMessage());
+      assertThrows(IllegalArgumentException.class,
+          () -> semaphore.tryAcquire(Duration.ofSeconds(-1)));
+      assertEquals(1, inUse(jobs), "nothing taken by the refused or empty calls");
+      // Released meanwhile: the waiting form takes it.
+      ExecutorService pool = Executors.newSingleThreadExecutor();
+      try {
+        Permit held = first.get();
+        pool.submit(() -> {
+          Thread.sleep(300);
+          return held.release();
+        });
+        Optional<Permit> next = semaphore.tryAcquire(Duration.ofSeconds(5));
+        assertTrue(next.isPresent(), "granted at the release");
+        assertTrue(next.get().release());
+      } finally {
+        pool.shutdownNow();
+      }
+      try (Permit permit = c.redsem.semaphore(name("try-builder")).tryAcquire().orElseThrow()) {
+        assertFalse(permit.isLost());
+      }
+      if (!SCRIPTS) {
+        SemaphoreSet set = c.redsem.semaphoreSet().semaphore(name("try-set"), 1)
+            .semaphore(jobs, 1).build();
+        Optional<PermitSet> both = set.tryAcquire();
+        assertTrue(both.isPresent());
+        assertEquals(Optional.empty(), set.tryAcquire());
+        assertEquals(Optional.empty(), set.tryAcquire(Duration.ofMillis(100)));
+        assertThrows(NotAcquired.class, () -> set.acquire(Duration.ofMillis(100)));
+        assertTrue(both.get().release());
+      }
+      assertEquals(0, inUse(jobs));
     }
   }
 

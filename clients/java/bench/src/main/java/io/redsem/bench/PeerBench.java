@@ -31,6 +31,9 @@ import org.redisson.config.Config;
  * <p>Pairs: T threads, each looping acquire (no wait) then release on a semaphore whose limit
  * is never reached (1,000,000); a pair is one granted acquire and its release.
  *
+ * <p>With {@code --pair-overhead}: the package's pairs beside the same client sending the same
+ * commands itself (1 thread unless {@code --threads}), per client and backend.
+ *
  * <p>Hand-off: limit 1, W threads each looping acquire (waiting) then release then acquire; a
  * hand-off is a grant to another thread than the previous holder's.
  */
@@ -141,6 +144,125 @@ public final class PeerBench {
     }
   }
 
+  /**
+   * The same client sending the package's commands itself: SEM.ACQUIRE / SEM.RELEASE, or the
+   * script's EVALSHA (the acquire through the script's first-attempt text, as the package sends
+   * it), an identifier of its own per acquire.
+   */
+  static final class RawContender implements Contender {
+    private final String name;
+    private final boolean script;
+    private final Raw raw;
+    private final AutoCloseable client;
+    private final AtomicLong ids = new AtomicLong();
+    private final String sha;
+    private final String shaAcq;
+
+    /** One command on the client, its reply as the library gives it. */
+    interface Raw {
+      Object call(String... args);
+    }
+
+    RawContender(String name, boolean script, Raw raw, AutoCloseable client) throws IOException {
+      this.name = name;
+      this.script = script;
+      this.raw = raw;
+      this.client = client;
+      byte[] source;
+      try (java.io.InputStream in =
+          Redsem.class.getClassLoader().getResourceAsStream("io/redsem/redsem.lua")) {
+        source = in.readAllBytes();
+      }
+      String text = new String(source, java.nio.charset.StandardCharsets.UTF_8);
+      String acq = "#!lua" + text.substring("#!lua flags=allow-oom".length());
+      sha = script ? Commands.text(raw.call("SCRIPT", "LOAD", text)) : null;
+      shaAcq = script ? Commands.text(raw.call("SCRIPT", "LOAD", acq)) : null;
+    }
+
+    @Override
+    public String name() {
+      return name;
+    }
+
+    @Override
+    public Sem semaphore(String sem, int limit, boolean waits) {
+      String lim = String.valueOf(limit);
+      String[] keys = {sem, sem + ":owner", sem + ":counter", sem + ":permits", sem + ":limit",
+          sem + ":wake"};
+      return new Sem() {
+        @Override
+        public Object acquire() {
+          String id = "raw-" + ids.incrementAndGet();
+          Object reply = script
+              ? raw.call("EVALSHA", shaAcq, "6", keys[0], keys[1], keys[2], keys[3], keys[4],
+                  keys[5], "ACQUIRE", lim, "30", "ID", id)
+              : raw.call("SEM.ACQUIRE", sem, lim, "30", "ID", id);
+          if (script ? ((List<?>) reply).get(0) == null : reply == null) {
+            return null;
+          }
+          return id;
+        }
+
+        @Override
+        public void release(Object permit) {
+          String id = (String) permit;
+          if (script) {
+            raw.call("EVALSHA", sha, "6", keys[0], keys[1], keys[2], keys[3], keys[4], keys[5],
+                "RELEASE", id);
+          } else {
+            raw.call("SEM.RELEASE", sem, id);
+          }
+        }
+      };
+    }
+
+    @Override
+    public void close() {
+      try {
+        client.close();
+      } catch (Exception e) {
+        throw new RuntimeException(e);
+      }
+    }
+  }
+
+  /** Reply text of either library. */
+  static final class Commands {
+    static String text(Object reply) {
+      return reply instanceof byte[]
+          ? new String((byte[]) reply, java.nio.charset.StandardCharsets.UTF_8)
+          : String.valueOf(reply);
+    }
+  }
+
+  static RawContender.Raw jedisRaw(redis.clients.jedis.UnifiedJedis jedis) {
+    return args -> {
+      byte[] name = args[0].getBytes(java.nio.charset.StandardCharsets.UTF_8);
+      String[] rest = Arrays.copyOfRange(args, 1, args.length);
+      return jedis.sendCommand(() -> name, rest);
+    };
+  }
+
+  static RawContender.Raw lettuceRaw(
+      io.lettuce.core.api.StatefulRedisConnection<String, String> connection) {
+    return args -> {
+      byte[] name = args[0].getBytes(java.nio.charset.StandardCharsets.UTF_8);
+      io.lettuce.core.protocol.ProtocolKeyword keyword = () -> name;
+      io.lettuce.core.protocol.CommandArgs<String, String> rest =
+          new io.lettuce.core.protocol.CommandArgs<>(io.lettuce.core.codec.StringCodec.UTF8);
+      for (int i = 1; i < args.length; i++) {
+        rest.add(args[i]);
+      }
+      io.lettuce.core.codec.StringCodec codec = io.lettuce.core.codec.StringCodec.UTF8;
+      // The output each reply's type needs, as an application would pick it.
+      io.lettuce.core.output.CommandOutput<String, String, ?> output =
+          args[0].equals("EVALSHA") ? new io.lettuce.core.output.NestedMultiOutput<>(codec)
+              : args[0].equals("SEM.RELEASE") ? new io.lettuce.core.output.IntegerOutput<>(codec)
+              : new io.lettuce.core.output.ValueOutput<>(codec);
+      return connection.sync().dispatch(keyword, output, rest);
+    };
+  }
+
   private static final AtomicInteger NAMES = new AtomicInteger();
 
   /** Pairs per second of {@code threads} threads over {@code seconds}. */
@@ -244,6 +366,148 @@ public final class PeerBench {
     return n % 2 == 1 ? sorted.get(n / 2) : (sorted.get(n / 2 - 1) + sorted.get(n / 2)) / 2;
   }
 
+  /**
+   * Seconds of {@code pairs} acquire + release pairs in each of {@code threads} threads (a
+   * limit never reached: every acquire is granted).
+   */
+  static double pairSeconds(Contender c, int threads, int pairs) throws Exception {
+    Sem sem = c.semaphore("overhead", 1_000_000, false);
+    if (threads == 1) { // on this thread: no thread's start in the time
+      long start = System.nanoTime();
+      for (int i = 0; i < pairs; i++) {
+        Object permit = sem.acquire();
+        if (permit == null) {
+          throw new IllegalStateException("not granted");
+        }
+        sem.release(permit);
+      }
+      return (System.nanoTime() - start) / 1e9;
+    }
+    CountDownLatch ready = new CountDownLatch(threads);
+    CountDownLatch go = new CountDownLatch(1);
+    CountDownLatch done = new CountDownLatch(threads);
+    AtomicInteger failures = new AtomicInteger();
+    for (int t = 0; t < threads; t++) {
+      Thread thread = new Thread(() -> {
+        try {
+          ready.countDown();
+          go.await();
+          for (int i = 0; i < pairs; i++) {
+            Object permit = sem.acquire();
+            if (permit == null) {
+              throw new IllegalStateException("not granted");
+            }
+            sem.release(permit);
+          }
+        } catch (Exception e) {
+          if (failures.getAndIncrement() == 0) {
+            e.printStackTrace();
+          }
+        } finally {
+          done.countDown();
+        }
+      });
+      thread.setDaemon(true);
+      thread.start();
+    }
+    ready.await();
+    long start = System.nanoTime();
+    go.countDown();
+    done.await();
+    if (failures.get() > 0) {
+      throw new IllegalStateException(failures.get() + " threads failed");
+    }
+    return (System.nanoTime() - start) / 1e9;
+  }
+
+  /**
+   * The package's acquire + release pair beside the same client sending the same commands
+   * itself: per client and backend, rounds of {@code pairs} pairs per thread, package and raw
+   * in turn; the median time per pair of each and the median of the rounds' ratios.
+   */
+  static void pairOverhead(int withModule, int without, int threads, int pairs, int rounds)
+      throws Exception {
+    List<Contender[]> duos = new ArrayList<>();
+    List<String> labels = new ArrayList<>();
+    for (int port : new int[] {withModule, without}) {
+      boolean script = port == without;
+      String backend = script ? "script" : "module";
+      redis.clients.jedis.RedisClient jedis = redis.clients.jedis.RedisClient.builder()
+          .hostAndPort("127.0.0.1", port).build(); // Jedis's default pool
+      duos.add(new Contender[] {
+        new RedsemContender("package", Redsem.of(jedis), () -> {}),
+        new RawContender("raw", script, jedisRaw(jedis), jedis)
+      });
+      labels.add("Jedis, " + backend);
+      io.lettuce.core.RedisClient lettuce =
+          io.lettuce.core.RedisClient.create("redis://127.0.0.1:" + port);
+      io.lettuce.core.api.StatefulRedisConnection<String, String> connection = lettuce.connect();
+      duos.add(new Contender[] {
+        new RedsemContender("package", Redsem.of(lettuce), () -> {}),
+        new RawContender("raw", script, lettuceRaw(connection), () -> {
+          connection.close();
+          lettuce.shutdown();
+        })
+      });
+      labels.add("Lettuce, " + backend);
+    }
+    try {
+      for (Contender[] duo : duos) { // warm-up (JIT, connections, scripts), not counted
+        for (int i = 0; i < 3; i++) {
+          pairSeconds(duo[0], threads, pairs);
+          pairSeconds(duo[1], threads, pairs);
+        }
+      }
+      System.out.printf("acquire (no wait) + release pairs: %d thread(s) x %d pairs per round, "
+          + "%d rounds, package and raw client in turn every 100 pairs; median per pair (min-max)%n%n",
+          threads, pairs, rounds);
+      System.out.println("| client, backend | package µs/pair | raw client µs/pair | package ÷ raw |");
+      System.out.println("| --- | ---: | ---: | ---: |");
+      for (int d = 0; d < duos.size(); d++) {
+        List<Double> pkg = new ArrayList<>();
+        List<Double> raw = new ArrayList<>();
+        List<Double> ratio = new ArrayList<>();
+        for (int r = 0; r < rounds; r++) {
+          // In blocks of 100 pairs, package and raw in turn, which goes first alternating: a
+          // change of the machine's load falls on both alike.
+          double a = 0;
+          double b = 0;
+          for (int block = 0; block < pairs / 100; block++) {
+            for (int k = 0; k < 2; k++) {
+              boolean pkgTurn = (block + k) % 2 == 0;
+              double t = pairSeconds(duos.get(d)[pkgTurn ? 0 : 1], threads, 100);
+              if (pkgTurn) {
+                a += t;
+              } else {
+                b += t;
+              }
+            }
+          }
+          int done = pairs / 100 * 100;
+          pkg.add(a * 1e6 / done);
+          raw.add(b * 1e6 / done);
+          ratio.add(a / b);
+        }
+        System.out.printf("| %s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.2f (%.2f-%.2f) |%n",
+            labels.get(d), median(pkg), min(pkg), max(pkg), median(raw), min(raw), max(raw),
+            median(ratio), min(ratio), max(ratio));
+      }
+    } finally {
+      for (Contender[] duo : duos) {
+        duo[0].close();
+        duo[1].close();
+      }
+    }
+  }
+
+  static double min(List<Double> xs) {
+    return xs.stream().mapToDouble(x -> x).min().orElse(0);
+  }
+
+  static double max(List<Double> xs) {
+    return xs.stream().mapToDouble(x -> x).max().orElse(0);
+  }
+
   public static void main(String[] args) throws Exception {
     String module = null;
     String pin = "";
@@ -252,6 +516,9 @@ public final class PeerBench {
     int rounds = 3;
     int threads = 8;
     int waiters = 4;
+    boolean overhead = false;
+    boolean threadsGiven = false;
+    int pairCount = 2000;
     for (int i = 0; i < args.length; i++) {
       switch (args[i]) {
         case "--module": module = args[++i]; break;
@@ -259,8 +526,10 @@ public final class PeerBench {
         case "--server": binary = args[++i]; break;
         case "--seconds": seconds = Double.parseDouble(args[++i]); break;
         case "--rounds": rounds = Integer.parseInt(args[++i]); break;
-        case "--threads": threads = Integer.parseInt(args[++i]); break;
+        case "--threads": threads = Integer.parseInt(args[++i]); threadsGiven = true; break;
         case "--waiters": waiters = Integer.parseInt(args[++i]); break;
+        case "--pair-overhead": overhead = true; break;
+        case "--pairs": pairCount = Integer.parseInt(args[++i]); break;
         default: throw new IllegalArgumentException("unknown option " + args[i]);
       }
     }
@@ -271,6 +540,15 @@ public final class PeerBench {
     int without = freePort();
     Files.createDirectories(dir.resolve("s"));
     Process b = server(binary, without, null, pin, dir.resolve("s"));
+    if (overhead) {
+      try {
+        pairOverhead(withModule, without, threadsGiven ? threads : 1, pairCount, rounds);
+      } finally {
+        a.destroyForcibly();
+        b.destroyForcibly();
+      }
+      System.exit(0);
+    }
     List<Contender> contenders = new ArrayList<>();
     try {
       redis.clients.jedis.RedisClient jedis = jedis(withModule, threads + waiters + 8);
