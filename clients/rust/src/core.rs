@@ -3,6 +3,8 @@
 //! retried, and a holder's state. No I/O here: the transports (`sync`, `aio`) send what these
 //! routines build and feed the answers back.
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -1174,6 +1176,98 @@ impl Holder {
         }
         Ok(self.release_op().arg("COUNT").arg(count))
     }
+}
+
+/// The refreshes of a client's permits, earliest first: what its one refresh thread (sync) or
+/// task (async) sends, so that a held permit costs an entry here and neither a thread nor a
+/// connection. Each entry is refreshed every `every` (a third of its lease) until removed
+/// (released, dropped) or lost.
+pub(crate) struct Schedule<T> {
+    due: BinaryHeap<Reverse<(Instant, u64)>>,
+    entries: HashMap<u64, (T, Duration)>,
+    next: u64,
+}
+
+/// What a refresher does next.
+pub(crate) enum Due<T> {
+    /// Refresh this entry now, then [`Schedule::refreshed`].
+    Now(u64, T),
+    /// Nothing is due before this.
+    At(Instant),
+    /// Nothing is scheduled.
+    Idle,
+}
+
+impl<T: Clone> Schedule<T> {
+    pub(crate) fn new() -> Self {
+        Schedule {
+            due: BinaryHeap::new(),
+            entries: HashMap::new(),
+            next: 0,
+        }
+    }
+
+    /// Schedules `item` every `every` from now: its key, and whether it is now the earliest
+    /// (the refresher, asleep until a later one, must wake).
+    pub(crate) fn add(&mut self, item: T, every: Duration) -> (u64, bool) {
+        let key = self.next;
+        self.next += 1;
+        let at = Instant::now() + every;
+        let earliest = self
+            .due
+            .peek()
+            .is_none_or(|Reverse((first, _))| at < *first);
+        self.due.push(Reverse((at, key)));
+        self.entries.insert(key, (item, every));
+        (key, earliest)
+    }
+
+    /// Unschedules `key` (its permit was given back). The heap drops the stale entry when
+    /// it comes up, or at once when stale entries outnumber live ones (acquire and release
+    /// pairs would pile them up).
+    pub(crate) fn remove(&mut self, key: u64) {
+        self.entries.remove(&key);
+        if self.due.len() > 64 && self.due.len() > 2 * self.entries.len() {
+            let entries = &self.entries;
+            self.due
+                .retain(|Reverse((_, key))| entries.contains_key(key));
+        }
+    }
+
+    /// The next refresh to send at `now`, or when the next one is due.
+    pub(crate) fn next_due(&mut self, now: Instant) -> Due<T> {
+        while let Some(Reverse((at, key))) = self.due.peek().copied() {
+            let Some((item, _)) = self.entries.get(&key) else {
+                self.due.pop();
+                continue;
+            };
+            if at > now {
+                return Due::At(at);
+            }
+            self.due.pop();
+            return Due::Now(key, item.clone());
+        }
+        Due::Idle
+    }
+
+    /// The refresh of `key` ended: `again` (confirmed, or failed but not yet lost: retried a
+    /// third of a lease on) schedules the next one, unless it was removed meanwhile.
+    pub(crate) fn refreshed(&mut self, key: u64, again: bool) {
+        if !again {
+            self.entries.remove(&key);
+            return;
+        }
+        if let Some((_, every)) = self.entries.get(&key) {
+            self.due.push(Reverse((Instant::now() + *every, key)));
+        }
+    }
+}
+
+/// A wait the server ended without an answer (`UNBLOCKED`: what a primary turning replica
+/// answers its blocked clients, or `CLIENT UNBLOCK ... ERROR`): nothing was granted, and the
+/// wait is sent again for what is left of it.
+pub(crate) fn unblocked(err: &RedisError) -> bool {
+    err.code() == Some("UNBLOCKED")
 }
 
 /// A new identifier unless one was given.

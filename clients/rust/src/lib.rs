@@ -19,12 +19,15 @@
 //! # }
 //! ```
 //!
-//! Connections: a [`Semaphore`] (and its clones; in Redis Cluster the [`Cluster`], per node)
-//! keeps a small pool of connections that its acquires, waits and permits take for a call and
-//! give back, so waits reuse connections rather than open one each. A bound or durable
-//! [`Permit`] holds a connection of its own from the acquire to the release (`BOUND` ties the
-//! permit to it, and `WAIT numreplicas` covers its writes). A permit's lease is refreshed from a
-//! background thread every lease/3, and the permit given back when dropped. The identifier is made here (a UUID v4) unless [`Semaphore::id`] gives
+//! Connections: the semaphores of one client (every [`Semaphore`] made of a clone of the same
+//! `redis::Client`; in Redis Cluster of one [`Cluster`], per node) share a small pool of
+//! connections that their acquires, refreshes and releases take for a call and give back, and
+//! one thread that refreshes every permit of the client at lease/3: a held permit costs no
+//! connection and no thread. A waiting acquire holds a connection while it waits (the price of
+//! waiting in the server, as with `BLPOP`), taken from a pool of its own apart from the calls'.
+//! A bound or durable [`Permit`] holds a connection of its own from the acquire to the release
+//! (`BOUND` ties the permit to it, and `WAIT numreplicas` covers its writes). A permit is given
+//! back when dropped. The identifier is made here (a UUID v4) unless [`Semaphore::id`] gives
 //! one, so an acquire retried after a lost reply renews the same holder.
 //!
 //! A [`PermitSet`] ([`SemaphoreSet::acquire`]) holds permits of several semaphores taken all

@@ -1,10 +1,12 @@
-//! The sync API: a connection of its own per permit, a refresh thread.
+//! The sync API: the calls of a client's semaphores take a connection of its pool for the
+//! call only, and one thread per client refreshes all its permits.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Client, Cmd, Connection, FromRedisValue, Value};
@@ -12,8 +14,8 @@ use redis::{Client, Cmd, Connection, FromRedisValue, Value};
 use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
     connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
-    next_tick, slot_of, wait_empty_op, AcquireSpec, Action, Backend, Durable, Error, Holder,
-    KnownCell, Next, Op, Pool, Request, Result, Retries, SetSpec, Wait,
+    next_tick, slot_of, unblocked, wait_empty_op, AcquireSpec, Action, Backend, Due, Durable,
+    Error, Holder, KnownCell, Next, Op, Pool, Request, Result, Retries, Schedule, SetSpec, Wait,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -62,6 +64,136 @@ impl Target {
     }
 }
 
+/// What the semaphores and permits of one client share (of one [`Cluster`] in Redis Cluster,
+/// whose pools are its own, per node): the connections their calls take for the call and give
+/// back, apart from them those their waits block, and the one thread that refreshes every
+/// permit.
+pub(crate) struct Hub {
+    calls: Arc<Pool<Connection>>,
+    waits: Arc<Pool<Connection>>,
+    refresher: Refresher,
+}
+
+impl fmt::Debug for Hub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hub").finish_non_exhaustive()
+    }
+}
+
+/// The hub of `target`'s client: one per server address and settings (per [`Cluster`] in Redis
+/// Cluster), for as long as a semaphore or permit of it lives, however many `Semaphore`s were
+/// made of clones of the client.
+fn hub_of(target: &Target) -> Arc<Hub> {
+    static HUBS: OnceLock<Mutex<HashMap<String, Weak<Hub>>>> = OnceLock::new();
+    let key = match target {
+        Target::Standalone(client) => format!("{:?}", client.get_connection_info()),
+        Target::Cluster(cluster) => format!("cluster {:p}", Arc::as_ptr(&cluster.inner)),
+    };
+    let mut hubs = lock(HUBS.get_or_init(Mutex::default));
+    if let Some(hub) = hubs.get(&key).and_then(Weak::upgrade) {
+        return hub;
+    }
+    hubs.retain(|_, hub| hub.strong_count() > 0);
+    let hub = Arc::new(Hub {
+        calls: Arc::default(),
+        waits: Arc::default(),
+        refresher: Refresher::default(),
+    });
+    hubs.insert(key, Arc::downgrade(&hub));
+    hub
+}
+
+/// The refreshes of a client's permits, sent by one thread (started with the first permit,
+/// ended with the hub): each on a connection of the pool, taken for the call.
+#[derive(Default)]
+struct Refresher {
+    state: Arc<Refreshes>,
+}
+
+struct Refreshes {
+    plan: Mutex<Plan>,
+    wake: Condvar,
+}
+
+impl Default for Refreshes {
+    fn default() -> Self {
+        Refreshes {
+            plan: Mutex::new(Plan {
+                schedule: Schedule::new(),
+                running: false,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+        }
+    }
+}
+
+struct Plan {
+    schedule: Schedule<Weak<Shared>>,
+    running: bool,
+    stop: bool,
+}
+
+impl Refresher {
+    /// Refreshes `shared` every lease/3 from now on: its key in the schedule.
+    fn add(&self, shared: &Arc<Shared>) -> u64 {
+        let mut plan = lock(&self.state.plan);
+        let (key, earliest) = plan
+            .schedule
+            .add(Arc::downgrade(shared), shared.holder.lease / 3);
+        if !plan.running {
+            let state = Arc::clone(&self.state);
+            thread::Builder::new()
+                .name("redsem-refresh".into())
+                .spawn(move || state.run())
+                .expect("cannot start the refresh thread");
+            plan.running = true;
+        } else if earliest {
+            self.state.wake.notify_one();
+        }
+        key
+    }
+
+    fn remove(&self, key: u64) {
+        lock(&self.state.plan).schedule.remove(key);
+    }
+}
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        lock(&self.state.plan).stop = true;
+        self.state.wake.notify_one();
+    }
+}
+
+impl Refreshes {
+    fn run(&self) {
+        let mut plan = lock(&self.plan);
+        while !plan.stop {
+            plan = match plan.schedule.next_due(Instant::now()) {
+                Due::Now(key, shared) => {
+                    drop(plan);
+                    let again = shared.upgrade().is_some_and(|shared| shared.refresh_due());
+                    let mut plan = lock(&self.plan);
+                    plan.schedule.refreshed(key, again);
+                    plan
+                }
+                Due::At(at) => {
+                    let sleep = at.saturating_duration_since(Instant::now());
+                    self.wake
+                        .wait_timeout(plan, sleep)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .0
+                }
+                Due::Idle => self
+                    .wake
+                    .wait(plan)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            };
+        }
+    }
+}
+
 /// The connections to the node serving a slot (on one server: to the server): each call takes
 /// one of the pool and gives it back, or with `own` keeps one from call to call (`BOUND` ties a
 /// permit to it, `WAIT numreplicas` covers its writes). Moved to the slot's new owner after a
@@ -82,18 +214,30 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// A link whose calls take connections of the client's pool, or with `waiting` of the
+    /// pool that waits block.
     pub(crate) fn new(
         target: Target,
         slot: Option<u16>,
         known: KnownCell,
-        pool: Arc<Pool<Connection>>,
+        hub: &Hub,
+        waiting: bool,
     ) -> Self {
         let (route, pool) = match (&target, slot) {
             (Target::Cluster(cluster), Some(slot)) => (
                 Route::Slot(cluster.inner.clone(), slot),
-                cluster.inner.pool.clone(),
+                match waiting {
+                    true => cluster.inner.waits.clone(),
+                    false => cluster.inner.pool.clone(),
+                },
             ),
-            _ => (Route::Standalone(known), pool),
+            _ => (
+                Route::Standalone(known),
+                match waiting {
+                    true => hub.waits.clone(),
+                    false => hub.calls.clone(),
+                },
+            ),
         };
         Link {
             target,
@@ -260,17 +404,25 @@ impl Link {
             let next = match action {
                 Action::Send(op) => {
                     let answer = self.send(&mut |backend| wait.as_sent(&op).request(backend, long));
+                    if matches!(&answer, Err(Error::Redis(err)) if unblocked(err)) {
+                        // The server ended the wait (a failover): wait again, for what is left.
+                        action = Action::Send(op);
+                        continue;
+                    }
                     let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }
                 Action::Block { blpop, tick } => {
-                    // In Redis Cluster a move or a failover met while blocked: the next
-                    // attempt, with its retries, finds the slot's owner (same id, time left).
+                    // A wait the server ended (UNBLOCKED), or in Redis Cluster a move or a
+                    // failover met while blocked: the next attempt, with its retries, finds
+                    // the slot's owner (same id, time left).
                     self.once = long;
                     let popped = self.block(&blpop, tick, &wait.tick_op());
                     self.once = false;
                     match popped {
-                        Err(Error::Redis(err)) if long && next_step(&err, true) != Next::Fail => {
+                        Err(Error::Redis(err))
+                            if unblocked(&err) || (long && next_step(&err, true) != Next::Fail) =>
+                        {
                             wait.popped(None)
                         }
                         popped => wait.popped(popped?),
@@ -369,23 +521,23 @@ pub struct Semaphore {
     /// Whether the server has the module, asked on the first acquire and again while it had
     /// none; shared by the clones (in Redis Cluster the [`Cluster`] keeps it per node).
     known: KnownCell,
-    /// The connections its acquires, waits and permits take and give back, shared by the
-    /// clones (in Redis Cluster the [`Cluster`]'s, per node).
-    pool: Arc<Pool<Connection>>,
+    /// What every semaphore of the client shares: the pools, the refresh thread.
+    hub: Arc<Hub>,
 }
 
 impl Semaphore {
     /// A semaphore on one server ([`Client`]) or in Redis Cluster ([`Cluster`], or a
     /// `ClusterClient`): there `name` needs a hash tag.
     pub fn new(target: impl Into<Target>, name: impl Into<String>) -> Self {
+        let target = target.into();
         Semaphore {
-            target: target.into(),
+            hub: hub_of(&target),
+            target,
             spec: AcquireSpec::new(name.into()),
             id: None,
             durable: None,
             auto_refresh: true,
             known: KnownCell::default(),
-            pool: Arc::default(),
         }
     }
 
@@ -457,11 +609,13 @@ impl Semaphore {
         let slot = self.target.slot(std::slice::from_ref(&self.spec.name))?;
         let id = identifier(&self.id);
         let own = self.spec.bound || self.durable.is_some();
+        let waits = !left(deadline(self.spec.wait)).is_zero();
         let mut link = Link::new(
             self.target.clone(),
             slot,
             self.known.clone(),
-            self.pool.clone(),
+            &self.hub,
+            waits,
         )
         .own(own);
         let mut wait = Wait::new(&self.spec, &id);
@@ -475,9 +629,19 @@ impl Semaphore {
         let sent = wait.attempted;
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
+        if waits && !own {
+            // Granted: the permit's calls take connections of the calls' pool.
+            link = Link::new(
+                self.target.clone(),
+                slot,
+                self.known.clone(),
+                &self.hub,
+                false,
+            );
+        }
         // From here on, an early return drops the permit, which gives it back.
         let mut permit = Permit {
-            holding: Holding::new(holder, link),
+            holding: Holding::new(holder, link, &self.hub),
             ticket,
             count: self.spec.count.unwrap_or(1),
         };
@@ -511,18 +675,19 @@ pub struct SemaphoreSet {
     auto_refresh: bool,
     /// Whether the server has the module, as for [`Semaphore`].
     known: KnownCell,
-    pool: Arc<Pool<Connection>>,
+    hub: Arc<Hub>,
 }
 
 impl SemaphoreSet {
     pub fn new(target: impl Into<Target>) -> Self {
+        let target = target.into();
         SemaphoreSet {
-            target: target.into(),
+            hub: hub_of(&target),
+            target,
             spec: SetSpec::new(),
             id: None,
             auto_refresh: true,
             known: KnownCell::default(),
-            pool: Arc::default(),
         }
     }
 
@@ -578,22 +743,33 @@ impl SemaphoreSet {
         let names = self.spec.names();
         let slot = self.target.slot(&names)?;
         let id = identifier(&self.id);
+        let until = deadline(self.spec.wait);
+        let waits = !left(until).is_zero();
         let mut link = Link::new(
             self.target.clone(),
             slot,
             self.known.clone(),
-            self.pool.clone(),
+            &self.hub,
+            waits,
         )
         .own(self.spec.bound);
-        let until = deadline(self.spec.wait);
         let sent = Instant::now();
         let reply: Value = link.op(&self.spec.op(&id, left(until)))?;
         let tickets = self.spec.outcome(reply)?;
         let holder = Holder::new(names, true, id, self.spec.lease);
         holder.granted_at(sent);
+        if waits && !self.spec.bound {
+            link = Link::new(
+                self.target.clone(),
+                slot,
+                self.known.clone(),
+                &self.hub,
+                false,
+            );
+        }
         // From here on, an early return drops the set, which gives it back.
         let mut permits = PermitSet {
-            holding: Holding::new(holder, link),
+            holding: Holding::new(holder, link, &self.hub),
             counts: self.spec.semaphores.iter().map(|s| s.2).collect(),
             tickets,
         };
@@ -608,52 +784,55 @@ impl SemaphoreSet {
     }
 }
 
-/// `op` on a connection of its own to the node serving `name`, after asking whether the node
-/// has the module.
-fn once<T: FromRedisValue>(target: Target, op: &Op) -> Result<T> {
+/// `op` on a connection of the client's pool (with `waits`, of the pool that waits block)
+/// to the node serving `name`, after asking whether the node has the module.
+fn once<T: FromRedisValue>(target: Target, op: &Op, waits: bool) -> Result<T> {
     let slot = target.slot(&[op.name().to_string()])?;
-    Link::new(target, slot, KnownCell::default(), Arc::default()).op(op)
+    let hub = hub_of(&target);
+    Link::new(target, slot, KnownCell::default(), &hub, waits).op(op)
 }
 
-/// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection of
-/// its own (it blocks the connection): `Ok(true)` once it has none (at once if it has none
+/// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection
+/// apart from the calls' (it blocks the connection): `Ok(true)` once it has none (at once if it has none
 /// now), `Ok(false)` when `timeout` passes first. `Duration::MAX` waits without limit; zero
 /// looks once. It takes nothing. It needs the module: without it, [`Error::ModuleRequired`].
 pub fn wait_empty(target: impl Into<Target>, name: &str, timeout: Duration) -> Result<bool> {
-    let emptied: i64 = once(target.into(), &wait_empty_op(name, timeout))?;
+    let emptied: i64 = once(target.into(), &wait_empty_op(name, timeout), true)?;
     Ok(emptied == 1)
 }
 
 /// The operator's limit stored for the semaphore `name` (`SEM.LIMIT name`), or `None` when
 /// there is none. While one is stored, every acquire of `name` uses it instead of its own.
 pub fn stored_limit(target: impl Into<Target>, name: &str) -> Result<Option<u64>> {
-    once(target.into(), &Op::new("LIMIT", name))
+    once(target.into(), &Op::new("LIMIT", name), false)
 }
 
 /// Stores an operator's limit for the semaphore `name` (`SEM.LIMIT name n`): every acquire of
 /// `name` uses it instead of its own until [`clear_limit`]. 0 pauses the semaphore; a lower
 /// limit takes no permit from its holders, and a higher one serves the waiters at once.
 pub fn set_limit(target: impl Into<Target>, name: &str, limit: u32) -> Result<()> {
-    once(target.into(), &Op::new("LIMIT", name).arg(limit))
+    once(target.into(), &Op::new("LIMIT", name).arg(limit), false)
 }
 
 /// Removes the operator's limit of the semaphore `name` (`SEM.LIMIT name CLEAR`): acquires use
 /// their own limits again. `Ok(true)` if one was stored.
 pub fn clear_limit(target: impl Into<Target>, name: &str) -> Result<bool> {
-    let removed: i64 = once(target.into(), &Op::new("LIMIT", name).arg("CLEAR"))?;
+    let removed: i64 = once(target.into(), &Op::new("LIMIT", name).arg("CLEAR"), false)?;
     Ok(removed == 1)
 }
 
 /// The permits of the semaphore `name` in use (`SEM.GET name`): its live holders, and a
 /// holder of several permits ([`Semaphore::count`]) counts for each.
 pub fn in_use(target: impl Into<Target>, name: &str) -> Result<u64> {
-    once(target.into(), &Op::new("GET", name))
+    once(target.into(), &Op::new("GET", name), false)
 }
 
-/// What the permit (or set) and its refresh thread share.
+/// What the permit (or set) and the client's refresh thread share.
 struct Shared {
     holder: Holder,
     link: Mutex<Link>,
+    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
+    released: AtomicBool,
 }
 
 impl Shared {
@@ -662,28 +841,40 @@ impl Shared {
         let held: i64 = lock(&self.link).op(&self.holder.refresh_op())?;
         Ok(self.holder.refreshed(sent, held))
     }
+
+    /// The refresh thread's: whether to refresh again a third of a lease on (an unreachable
+    /// server is tried again until the lease is up); nothing after the release.
+    fn refresh_due(&self) -> bool {
+        let mut link = lock(&self.link);
+        if self.released.load(Ordering::SeqCst) {
+            return false;
+        }
+        let sent = Instant::now();
+        match link.op::<i64>(&self.holder.refresh_op()) {
+            Ok(held) => self.holder.refreshed(sent, held),
+            Err(_) => !self.holder.is_lost(),
+        }
+    }
 }
 
-/// The refresh thread and the release that a permit and a set share.
+/// The refresh and the release that a permit and a set share.
 struct Holding {
     shared: Arc<Shared>,
-    /// Dropping it stops the refresh thread.
-    stop: Mutex<Option<mpsc::Sender<()>>>,
-    refresher: Mutex<Option<JoinHandle<()>>>,
-    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
-    released: AtomicBool,
+    hub: Arc<Hub>,
+    /// Its key in the client's refresh schedule, while refreshed.
+    scheduled: Mutex<Option<u64>>,
 }
 
 impl Holding {
-    fn new(holder: Holder, link: Link) -> Self {
+    fn new(holder: Holder, link: Link, hub: &Arc<Hub>) -> Self {
         Holding {
             shared: Arc::new(Shared {
                 holder,
                 link: Mutex::new(link),
+                released: AtomicBool::new(false),
             }),
-            stop: Mutex::new(None),
-            refresher: Mutex::new(None),
-            released: AtomicBool::new(false),
+            hub: Arc::clone(hub),
+            scheduled: Mutex::new(None),
         }
     }
 
@@ -698,41 +889,25 @@ impl Holding {
     /// The release: an error (a connection's) leaves the permit held, to be given back by
     /// another call or the drop; once answered, a later call sends nothing and answers false.
     fn give_back(&self) -> Result<bool> {
-        if self.released.load(Ordering::SeqCst) {
+        if self.shared.released.load(Ordering::SeqCst) {
             return Ok(false);
         }
         let lost_before = self.holder().is_lost();
-        lock(&self.stop).take(); // the refresh thread ends at its next wake-up...
-        let refresher = lock(&self.refresher).take();
-        if let Some(refresher) = refresher {
-            let _ = refresher.join(); // ...which is now, after a refresh under way
+        if let Some(key) = lock(&self.scheduled).take() {
+            self.hub.refresher.remove(key);
         }
-        let released: i64 = self.with_link(|link| link.op(&self.holder().release_op()))?;
-        self.released.store(true, Ordering::SeqCst);
+        // Under the link's lock: a refresh under way ends first, and none is sent after.
+        let mut link = lock(&self.shared.link);
+        if self.shared.released.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let released: i64 = link.op(&self.holder().release_op())?;
+        self.shared.released.store(true, Ordering::SeqCst);
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
     fn start_refreshing(&mut self) {
-        let (stop, stopped) = mpsc::channel::<()>();
-        let shared = Arc::clone(&self.shared);
-        let interval = shared.holder.lease / 3;
-        let refresher = thread::Builder::new()
-            .name(format!("redsem-refresh-{}", shared.holder.id))
-            .spawn(move || loop {
-                match stopped.recv_timeout(interval) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    _ => return, // stopped
-                }
-                match shared.refresh() {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(_) if shared.holder.is_lost() => return,
-                    Err(_) => {} // unreachable server: retry until the lease is up
-                }
-            })
-            .expect("cannot start the refresh thread");
-        *lock(&self.stop) = Some(stop);
-        *lock(&self.refresher) = Some(refresher);
+        *lock(&self.scheduled) = Some(self.hub.refresher.add(&self.shared));
     }
 }
 
@@ -742,7 +917,7 @@ impl Drop for Holding {
     }
 }
 
-/// A granted permit. It refreshes its lease from a background thread every lease/3 (unless
+/// A granted permit. The client's refresh thread refreshes its lease every lease/3 (unless
 /// [`Semaphore::auto_refresh`] is off) and gives the permit back when dropped; call
 /// [`Permit::release`] to learn whether it was held throughout.
 pub struct Permit {
@@ -822,7 +997,7 @@ impl Permit {
 }
 
 /// Permits of several semaphores taken at once ([`SemaphoreSet::acquire`]). They are refreshed
-/// together (`SEM.REFRESHALL`) from a background thread every lease/3, the set is lost as soon
+/// together (`SEM.REFRESHALL`) by the client's refresh thread every lease/3, the set is lost as soon
 /// as any one of them is, and they are given back together (`SEM.RELEASEALL`) by
 /// [`PermitSet::release`] or when the set is dropped.
 pub struct PermitSet {
