@@ -558,11 +558,11 @@ impl Link {
         }
         let answer = match conn.query(&request.cmd).await {
             Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
-                let eval = request.eval.as_ref().unwrap_or(&request.cmd);
+                let eval = request.eval();
                 if ask.is_some() {
                     conn.query(&asking).await?;
                 }
-                conn.query(eval).await
+                conn.query(&eval).await
             }
             answer => answer,
         };

@@ -247,16 +247,36 @@ pub(crate) fn server_error(text: &str) -> RedisError {
     }
 }
 
-/// What a command is sent as: `cmd`, and when the server answers `NOSCRIPT`, `eval` (the
-/// script's source, which loads it).
+/// What a command is sent as: `cmd`, and when the server answers `NOSCRIPT`, the same with
+/// `EVAL` and the script's source (`eval`), which loads it.
 pub(crate) struct Request {
     pub(crate) cmd: Cmd,
-    pub(crate) eval: Option<Cmd>,
+    /// The source of the script `cmd` runs by `EVALSHA`.
+    eval: Option<&'static str>,
 }
 
 impl From<Cmd> for Request {
     fn from(cmd: Cmd) -> Self {
         Request { cmd, eval: None }
+    }
+}
+
+impl Request {
+    /// What to send after `NOSCRIPT`: `EVAL source` and the arguments of `EVALSHA sha`. Made
+    /// only then: the source is long, and copying it into every call costs more than the rest
+    /// of the package's work.
+    pub(crate) fn eval(&self) -> Cmd {
+        let Some(text) = self.eval else {
+            return self.cmd.clone();
+        };
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(text);
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(arg) = arg {
+                eval.arg(arg);
+            }
+        }
+        eval
     }
 }
 
@@ -362,8 +382,8 @@ impl Op {
             _ => match self.needs_module {
                 Some(what) => Err(Error::ModuleRequired(what)),
                 None => Ok(Request {
-                    cmd: self.script_command("EVALSHA", sha),
-                    eval: Some(self.script_command("EVAL", text)),
+                    cmd: self.script_command(sha),
+                    eval: Some(text),
                 }),
             },
         }
@@ -390,11 +410,11 @@ impl Op {
         cmd
     }
 
-    /// `EVALSHA sha 6 keys... <op> args...`, or with `EVAL` the script's source.
-    fn script_command(&self, eval: &str, script: &str) -> Cmd {
+    /// `EVALSHA sha 6 keys... <op> args...`.
+    fn script_command(&self, sha: &str) -> Cmd {
         let name = self.name();
-        let mut cmd = redis::cmd(eval);
-        cmd.arg(script).arg(6).arg(name);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha).arg(6).arg(name);
         for suffix in KEY_SUFFIXES.iter().chain([":wake"].iter()) {
             cmd.arg(format!("{name}{suffix}"));
         }

@@ -368,7 +368,7 @@ impl Link {
         }
         let answer = match request.cmd.query(conn) {
             Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
-                let eval = request.eval.as_ref().unwrap_or(&request.cmd);
+                let eval = request.eval();
                 if ask.is_some() {
                     redis::cmd("ASKING").query::<()>(conn)?;
                 }

@@ -294,8 +294,10 @@ impl Served {
         let order = self.order.lock().unwrap().clone();
         assert_eq!(order, (0..WAITERS).collect::<Vec<_>>());
         let slowest = *self.slowest_release.lock().unwrap();
+        eprintln!("the slowest release of {WAITERS} waiters took {slowest:?}");
+        // Milliseconds; the bound leaves room for a busy machine's pauses.
         assert!(
-            slowest < Duration::from_millis(500),
+            slowest < Duration::from_secs(1),
             "a release took {slowest:?}"
         );
         assert_eq!(live(conn, "line"), 0);
