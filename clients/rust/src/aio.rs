@@ -47,9 +47,9 @@ use crate::cluster::{
     cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route, CONNECT_WITHIN,
 };
 use crate::core::{
-    connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
-    next_tick, slot_of, unblocked, wait_empty_op, AcquireSpec, Action, Backend, Due, Durable,
-    Error, Holder, KnownCell, Next, Op, Pool, Request, Result, Retries, Schedule, SetSpec, Wait,
+    connection_broken, deadline, identifier, left, lock, next_step, next_tick, slot_of, unblocked,
+    wait_empty_op, AcquireSpec, Action, Backend, Due, Error, Holder, KnownCell, Next, Op, Pool,
+    Request, Result, Retries, Schedule, SetSpec, Step, Tail, Wait,
 };
 
 /// A connection that several callers share: the redis crate's multiplexed connection, or its
@@ -628,28 +628,13 @@ impl Link {
         }
     }
 
-    /// As the sync API's `Link::durable`.
-    async fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
-        let mut retries = Retries::new(self.route.budget());
-        loop {
-            // Sent once, on the connection that wrote the grant (or its refresh): never on
-            // another, as a pooled connection found closed would be.
-            self.once = true;
-            self.reused = false;
-            let answer = self.plain::<usize>(&durable_wait(wanted, timeout)).await;
-            self.once = false;
-            match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {
-                Durable::Done => return Ok(()),
-                Durable::Recheck(pause) => {
-                    tokio::time::sleep(pause).await;
-                    let sent = Instant::now();
-                    let held: i64 = self.op(&holder.refresh_op()).await?;
-                    if !holder.refreshed(sent, held) {
-                        return Err(Error::NotDurable { acked: 0, wanted });
-                    }
-                }
-            }
-        }
+    /// As the sync API's `Link::wait_replicas`.
+    async fn wait_replicas(&mut self, wait: &Cmd) -> Result<usize> {
+        self.once = true;
+        self.reused = false;
+        let answer = self.plain::<usize>(wait).await;
+        self.once = false;
+        answer
     }
 
     /// `BLPOP` on a connection of the pool; with `tick`, `TICK` on the shared connection at
@@ -807,6 +792,7 @@ impl Semaphore {
         let ticket = link.acquire(&mut waiting).await?;
         let sent = waiting.wait.attempted;
         drop(waiting);
+        let budget = link.route.budget();
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
         // From here on, a drop (an error, or the caller's timeout while replicas are awaited)
@@ -816,33 +802,14 @@ impl Semaphore {
             ticket,
             count: self.spec.count.unwrap_or(1),
         };
-        if let Some((wanted, timeout)) = self.durable {
-            let holding = &permit.holding;
-            let durable = holding
-                .shared
-                .link
-                .lock()
-                .await
-                .durable(holding.holder(), wanted, timeout)
-                .await;
-            if let Err(err) = durable {
-                let _ = permit.holding.give_back().await;
-                return Err(err);
-            }
-        }
-        if !self.spec.bound {
-            // Granted: the permit's calls go on the shared connection.
-            *permit.holding.shared.link.lock().await =
-                Link::new(self.target.clone(), slot, self.known.clone());
-        }
-        // A wait for the grant leaves the lease's start unknown: confirm it now.
-        if sent.elapsed() > self.spec.lease / 3 && !permit.refresh().await? {
-            permit.holding.give_back().await?;
-            return Err(Error::Lost);
-        }
-        if self.auto_refresh {
-            permit.holding.start_refreshing();
-        }
+        // Then the permit's calls go on the shared connection.
+        let shared =
+            (!self.spec.bound).then(|| Link::new(self.target.clone(), slot, self.known.clone()));
+        let tail = Tail::new(sent, self.spec.lease, self.durable, slot.is_some(), budget);
+        permit
+            .holding
+            .finish(tail, self.auto_refresh, shared)
+            .await?;
         Ok(permit)
     }
 }
@@ -929,21 +896,18 @@ impl SemaphoreSet {
         let tickets = self.spec.outcome(reply)?;
         let holder = Holder::new(names, true, id, self.spec.lease);
         holder.granted_at(sent);
-        if !self.spec.bound {
-            link = Link::new(self.target.clone(), slot, self.known.clone());
-        }
+        let shared =
+            (!self.spec.bound).then(|| Link::new(self.target.clone(), slot, self.known.clone()));
         let mut permits = PermitSet {
             holding: Holding::new(holder, link, refresher_of(&self.target)),
             counts: self.spec.semaphores.iter().map(|s| s.2).collect(),
             tickets,
         };
-        if sent.elapsed() > self.spec.lease / 3 && !permits.refresh().await? {
-            permits.holding.give_back().await?;
-            return Err(Error::Lost);
-        }
-        if self.auto_refresh {
-            permits.holding.start_refreshing();
-        }
+        let tail = Tail::new(sent, self.spec.lease, None, slot.is_some(), Duration::ZERO);
+        permits
+            .holding
+            .finish(tail, self.auto_refresh, shared)
+            .await?;
         Ok(permits)
     }
 }
@@ -1065,8 +1029,39 @@ impl Holding {
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
-    fn start_refreshing(&mut self) {
-        *lock(&self.scheduled) = Some(self.refresher.add(&self.shared));
+    /// As the sync API's: drives core's [`Tail`] after the grant, then moves the permit's
+    /// calls to `shared` (unless bound) and starts its refresh.
+    async fn finish(
+        &mut self,
+        mut tail: Tail,
+        auto_refresh: bool,
+        shared: Option<Link>,
+    ) -> Result<()> {
+        let mut step = tail.start();
+        loop {
+            step = match step {
+                Step::WaitReplicas(wait) => {
+                    let answer = self.shared.link.lock().await.wait_replicas(&wait).await;
+                    tail.waited(answer)
+                }
+                Step::Refresh(pause) => {
+                    tokio::time::sleep(pause).await;
+                    tail.refreshed(self.shared.refresh().await)
+                }
+                Step::GiveBack(err) => {
+                    let _ = self.give_back().await; // else the drop tries again
+                    return Err(err);
+                }
+                Step::Done => break,
+            };
+        }
+        if let Some(shared) = shared {
+            *self.shared.link.lock().await = shared;
+        }
+        if auto_refresh {
+            *lock(&self.scheduled) = Some(self.refresher.add(&self.shared));
+        }
+        Ok(())
     }
 }
 

@@ -1065,7 +1065,7 @@ pub(crate) fn wait_empty_op(name: &str, timeout: Duration) -> Op {
 }
 
 /// `WAIT replicas timeout` after a durable grant.
-pub(crate) fn durable_wait(replicas: usize, timeout: Duration) -> Cmd {
+fn durable_wait(replicas: usize, timeout: Duration) -> Cmd {
     let mut cmd = redis::cmd("WAIT");
     cmd.arg(replicas).arg(timeout.as_millis() as u64);
     cmd
@@ -1073,7 +1073,7 @@ pub(crate) fn durable_wait(replicas: usize, timeout: Duration) -> Cmd {
 
 /// What to do after a durable grant's `WAIT numreplicas` answered.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Durable {
+enum Durable {
     /// Enough replicas acknowledged the grant.
     Done,
     /// The connection that wrote the grant is gone (its primary failed over): after this
@@ -1086,7 +1086,7 @@ pub(crate) enum Durable {
 
 /// The step after `answer`, the reply of `WAIT numreplicas` sent once, on the connection that
 /// wrote the grant (or that refreshed it); `cluster`: the call went to a node of Redis Cluster.
-pub(crate) fn durable_answer(
+fn durable_answer(
     answer: Result<usize>,
     wanted: usize,
     cluster: bool,
@@ -1099,6 +1099,108 @@ pub(crate) fn durable_answer(
             Ok(Durable::Recheck(retries.pause(err)?))
         }
         Err(err) => Err(err),
+    }
+}
+
+/// What a transport does next after a grant, until the permit is the caller's.
+pub(crate) enum Step {
+    /// Send this `WAIT numreplicas` once, on the connection that wrote the grant (or its last
+    /// refresh), never on another; then [`Tail::waited`].
+    WaitReplicas(Cmd),
+    /// After this pause, refresh the permit; then [`Tail::refreshed`].
+    Refresh(Duration),
+    /// Give the permit back, and fail with this error.
+    GiveBack(Error),
+    /// The permit is the caller's: refresh it from now on (unless told not to).
+    Done,
+}
+
+/// Why the tail refreshes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Refreshing {
+    /// After a durable `WAIT` cut by a failover: the next `WAIT` covers the refresh's write.
+    Durable,
+    /// The grant came after a wait: the lease's start is unknown until a refresh confirms it.
+    Lease,
+}
+
+/// The end of an acquire, the same for the sync and async APIs: the durable `WAIT` (core's
+/// [`Durable`]), the check that a grant which took more than a third of its lease is still
+/// held, and giving the permit back when either fails.
+pub(crate) struct Tail {
+    sent: Instant,
+    lease: Duration,
+    durable: Option<(usize, Duration)>,
+    cluster: bool,
+    retries: Retries,
+    refreshing: Refreshing,
+}
+
+impl Tail {
+    /// After a grant whose attempt was sent at `sent`; `cluster`: it came from a node of Redis
+    /// Cluster, whose retry budget is `budget`.
+    pub(crate) fn new(
+        sent: Instant,
+        lease: Duration,
+        durable: Option<(usize, Duration)>,
+        cluster: bool,
+        budget: Duration,
+    ) -> Self {
+        Tail {
+            sent,
+            lease,
+            durable,
+            cluster,
+            retries: Retries::new(budget),
+            refreshing: Refreshing::Lease,
+        }
+    }
+
+    pub(crate) fn start(&mut self) -> Step {
+        match self.durable {
+            Some((wanted, timeout)) => Step::WaitReplicas(durable_wait(wanted, timeout)),
+            None => self.check_lease(),
+        }
+    }
+
+    /// A wait for the grant leaves the lease's start unknown: confirm it when a third of the
+    /// lease has passed since the attempt was sent.
+    fn check_lease(&mut self) -> Step {
+        if self.sent.elapsed() > self.lease / 3 {
+            self.refreshing = Refreshing::Lease;
+            return Step::Refresh(Duration::ZERO);
+        }
+        Step::Done
+    }
+
+    /// The answer of [`Step::WaitReplicas`].
+    pub(crate) fn waited(&mut self, answer: Result<usize>) -> Step {
+        let Some((wanted, _)) = self.durable else {
+            return self.check_lease();
+        };
+        match durable_answer(answer, wanted, self.cluster, &mut self.retries) {
+            Ok(Durable::Done) => self.check_lease(),
+            Ok(Durable::Recheck(pause)) => {
+                self.refreshing = Refreshing::Durable;
+                Step::Refresh(pause)
+            }
+            Err(err) => Step::GiveBack(err),
+        }
+    }
+
+    /// The answer of [`Step::Refresh`]: whether the permit is still held.
+    pub(crate) fn refreshed(&mut self, answer: Result<bool>) -> Step {
+        match (answer, self.refreshing, self.durable) {
+            (Err(err), _, _) => Step::GiveBack(err),
+            (Ok(true), Refreshing::Durable, Some((wanted, timeout))) => {
+                Step::WaitReplicas(durable_wait(wanted, timeout))
+            }
+            (Ok(false), Refreshing::Durable, Some((wanted, _))) => {
+                Step::GiveBack(Error::NotDurable { acked: 0, wanted })
+            }
+            (Ok(true), _, _) => Step::Done,
+            (Ok(false), _, _) => Step::GiveBack(Error::Lost),
+        }
     }
 }
 
@@ -1574,5 +1676,70 @@ mod tests {
             ["{a}x:owner", "{a}x:counter", "{a}x:permits", "{a}x:limit"]
         );
         assert_eq!(args.len(), 13);
+    }
+
+    fn lease() -> Duration {
+        Duration::from_secs(30)
+    }
+
+    #[test]
+    fn a_prompt_grant_is_the_callers_at_once_and_a_late_one_is_confirmed_first() {
+        let mut tail = Tail::new(Instant::now(), lease(), None, false, Duration::ZERO);
+        assert!(matches!(tail.start(), Step::Done));
+
+        let late = Instant::now() - lease() / 2;
+        let mut tail = Tail::new(late, lease(), None, false, Duration::ZERO);
+        assert!(matches!(tail.start(), Step::Refresh(pause) if pause.is_zero()));
+        assert!(matches!(tail.refreshed(Ok(true)), Step::Done));
+        let mut tail = Tail::new(late, lease(), None, false, Duration::ZERO);
+        tail.start();
+        assert!(matches!(
+            tail.refreshed(Ok(false)),
+            Step::GiveBack(Error::Lost)
+        ));
+    }
+
+    #[test]
+    fn a_durable_grant_waits_for_its_replicas_and_is_given_back_without_them() {
+        let durable = Some((1, Duration::from_secs(1)));
+        let mut tail = Tail::new(Instant::now(), lease(), durable, false, Duration::ZERO);
+        assert!(matches!(tail.start(), Step::WaitReplicas(_)));
+        assert!(matches!(tail.waited(Ok(1)), Step::Done));
+        let mut tail = Tail::new(Instant::now(), lease(), durable, false, Duration::ZERO);
+        tail.start();
+        assert!(matches!(
+            tail.waited(Ok(0)),
+            Step::GiveBack(Error::NotDurable {
+                acked: 0,
+                wanted: 1
+            })
+        ));
+
+        // In Redis Cluster a WAIT cut by a failover: refresh on the new primary, then WAIT
+        // again; a holder the refresh does not find was lost in the failover.
+        let cut = || {
+            Err(Error::Redis(RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset,
+            ))))
+        };
+        let mut tail = Tail::new(Instant::now(), lease(), durable, true, lease());
+        tail.start();
+        assert!(matches!(tail.waited(cut()), Step::Refresh(_)));
+        assert!(matches!(tail.refreshed(Ok(true)), Step::WaitReplicas(_)));
+        assert!(matches!(tail.waited(cut()), Step::Refresh(_)));
+        assert!(matches!(
+            tail.refreshed(Ok(false)),
+            Step::GiveBack(Error::NotDurable {
+                acked: 0,
+                wanted: 1
+            })
+        ));
+        // On one server the cut is the caller's error.
+        let mut tail = Tail::new(Instant::now(), lease(), durable, false, Duration::ZERO);
+        tail.start();
+        assert!(matches!(
+            tail.waited(cut()),
+            Step::GiveBack(Error::Redis(_))
+        ));
     }
 }

@@ -13,9 +13,9 @@ use redis::{Client, Cmd, Connection, FromRedisValue, Value};
 
 use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
-    connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
-    next_tick, slot_of, unblocked, wait_empty_op, AcquireSpec, Action, Backend, Due, Durable,
-    Error, Holder, KnownCell, Next, Op, Pool, Request, Result, Retries, Schedule, SetSpec, Wait,
+    connection_broken, deadline, identifier, left, lock, next_step, next_tick, slot_of, unblocked,
+    wait_empty_op, AcquireSpec, Action, Backend, Due, Error, Holder, KnownCell, Next, Op, Pool,
+    Request, Result, Retries, Schedule, SetSpec, Step, Tail, Wait,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -472,29 +472,14 @@ impl Link {
         })
     }
 
-    /// `WAIT replicas timeout` after the grant of `holder`, on the connection that wrote it:
-    /// [`Error::NotDurable`] unless that many replicas acknowledge it (core's [`Durable`]).
-    fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
-        let mut retries = Retries::new(self.route.budget());
-        loop {
-            // Sent once, on the connection that wrote the grant (or its refresh): never on
-            // another, as a pooled connection found closed would be.
-            self.once = true;
-            self.reused = false;
-            let answer = self.plain::<usize>(&durable_wait(wanted, timeout));
-            self.once = false;
-            match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {
-                Durable::Done => return Ok(()),
-                Durable::Recheck(pause) => {
-                    thread::sleep(pause);
-                    let sent = Instant::now();
-                    let held: i64 = self.op(&holder.refresh_op())?;
-                    if !holder.refreshed(sent, held) {
-                        return Err(Error::NotDurable { acked: 0, wanted });
-                    }
-                }
-            }
-        }
+    /// `WAIT numreplicas` (core's [`Step::WaitReplicas`]), sent once on the connection in use:
+    /// never on another, as a pooled connection found closed would be.
+    fn wait_replicas(&mut self, wait: &Cmd) -> Result<usize> {
+        self.once = true;
+        self.reused = false;
+        let answer = self.plain::<usize>(wait);
+        self.once = false;
+        answer
     }
 
     /// A waiter that gives up while in line leaves it, and gives back a grant made meanwhile.
@@ -627,6 +612,7 @@ impl Semaphore {
             }
         };
         let sent = wait.attempted;
+        let budget = link.route.budget();
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
         if waits && !own {
@@ -645,19 +631,8 @@ impl Semaphore {
             ticket,
             count: self.spec.count.unwrap_or(1),
         };
-        if let Some((wanted, timeout)) = self.durable {
-            let holder = permit.holding.holder();
-            permit
-                .holding
-                .with_link(|link| link.durable(holder, wanted, timeout))?;
-        }
-        // A wait for the grant leaves the lease's start unknown: confirm it now.
-        if sent.elapsed() > self.spec.lease / 3 && !permit.refresh()? {
-            return Err(Error::Lost);
-        }
-        if self.auto_refresh {
-            permit.holding.start_refreshing();
-        }
+        let tail = Tail::new(sent, self.spec.lease, self.durable, slot.is_some(), budget);
+        permit.holding.finish(tail, self.auto_refresh)?;
         Ok(permit)
     }
 }
@@ -773,13 +748,8 @@ impl SemaphoreSet {
             counts: self.spec.semaphores.iter().map(|s| s.2).collect(),
             tickets,
         };
-        // A wait for the grant leaves the lease's start unknown: confirm it now.
-        if sent.elapsed() > self.spec.lease / 3 && !permits.refresh()? {
-            return Err(Error::Lost);
-        }
-        if self.auto_refresh {
-            permits.holding.start_refreshing();
-        }
+        let tail = Tail::new(sent, self.spec.lease, None, slot.is_some(), Duration::ZERO);
+        permits.holding.finish(tail, self.auto_refresh)?;
         Ok(permits)
     }
 }
@@ -906,8 +876,31 @@ impl Holding {
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
-    fn start_refreshing(&mut self) {
-        *lock(&self.scheduled) = Some(self.hub.refresher.add(&self.shared));
+    /// Drives core's [`Tail`] after the grant: the durable `WAIT`, the lease's check, the
+    /// permit given back when either fails; then its refresh starts.
+    fn finish(&mut self, mut tail: Tail, auto_refresh: bool) -> Result<()> {
+        let mut step = tail.start();
+        loop {
+            step = match step {
+                Step::WaitReplicas(wait) => {
+                    let answer = self.with_link(|link| link.wait_replicas(&wait));
+                    tail.waited(answer)
+                }
+                Step::Refresh(pause) => {
+                    thread::sleep(pause);
+                    tail.refreshed(self.shared.refresh())
+                }
+                Step::GiveBack(err) => {
+                    let _ = self.give_back(); // else the drop tries again
+                    return Err(err);
+                }
+                Step::Done => break,
+            };
+        }
+        if auto_refresh {
+            *lock(&self.scheduled) = Some(self.hub.refresher.add(&self.shared));
+        }
+        Ok(())
     }
 }
 
