@@ -47,9 +47,10 @@ use crate::cluster::{
     cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route, CONNECT_WITHIN,
 };
 use crate::core::{
-    connection_broken, deadline, identifier, left, lock, next_step, next_tick, slot_of, unblocked,
-    wait_empty_op, AcquireSpec, Action, Backend, Due, Error, Holder, KnownCell, Next, Op, Pool,
-    Request, Result, Retries, Schedule, SetSpec, Step, Tail, Wait,
+    connection_broken, deadline, identifier, left, lock, mark_stalled, next_step, next_tick,
+    slot_of, stalled, timed_out, unblocked, wait_empty_op, AcquireSpec, Action, Backend, Due,
+    Error, Holder, KnownCell, Next, Op, Pool, Request, Result, Retries, Schedule, SetSpec, Step,
+    Tail, Wait,
 };
 
 /// A connection that several callers share: the redis crate's multiplexed connection, or its
@@ -180,12 +181,12 @@ async fn refreshing(refresher: Weak<Refresher>, wake: Arc<tokio::sync::Notify>) 
         };
         match me.next_due() {
             Due::Now(key, shared) => {
-                let again = match shared.upgrade() {
+                let next = match shared.upgrade() {
                     Some(shared) => shared.refresh_due().await,
-                    None => false,
+                    None => None,
                 };
                 if let Some(plan) = lock(&me.plan).as_mut() {
-                    plan.refreshed(key, again);
+                    plan.refreshed(key, next);
                 }
             }
             Due::At(at) => {
@@ -341,6 +342,10 @@ struct Link {
     reused: bool,
     /// A failed call is the caller's at once, without retries.
     once: bool,
+    /// The refresher's calls: one that fails in a way that would pause (a failover, a slot
+    /// moving) is the caller's at once, and one not answered within this fails, so that no
+    /// node holds up every other permit's refresh.
+    hasty: Option<Duration>,
     /// The node of the last call.
     addr: String,
 }
@@ -358,6 +363,7 @@ impl Link {
             conn: None,
             reused: false,
             once: false,
+            hasty: None,
             addr: String::new(),
         }
     }
@@ -376,6 +382,7 @@ impl Link {
             conn: None,
             reused: false,
             once: false,
+            hasty: None,
             addr: String::new(),
         }
     }
@@ -429,11 +436,22 @@ impl Link {
             if asked.is_some() {
                 self.conn = None;
             }
-            if broken && self.reused && !replaced {
+            // (A connection that timed out did not close: it is the node.)
+            if broken && self.reused && !replaced && !err.is_timeout() {
                 replaced = true;
                 continue;
             }
             if self.once {
+                return Err(err.into());
+            }
+            if let Some(within) = self.hasty.filter(|_| next_step(&err, true) == Next::Pause) {
+                // A node that does not answer in time may be stopped: the refresher leaves it
+                // alone a while, and does not ask the cluster for the layout (it might meet
+                // the node too). One that refuses is gone: ask again.
+                match err.is_timeout() {
+                    true => mark_stalled(&self.addr, within),
+                    false => self.route.forget_layout(),
+                }
                 return Err(err.into());
             }
             let retry = self.route.recover(err, &mut retries)?;
@@ -542,6 +560,9 @@ impl Link {
             self.conn = Some((addr.clone(), conn));
         }
         self.addr.clone_from(&addr);
+        if self.hasty.is_some() && stalled(&addr) {
+            return Err(timed_out().into());
+        }
         let mut conn = self.conn.as_ref().expect("connected above").1.clone();
         let backend = match self.route.backend(&addr) {
             Some(backend) => backend,
@@ -963,17 +984,26 @@ impl Shared {
         Ok(self.holder.refreshed(sent, held))
     }
 
-    /// As the sync API's: whether to refresh again; nothing after the release.
-    async fn refresh_due(&self) -> bool {
+    /// As the sync API's: when to refresh again; nothing after the release.
+    async fn refresh_due(&self) -> Option<Duration> {
         let mut link = self.link.lock().await;
         if self.released.load(Ordering::SeqCst) {
-            return false;
+            return None;
         }
         let sent = Instant::now();
-        match link.op::<i64>(&self.holder.refresh_op()).await {
-            Ok(held) => self.holder.refreshed(sent, held),
-            Err(_) => !self.holder.is_lost(),
-        }
+        let within = self.holder.refresh_within();
+        link.hasty = Some(within);
+        let op = self.holder.refresh_op();
+        let refresh = link.op::<i64>(&op);
+        let answer = match tokio::time::timeout(within, refresh).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                mark_stalled(&link.addr, within);
+                Err(timed_out().into())
+            }
+        };
+        link.hasty = None;
+        self.holder.next_refresh(sent, answer)
     }
 
     async fn release(&self) -> Result<i64> {

@@ -348,6 +348,14 @@ impl Route {
         }
     }
 
+    /// Forgets the slots' owners (a failure met, that a caller will not retry now): the next
+    /// call asks the cluster again.
+    pub(crate) fn forget_layout(&self) {
+        if let Route::Slot(cluster, _) = self {
+            cluster.forget();
+        }
+    }
+
     /// After a try failed with `err`: how to try again, or the error for the caller (on one
     /// server at once; in Redis Cluster once `retries` give up).
     pub(crate) fn recover(

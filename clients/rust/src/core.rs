@@ -205,6 +205,8 @@ pub(crate) type KnownCell = std::sync::Arc<Mutex<Option<Known>>>;
 /// waiting acquires and permits reuse them rather than open one each.
 pub(crate) struct Pool<C> {
     idle: Mutex<std::collections::HashMap<String, Vec<C>>>,
+    /// The nodes a connection is being made to, apart (the sync refresher's).
+    connecting: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The idle connections a pool keeps per node; more are closed when given back.
@@ -214,6 +216,7 @@ impl<C> Default for Pool<C> {
     fn default() -> Self {
         Pool {
             idle: Mutex::new(std::collections::HashMap::new()),
+            connecting: Mutex::new(std::collections::HashSet::new()),
         }
     }
 }
@@ -227,6 +230,15 @@ impl<C> fmt::Debug for Pool<C> {
 impl<C> Pool<C> {
     pub(crate) fn take(&self, addr: &str) -> Option<C> {
         lock(&self.idle).get_mut(addr)?.pop()
+    }
+
+    /// Whether a connection to `addr` may be made apart now: none is being made.
+    pub(crate) fn begin_connect(&self, addr: &str) -> bool {
+        lock(&self.connecting).insert(addr.to_string())
+    }
+
+    pub(crate) fn end_connect(&self, addr: &str) {
+        lock(&self.connecting).remove(addr);
     }
 
     pub(crate) fn give(&self, addr: &str, conn: C) {
@@ -1204,6 +1216,9 @@ impl Tail {
     }
 }
 
+/// How soon the refresher tries a refresh again after it failed.
+const REFRESH_AGAIN: Duration = Duration::from_millis(500);
+
 /// A holder's state, shared by the permit and its refresh.
 pub(crate) struct State {
     /// The server's deadline is at least this: the last acquire or refresh confirmed was sent
@@ -1271,6 +1286,25 @@ impl Holder {
         held == self.wanted()
     }
 
+    /// When the refresher sends the next refresh after `answer` (to one sent at `sent`): a
+    /// third of the lease on; sooner after a failure (in Redis Cluster the slot's owner may be
+    /// failing over: the refresher does not wait for it, and tries again until the lease is
+    /// up); never once lost.
+    pub(crate) fn next_refresh(&self, sent: Instant, answer: Result<i64>) -> Option<Duration> {
+        let every = self.lease / 3;
+        match answer {
+            Ok(held) => self.refreshed(sent, held).then_some(every),
+            Err(_) if self.is_lost() => None,
+            Err(_) => Some(every.min(REFRESH_AGAIN)),
+        }
+    }
+
+    /// How long the refresher waits for a refresh's answer: a third of the lease, from 1 to
+    /// 5 seconds.
+    pub(crate) fn refresh_within(&self) -> Duration {
+        (self.lease / 3).clamp(Duration::from_secs(1), Duration::from_secs(5))
+    }
+
     pub(crate) fn mark_lost(&self) {
         lock(&self.state).lost = true;
     }
@@ -1302,11 +1336,11 @@ impl Holder {
 
 /// The refreshes of a client's permits, earliest first: what its one refresh thread (sync) or
 /// task (async) sends, so that a held permit costs an entry here and neither a thread nor a
-/// connection. Each entry is refreshed every `every` (a third of its lease) until removed
+/// connection. Each entry is refreshed when [`Holder::next_refresh`] says until removed
 /// (released, dropped) or lost.
 pub(crate) struct Schedule<T> {
     due: BinaryHeap<Reverse<(Instant, u64)>>,
-    entries: HashMap<u64, (T, Duration)>,
+    entries: HashMap<u64, T>,
     next: u64,
 }
 
@@ -1329,18 +1363,18 @@ impl<T: Clone> Schedule<T> {
         }
     }
 
-    /// Schedules `item` every `every` from now: its key, and whether it is now the earliest
-    /// (the refresher, asleep until a later one, must wake).
-    pub(crate) fn add(&mut self, item: T, every: Duration) -> (u64, bool) {
+    /// Schedules `item` `after` from now: its key, and whether it is now the earliest (the
+    /// refresher, asleep until a later one, must wake).
+    pub(crate) fn add(&mut self, item: T, after: Duration) -> (u64, bool) {
         let key = self.next;
         self.next += 1;
-        let at = Instant::now() + every;
+        let at = Instant::now() + after;
         let earliest = self
             .due
             .peek()
             .is_none_or(|Reverse((first, _))| at < *first);
         self.due.push(Reverse((at, key)));
-        self.entries.insert(key, (item, every));
+        self.entries.insert(key, item);
         (key, earliest)
     }
 
@@ -1359,7 +1393,7 @@ impl<T: Clone> Schedule<T> {
     /// The next refresh to send at `now`, or when the next one is due.
     pub(crate) fn next_due(&mut self, now: Instant) -> Due<T> {
         while let Some(Reverse((at, key))) = self.due.peek().copied() {
-            let Some((item, _)) = self.entries.get(&key) else {
+            let Some(item) = self.entries.get(&key) else {
                 self.due.pop();
                 continue;
             };
@@ -1372,17 +1406,56 @@ impl<T: Clone> Schedule<T> {
         Due::Idle
     }
 
-    /// The refresh of `key` ended: `again` (confirmed, or failed but not yet lost: retried a
-    /// third of a lease on) schedules the next one, unless it was removed meanwhile.
-    pub(crate) fn refreshed(&mut self, key: u64, again: bool) {
-        if !again {
-            self.entries.remove(&key);
-            return;
-        }
-        if let Some((_, every)) = self.entries.get(&key) {
-            self.due.push(Reverse((Instant::now() + *every, key)));
+    /// The refresh of `key` ended: the next one `next` from now (core's
+    /// [`Holder::next_refresh`]), unless it was removed meanwhile; `None`: no more.
+    pub(crate) fn refreshed(&mut self, key: u64, next: Option<Duration>) {
+        match next {
+            Some(after) if self.entries.contains_key(&key) => {
+                self.due.push(Reverse((Instant::now() + after, key)));
+            }
+            Some(_) => {}
+            None => {
+                self.entries.remove(&key);
+            }
         }
     }
+}
+
+/// The nodes of Redis Cluster that let a refresher's call go unanswered (stopped, or cut off),
+/// and until when refreshers leave them alone: a call to such a node fails at once, so that it
+/// holds up no other node's refreshes; one goes through when that time is up. Per process:
+/// a node's address names it in every client.
+fn stalled_nodes() -> &'static Mutex<HashMap<String, Instant>> {
+    static STALLED: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+    STALLED.get_or_init(Mutex::default)
+}
+
+/// Whether refreshers leave the node at `addr` alone now (never on one server, `""`).
+pub(crate) fn stalled(addr: &str) -> bool {
+    if addr.is_empty() {
+        return false;
+    }
+    let mut stalled = lock(stalled_nodes());
+    match stalled.get(addr) {
+        Some(until) if Instant::now() < *until => true,
+        Some(_) => {
+            stalled.remove(addr);
+            false
+        }
+        None => false,
+    }
+}
+
+/// The node at `addr` let a call wait `within` unanswered: left alone twice that long.
+pub(crate) fn mark_stalled(addr: &str, within: Duration) {
+    if !addr.is_empty() {
+        lock(stalled_nodes()).insert(addr.to_string(), Instant::now() + 2 * within);
+    }
+}
+
+/// The error of a call not answered in time.
+pub(crate) fn timed_out() -> RedisError {
+    RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
 }
 
 /// A wait the server ended without an answer (`UNBLOCKED`: what a primary turning replica

@@ -9,13 +9,14 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis::{Client, Cmd, Connection, FromRedisValue, Value};
+use redis::{Client, Cmd, Connection, FromRedisValue, RedisResult, Value};
 
 use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
-    connection_broken, deadline, identifier, left, lock, next_step, next_tick, slot_of, unblocked,
-    wait_empty_op, AcquireSpec, Action, Backend, Due, Error, Holder, KnownCell, Next, Op, Pool,
-    Request, Result, Retries, Schedule, SetSpec, Step, Tail, Wait,
+    connection_broken, deadline, identifier, left, lock, mark_stalled, next_step, next_tick,
+    slot_of, stalled, timed_out, unblocked, wait_empty_op, AcquireSpec, Action, Backend, Due,
+    Error, Holder, KnownCell, Next, Op, Pool, Request, Result, Retries, Schedule, SetSpec, Step,
+    Tail, Wait,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -173,9 +174,9 @@ impl Refreshes {
             plan = match plan.schedule.next_due(Instant::now()) {
                 Due::Now(key, shared) => {
                     drop(plan);
-                    let again = shared.upgrade().is_some_and(|shared| shared.refresh_due());
+                    let next = shared.upgrade().and_then(|shared| shared.refresh_due());
                     let mut plan = lock(&self.plan);
-                    plan.schedule.refreshed(key, again);
+                    plan.schedule.refreshed(key, next);
                     plan
                 }
                 Due::At(at) => {
@@ -209,6 +210,10 @@ pub(crate) struct Link {
     reused: bool,
     /// A failed call is the caller's at once, without retries.
     once: bool,
+    /// The refresher's calls: one that fails in a way that would pause (a failover, a slot
+    /// moving) is the caller's at once, and one not answered within this fails, so that no
+    /// node holds up every other permit's refresh.
+    hasty: Option<Duration>,
     /// The node of the last call.
     addr: String,
 }
@@ -247,6 +252,7 @@ impl Link {
             conn: None,
             reused: false,
             once: false,
+            hasty: None,
             addr: String::new(),
         }
     }
@@ -267,6 +273,7 @@ impl Link {
             conn: None,
             reused: false,
             once: false,
+            hasty: None,
             addr: String::new(),
         }
     }
@@ -307,11 +314,22 @@ impl Link {
             if broken || asked.is_some() {
                 self.conn = None;
             }
-            if broken && self.reused && !replaced {
+            // (A connection that timed out did not close: it is the node.)
+            if broken && self.reused && !replaced && !err.is_timeout() {
                 replaced = true;
                 continue;
             }
             if self.once {
+                return Err(err.into());
+            }
+            if let Some(within) = self.hasty.filter(|_| next_step(&err, true) == Next::Pause) {
+                // A node that does not answer in time may be stopped: the refresher leaves it
+                // alone a while, and does not ask the cluster for the layout (it might meet
+                // the node too). One that refuses is gone: ask again.
+                match err.is_timeout() {
+                    true => mark_stalled(&self.addr, within),
+                    false => self.route.forget_layout(),
+                }
                 return Err(err.into());
             }
             let retry = self.route.recover(err, &mut retries)?;
@@ -321,6 +339,33 @@ impl Link {
             ask = retry.ask;
             thread::sleep(retry.pause);
         }
+    }
+
+    /// The refresher's new connection to `addr`, made on a thread of its own and waited for at
+    /// most `within`: a node that accepts connections but does not answer (stopped) would hold
+    /// the handshake up without end. One such attempt per node at a time; one that ends late
+    /// leaves its connection in the pool.
+    fn connect_within(
+        &self,
+        client: Client,
+        addr: &str,
+        within: Duration,
+    ) -> RedisResult<Connection> {
+        if !self.pool.begin_connect(addr) {
+            return Err(timed_out());
+        }
+        let (done, connected) = mpsc::channel();
+        let (pool, at) = (Arc::clone(&self.pool), addr.to_string());
+        thread::spawn(move || {
+            let conn = client.get_connection_with_timeout(CONNECT_WITHIN);
+            pool.end_connect(&at);
+            if let Err(mpsc::SendError(Ok(conn))) = done.send(conn) {
+                pool.give(&at, conn);
+            }
+        });
+        connected
+            .recv_timeout(within)
+            .unwrap_or_else(|_| Err(timed_out()))
     }
 
     /// One try: on the slot's owner, or after `ASK` (`ASKING` first) on the node it named.
@@ -344,17 +389,28 @@ impl Link {
                     self.reused = true;
                     conn
                 }
-                None => match &self.target {
-                    Target::Standalone(client) => client.get_connection()?,
-                    Target::Cluster(cluster) => cluster
-                        .inner
-                        .node(&addr)?
-                        .get_connection_with_timeout(CONNECT_WITHIN)?,
-                },
+                None => {
+                    let (client, within) = match &self.target {
+                        Target::Standalone(client) => (client.clone(), None),
+                        Target::Cluster(cluster) => {
+                            (cluster.inner.node(&addr)?, Some(CONNECT_WITHIN))
+                        }
+                    };
+                    match self.hasty {
+                        None => match within {
+                            None => client.get_connection()?,
+                            Some(within) => client.get_connection_with_timeout(within)?,
+                        },
+                        Some(hasty) => self.connect_within(client, &addr, hasty)?,
+                    }
+                }
             };
             self.conn = Some((addr.clone(), conn));
         }
         self.addr.clone_from(&addr);
+        if self.hasty.is_some() && stalled(&addr) {
+            return Err(timed_out().into());
+        }
         let conn = &mut self.conn.as_mut().expect("connected above").1;
         let backend = match self.route.backend(&addr) {
             Some(backend) => backend,
@@ -366,6 +422,10 @@ impl Link {
         if ask.is_some() {
             redis::cmd("ASKING").query::<()>(conn)?;
         }
+        if self.hasty.is_some() {
+            conn.set_read_timeout(self.hasty)?;
+            conn.set_write_timeout(self.hasty)?;
+        }
         let answer = match request.cmd.query(conn) {
             Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
                 let eval = request.eval();
@@ -376,6 +436,11 @@ impl Link {
             }
             answer => answer,
         };
+        if self.hasty.is_some() {
+            // The connection goes back to the pool as it came.
+            let _ = conn.set_read_timeout(None);
+            let _ = conn.set_write_timeout(None);
+        }
         Ok((answer?, backend))
     }
 
@@ -812,18 +877,19 @@ impl Shared {
         Ok(self.holder.refreshed(sent, held))
     }
 
-    /// The refresh thread's: whether to refresh again a third of a lease on (an unreachable
-    /// server is tried again until the lease is up); nothing after the release.
-    fn refresh_due(&self) -> bool {
+    /// The refresh thread's: when to refresh again (core's [`Holder::next_refresh`]), without
+    /// waiting out a failover (the other permits' refreshes come first); nothing after the
+    /// release.
+    fn refresh_due(&self) -> Option<Duration> {
         let mut link = lock(&self.link);
         if self.released.load(Ordering::SeqCst) {
-            return false;
+            return None;
         }
         let sent = Instant::now();
-        match link.op::<i64>(&self.holder.refresh_op()) {
-            Ok(held) => self.holder.refreshed(sent, held),
-            Err(_) => !self.holder.is_lost(),
-        }
+        link.hasty = Some(self.holder.refresh_within());
+        let answer = link.op::<i64>(&self.holder.refresh_op());
+        link.hasty = None;
+        self.holder.next_refresh(sent, answer)
     }
 }
 
