@@ -53,7 +53,7 @@
 //! [`Semaphore`] (and its clones) asks the server on its first acquire whether it has the
 //! module (`COMMAND INFO SEM.ACQUIRE`), keeps the answer, and while it is "no" asks again once
 //! it is 10 s old (in Redis Cluster, the [`Cluster`] keeps it per node); the functions that take
-//! a target ask on the connection they open. Without the module, waiters wait in the script's
+//! a target ask at each call. Without the module, waiters wait in the script's
 //! line, kept in the server and served in arrival order as the module's: a waiter blocks by
 //! `BLPOP` on its own list `<name>:wake:<id>`, where the script tells it of its grant, tries
 //! again at least every 2.5 s (which holds its place), sends `TICK` from a timer when a lease
