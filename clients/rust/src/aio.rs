@@ -21,7 +21,8 @@
 //! Connections: the calls that do not block (an acquire that does not wait, refresh, release,
 //! the limit, `in_use`, a waiter's `TICK`) share one multiplexed connection per server (the one
 //! given with [`Target::with_connection`] or [`Target::with_manager`], else one made on the
-//! first call for every target of the client; in Redis Cluster one per node). A waiting acquire blocks a connection: it takes
+//! first call for every target of the client on the runtime; in Redis Cluster one per node).
+//! A waiting acquire blocks a connection: it takes
 //! one from the target's small pool (per node in Redis Cluster) and gives it back once granted
 //! or refused (dropped midway, it closes it instead, and leaves the script's line from a task).
 //! A `BOUND` or durable acquire and [`wait_empty`] each get a connection of their own, a new
@@ -96,11 +97,14 @@ impl Hub {
     }
 }
 
-/// The one hub of a client's server address and settings, for as long as a semaphore or permit
-/// of it lives, however many targets were made of clones of the client.
+/// The one hub of a client's server address and settings on the current tokio runtime, for as
+/// long as a semaphore or permit of it lives, however many targets were made of clones of the
+/// client. Per runtime: a multiplexed connection lives on the runtime that made it, and ends
+/// with it.
 fn hub_of(client: &Client) -> Arc<Hub> {
     static HUBS: OnceLock<Mutex<HashMap<String, Weak<Hub>>>> = OnceLock::new();
-    let key = format!("{:?}", client.get_connection_info());
+    let runtime = tokio::runtime::Handle::try_current().map(|runtime| runtime.id());
+    let key = format!("{:?} {:?}", runtime.ok(), client.get_connection_info());
     let mut hubs = lock(HUBS.get_or_init(Mutex::default));
     if let Some(hub) = hubs.get(&key).and_then(Weak::upgrade) {
         return hub;
@@ -245,7 +249,8 @@ impl Target {
 
 impl From<Client> for Target {
     /// One server; the shared connection is made on the first call, one for every target made
-    /// of the client (or of another client of the same address and settings).
+    /// of the client (or of another client of the same address and settings) on the current
+    /// tokio runtime.
     fn from(client: Client) -> Self {
         Target::standalone(client, None)
     }

@@ -655,3 +655,33 @@ async fn a_wait_the_server_ends_waits_again_for_what_is_left() {
     assert!(holder.release().await.unwrap());
     assert_eq!(live(&mut conn, "cut"), 0);
 }
+
+/// Targets made of one client share a connection and a refresher per tokio runtime: after a
+/// runtime ends, semaphores made of the client on another one work there (their connection
+/// and refresh task live on it), while one of the first runtime's is still alive.
+#[test]
+fn a_client_serves_a_second_runtime_after_the_first_ended() {
+    let server = server();
+    let mut conn = server.connection();
+    let client = client(&server);
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let kept = first.block_on(async {
+        let kept = Semaphore::new(client.clone(), "jobs");
+        assert!(kept.acquire().await.unwrap().release().await.unwrap());
+        kept
+    });
+    drop(first);
+    let second = tokio::runtime::Runtime::new().unwrap();
+    second.block_on(async {
+        let permit = Semaphore::new(client.clone(), "jobs")
+            .lease(Duration::from_millis(1500))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(2200)).await;
+        assert!(!permit.is_lost());
+        assert_eq!(live(&mut conn, "jobs"), 1);
+        assert!(permit.release().await.unwrap());
+    });
+    drop(kept);
+}
