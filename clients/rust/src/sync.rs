@@ -828,9 +828,9 @@ fn once<T: FromRedisValue>(target: Target, op: &Op, waits: bool) -> Result<T> {
 }
 
 /// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection
-/// apart from the calls' (it blocks the connection): `Ok(true)` once it has none (at once if it has none
-/// now), `Ok(false)` when `timeout` passes first. `Duration::MAX` waits without limit; zero
-/// looks once. It takes nothing. It needs the module: without it, [`Error::ModuleRequired`].
+/// apart from the calls' (it blocks the connection): `Ok(true)` once it has none (at once if it
+/// has none now), `Ok(false)` when `timeout` passes first. `Duration::MAX` waits without
+/// limit; zero looks once. It takes nothing. It needs the module: without it, [`Error::ModuleRequired`].
 pub fn wait_empty(target: impl Into<Target>, name: &str, timeout: Duration) -> Result<bool> {
     let emptied: i64 = once(target.into(), &wait_empty_op(name, timeout), true)?;
     Ok(emptied == 1)
@@ -1056,8 +1056,8 @@ impl Permit {
 }
 
 /// Permits of several semaphores taken at once ([`SemaphoreSet::acquire`]). They are refreshed
-/// together (`SEM.REFRESHALL`) by the client's refresh thread every lease/3, the set is lost as soon
-/// as any one of them is, and they are given back together (`SEM.RELEASEALL`) by
+/// together (`SEM.REFRESHALL`) by the client's refresh thread every lease/3, the set is lost as
+/// soon as any one of them is, and they are given back together (`SEM.RELEASEALL`) by
 /// [`PermitSet::release`] or when the set is dropped.
 pub struct PermitSet {
     holding: Holding,
