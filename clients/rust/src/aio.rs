@@ -1,5 +1,6 @@
 //! The async API on tokio (the `tokio` feature): the same semaphores, permits, sets and
-//! functions as the sync API, with `async` calls and a tokio task refreshing each permit.
+//! functions as the sync API, with `async` calls and one tokio task per client refreshing
+//! every permit of the client.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -20,7 +21,8 @@
 //! Connections: the calls that do not block (an acquire that does not wait, refresh, release,
 //! the limit, `in_use`, a waiter's `TICK`) share one multiplexed connection per server (the one
 //! given with [`Target::with_connection`] or [`Target::with_manager`], else one made on the
-//! first call; in Redis Cluster one per node). A waiting acquire blocks a connection: it takes
+//! first call for every target of the client on the runtime; in Redis Cluster one per node).
+//! A waiting acquire blocks a connection: it takes
 //! one from the target's small pool (per node in Redis Cluster) and gives it back once granted
 //! or refused (dropped midway, it closes it instead, and leaves the script's line from a task).
 //! A `BOUND` or durable acquire and [`wait_empty`] each get a connection of their own, a new
@@ -31,9 +33,10 @@
 //! tokio runtime, gives the permit back from a task spawned on it (outside one, the lease
 //! runs out).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
@@ -45,9 +48,10 @@ use crate::cluster::{
     cluster_slots, no_owner, wrong_api, Cluster, Directory, Inner, Route, CONNECT_WITHIN,
 };
 use crate::core::{
-    connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
-    next_tick, slot_of, wait_empty_op, AcquireSpec, Action, Backend, Durable, Error, Holder,
-    KnownCell, Next, Op, Pool, Request, Result, Retries, SetSpec, Wait,
+    connection_broken, deadline, identifier, left, lock, mark_stalled, next_step, next_tick,
+    slot_of, stalled, timed_out, unblocked, wait_empty_op, AcquireSpec, Action, Backend, Due,
+    Error, Holder, KnownCell, Next, Op, Pool, Request, Result, Retries, Schedule, SetSpec, Step,
+    Tail, Wait,
 };
 
 /// A connection that several callers share: the redis crate's multiplexed connection, or its
@@ -67,13 +71,138 @@ impl Conn {
     }
 }
 
-/// One server: its client (for the connections of their own), the connection shared, and the
-/// pool of the connections that waiting acquires block.
+/// One server: its client (for the connections of their own) and what every semaphore of the
+/// client shares.
 #[derive(Clone)]
 pub struct Standalone {
     client: Client,
-    shared: Arc<Mutex<Option<Conn>>>,
-    blocking: Arc<Pool<MultiplexedConnection>>,
+    hub: Arc<Hub>,
+}
+
+/// What the semaphores and permits of one client share: the connection shared, the pool of
+/// the connections that waiting acquires block, and the one task that refreshes every permit.
+struct Hub {
+    shared: Mutex<Option<Conn>>,
+    blocking: Pool<MultiplexedConnection>,
+    refresher: Arc<Refresher>,
+}
+
+impl Hub {
+    fn new(shared: Option<Conn>) -> Self {
+        Hub {
+            shared: Mutex::new(shared),
+            blocking: Pool::default(),
+            refresher: Arc::default(),
+        }
+    }
+}
+
+/// The one hub of a client's server address and settings on the current tokio runtime, for as
+/// long as a semaphore or permit of it lives, however many targets were made of clones of the
+/// client. Per runtime: a multiplexed connection lives on the runtime that made it, and ends
+/// with it.
+fn hub_of(client: &Client) -> Arc<Hub> {
+    static HUBS: OnceLock<Mutex<HashMap<String, Weak<Hub>>>> = OnceLock::new();
+    let runtime = tokio::runtime::Handle::try_current().map(|runtime| runtime.id());
+    let key = format!("{:?} {:?}", runtime.ok(), client.get_connection_info());
+    let mut hubs = lock(HUBS.get_or_init(Mutex::default));
+    if let Some(hub) = hubs.get(&key).and_then(Weak::upgrade) {
+        return hub;
+    }
+    hubs.retain(|_, hub| hub.strong_count() > 0);
+    let hub = Arc::new(Hub::new(None));
+    hubs.insert(key, Arc::downgrade(&hub));
+    hub
+}
+
+/// The refresher of `target`'s permits: its client's, or its [`Cluster`]'s.
+fn refresher_of(target: &Target) -> Arc<Refresher> {
+    static CLUSTERS: OnceLock<Mutex<HashMap<usize, Weak<Refresher>>>> = OnceLock::new();
+    let cluster = match target {
+        Target::Standalone(standalone) => return Arc::clone(&standalone.hub.refresher),
+        Target::Cluster(cluster) => Arc::as_ptr(&cluster.inner) as usize,
+    };
+    let mut refreshers = lock(CLUSTERS.get_or_init(Mutex::default));
+    if let Some(refresher) = refreshers.get(&cluster).and_then(Weak::upgrade) {
+        return refresher;
+    }
+    refreshers.retain(|_, refresher| refresher.strong_count() > 0);
+    let refresher = Arc::<Refresher>::default();
+    refreshers.insert(cluster, Arc::downgrade(&refresher));
+    refresher
+}
+
+/// The refreshes of a client's permits, sent by one task (started on the runtime of the
+/// permit that needs it, again if that runtime has ended; it ends with the refresher), each on
+/// the shared connection.
+#[derive(Default)]
+struct Refresher {
+    plan: Mutex<Option<Schedule<Weak<Shared>>>>,
+    wake: Arc<tokio::sync::Notify>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Refresher {
+    /// Refreshes `shared` every lease/3 from now on: its key in the schedule.
+    fn add(self: &Arc<Self>, shared: &Arc<Shared>) -> u64 {
+        let (key, earliest) = lock(&self.plan)
+            .get_or_insert_with(Schedule::new)
+            .add(Arc::downgrade(shared), shared.holder.lease / 3);
+        let mut task = lock(&self.task);
+        if task.as_ref().is_none_or(JoinHandle::is_finished) {
+            let refresher = Arc::downgrade(self);
+            *task = Some(tokio::spawn(refreshing(refresher, Arc::clone(&self.wake))));
+        } else if earliest {
+            self.wake.notify_one();
+        }
+        key
+    }
+
+    fn remove(&self, key: u64) {
+        if let Some(plan) = lock(&self.plan).as_mut() {
+            plan.remove(key);
+        }
+    }
+
+    fn next_due(&self) -> Due<Weak<Shared>> {
+        lock(&self.plan)
+            .get_or_insert_with(Schedule::new)
+            .next_due(Instant::now())
+    }
+}
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        self.wake.notify_one(); // its task ends
+    }
+}
+
+/// The refresh task of a client.
+async fn refreshing(refresher: Weak<Refresher>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        let Some(me) = refresher.upgrade() else {
+            return;
+        };
+        match me.next_due() {
+            Due::Now(key, shared) => {
+                let next = match shared.upgrade() {
+                    Some(shared) => shared.refresh_due().await,
+                    None => None,
+                };
+                if let Some(plan) = lock(&me.plan).as_mut() {
+                    plan.refreshed(key, next);
+                }
+            }
+            Due::At(at) => {
+                drop(me);
+                let _ = tokio::time::timeout_at(at.into(), wake.notified()).await;
+            }
+            Due::Idle => {
+                drop(me);
+                wake.notified().await;
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Standalone {
@@ -106,11 +235,11 @@ impl Target {
     }
 
     fn standalone(client: Client, shared: Option<Conn>) -> Self {
-        Target::Standalone(Standalone {
-            client,
-            shared: Arc::new(Mutex::new(shared)),
-            blocking: Arc::default(),
-        })
+        let hub = match shared {
+            None => hub_of(&client),
+            shared => Arc::new(Hub::new(shared)),
+        };
+        Target::Standalone(Standalone { client, hub })
     }
 
     fn slot(&self, names: &[String]) -> Result<Option<u16>> {
@@ -119,7 +248,9 @@ impl Target {
 }
 
 impl From<Client> for Target {
-    /// One server; the shared connection is made on the first call.
+    /// One server; the shared connection is made on the first call, one for every target made
+    /// of the client (or of another client of the same address and settings) on the current
+    /// tokio runtime.
     fn from(client: Client) -> Self {
         Target::standalone(client, None)
     }
@@ -216,6 +347,10 @@ struct Link {
     reused: bool,
     /// A failed call is the caller's at once, without retries.
     once: bool,
+    /// The refresher's calls: one that fails in a way that would pause (a failover, a slot
+    /// moving) is the caller's at once, and one not answered within this fails, so that no
+    /// node holds up every other permit's refresh.
+    hasty: Option<Duration>,
     /// The node of the last call.
     addr: String,
 }
@@ -233,6 +368,7 @@ impl Link {
             conn: None,
             reused: false,
             once: false,
+            hasty: None,
             addr: String::new(),
         }
     }
@@ -251,6 +387,7 @@ impl Link {
             conn: None,
             reused: false,
             once: false,
+            hasty: None,
             addr: String::new(),
         }
     }
@@ -261,7 +398,7 @@ impl Link {
 
     fn blocking(&self) -> &Pool<MultiplexedConnection> {
         match &self.target {
-            Target::Standalone(standalone) => &standalone.blocking,
+            Target::Standalone(standalone) => &standalone.hub.blocking,
             Target::Cluster(cluster) => &cluster.inner.blocking,
         }
     }
@@ -304,11 +441,22 @@ impl Link {
             if asked.is_some() {
                 self.conn = None;
             }
-            if broken && self.reused && !replaced {
+            // (A connection that timed out did not close: it is the node.)
+            if broken && self.reused && !replaced && !err.is_timeout() {
                 replaced = true;
                 continue;
             }
             if self.once {
+                return Err(err.into());
+            }
+            if let Some(within) = self.hasty.filter(|_| next_step(&err, true) == Next::Pause) {
+                // A node that does not answer in time may be stopped: the refresher leaves it
+                // alone a while, and does not ask the cluster for the layout (it might meet
+                // the node too). One that refuses is gone: ask again.
+                match err.is_timeout() {
+                    true => mark_stalled(&self.addr, within),
+                    false => self.route.forget_layout(),
+                }
                 return Err(err.into());
             }
             let retry = self.route.recover(err, &mut retries)?;
@@ -329,7 +477,7 @@ impl Link {
                         lock(&cluster.inner.shared).remove(&addr);
                     }
                     Target::Standalone(standalone) => {
-                        let mut shared = lock(&standalone.shared);
+                        let mut shared = lock(&standalone.hub.shared);
                         if matches!(*shared, Some(Conn::Multiplexed(_))) {
                             *shared = None;
                         }
@@ -352,7 +500,7 @@ impl Link {
         let client = match &self.target {
             Target::Standalone(standalone) => {
                 if !own {
-                    if let Some(conn) = lock(&standalone.shared).clone() {
+                    if let Some(conn) = lock(&standalone.hub.shared).clone() {
                         return Ok(conn);
                     }
                 }
@@ -379,7 +527,7 @@ impl Link {
         if !own {
             match &self.target {
                 Target::Standalone(standalone) => {
-                    let mut shared = lock(&standalone.shared);
+                    let mut shared = lock(&standalone.hub.shared);
                     if let Some(shared) = shared.clone() {
                         return Ok(shared);
                     }
@@ -417,6 +565,9 @@ impl Link {
             self.conn = Some((addr.clone(), conn));
         }
         self.addr.clone_from(&addr);
+        if self.hasty.is_some() && stalled(&addr) {
+            return Err(timed_out().into());
+        }
         let mut conn = self.conn.as_ref().expect("connected above").1.clone();
         let backend = match self.route.backend(&addr) {
             Some(backend) => backend,
@@ -433,11 +584,11 @@ impl Link {
         }
         let answer = match conn.query(&request.cmd).await {
             Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
-                let eval = request.eval.as_ref().unwrap_or(&request.cmd);
+                let eval = request.eval();
                 if ask.is_some() {
                     conn.query(&asking).await?;
                 }
-                conn.query(eval).await
+                conn.query(&eval).await
             }
             answer => answer,
         };
@@ -466,17 +617,25 @@ impl Link {
                     let answer = self
                         .send(&mut |backend| wait.as_sent(&op).request(backend, long))
                         .await;
+                    if matches!(&answer, Err(Error::Redis(err)) if unblocked(err)) {
+                        // The server ended the wait (a failover): wait again, for what is left.
+                        action = Action::Send(op);
+                        continue;
+                    }
                     let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }
                 Action::Block { blpop, tick } => {
-                    // In Redis Cluster a move or a failover met while blocked: the next
-                    // attempt, with its retries, finds the slot's owner (same id, time left).
+                    // A wait the server ended (UNBLOCKED), or in Redis Cluster a move or a
+                    // failover met while blocked: the next attempt, with its retries, finds
+                    // the slot's owner (same id, time left).
                     self.once = long;
                     let popped = self.block(&blpop, tick, &wait.tick_op()).await;
                     self.once = false;
                     match popped {
-                        Err(Error::Redis(err)) if long && next_step(&err, true) != Next::Fail => {
+                        Err(Error::Redis(err))
+                            if unblocked(&err) || (long && next_step(&err, true) != Next::Fail) =>
+                        {
                             wait.popped(None)
                         }
                         popped => wait.popped(popped?),
@@ -495,28 +654,13 @@ impl Link {
         }
     }
 
-    /// As the sync API's `Link::durable`.
-    async fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
-        let mut retries = Retries::new(self.route.budget());
-        loop {
-            // Sent once, on the connection that wrote the grant (or its refresh): never on
-            // another, as a pooled connection found closed would be.
-            self.once = true;
-            self.reused = false;
-            let answer = self.plain::<usize>(&durable_wait(wanted, timeout)).await;
-            self.once = false;
-            match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {
-                Durable::Done => return Ok(()),
-                Durable::Recheck(pause) => {
-                    tokio::time::sleep(pause).await;
-                    let sent = Instant::now();
-                    let held: i64 = self.op(&holder.refresh_op()).await?;
-                    if !holder.refreshed(sent, held) {
-                        return Err(Error::NotDurable { acked: 0, wanted });
-                    }
-                }
-            }
-        }
+    /// As the sync API's `Link::wait_replicas`.
+    async fn wait_replicas(&mut self, wait: &Cmd) -> Result<usize> {
+        self.once = true;
+        self.reused = false;
+        let answer = self.plain::<usize>(wait).await;
+        self.once = false;
+        answer
     }
 
     /// `BLPOP` on a connection of the pool; with `tick`, `TICK` on the shared connection at
@@ -674,42 +818,24 @@ impl Semaphore {
         let ticket = link.acquire(&mut waiting).await?;
         let sent = waiting.wait.attempted;
         drop(waiting);
+        let budget = link.route.budget();
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
         // From here on, a drop (an error, or the caller's timeout while replicas are awaited)
         // gives the permit back.
         let mut permit = Permit {
-            holding: Holding::new(holder, link),
+            holding: Holding::new(holder, link, refresher_of(&self.target)),
             ticket,
             count: self.spec.count.unwrap_or(1),
         };
-        if let Some((wanted, timeout)) = self.durable {
-            let holding = &permit.holding;
-            let durable = holding
-                .shared
-                .link
-                .lock()
-                .await
-                .durable(holding.holder(), wanted, timeout)
-                .await;
-            if let Err(err) = durable {
-                let _ = permit.holding.give_back().await;
-                return Err(err);
-            }
-        }
-        if !self.spec.bound {
-            // Granted: the permit's calls go on the shared connection.
-            *permit.holding.shared.link.lock().await =
-                Link::new(self.target.clone(), slot, self.known.clone());
-        }
-        // A wait for the grant leaves the lease's start unknown: confirm it now.
-        if sent.elapsed() > self.spec.lease / 3 && !permit.refresh().await? {
-            permit.holding.give_back().await?;
-            return Err(Error::Lost);
-        }
-        if self.auto_refresh {
-            permit.holding.start_refreshing();
-        }
+        // Then the permit's calls go on the shared connection.
+        let shared =
+            (!self.spec.bound).then(|| Link::new(self.target.clone(), slot, self.known.clone()));
+        let tail = Tail::new(sent, self.spec.lease, self.durable, slot.is_some(), budget);
+        permit
+            .holding
+            .finish(tail, self.auto_refresh, shared)
+            .await?;
         Ok(permit)
     }
 }
@@ -796,21 +922,18 @@ impl SemaphoreSet {
         let tickets = self.spec.outcome(reply)?;
         let holder = Holder::new(names, true, id, self.spec.lease);
         holder.granted_at(sent);
-        if !self.spec.bound {
-            link = Link::new(self.target.clone(), slot, self.known.clone());
-        }
+        let shared =
+            (!self.spec.bound).then(|| Link::new(self.target.clone(), slot, self.known.clone()));
         let mut permits = PermitSet {
-            holding: Holding::new(holder, link),
+            holding: Holding::new(holder, link, refresher_of(&self.target)),
             counts: self.spec.semaphores.iter().map(|s| s.2).collect(),
             tickets,
         };
-        if sent.elapsed() > self.spec.lease / 3 && !permits.refresh().await? {
-            permits.holding.give_back().await?;
-            return Err(Error::Lost);
-        }
-        if self.auto_refresh {
-            permits.holding.start_refreshing();
-        }
+        let tail = Tail::new(sent, self.spec.lease, None, slot.is_some(), Duration::ZERO);
+        permits
+            .holding
+            .finish(tail, self.auto_refresh, shared)
+            .await?;
         Ok(permits)
     }
 }
@@ -851,10 +974,12 @@ pub async fn in_use(target: impl Into<Target>, name: &str) -> Result<u64> {
     once(target.into(), &Op::new("GET", name), false).await
 }
 
-/// What the permit (or set) and its refresh task share.
+/// What the permit (or set) and the client's refresh task share.
 struct Shared {
     holder: Holder,
     link: tokio::sync::Mutex<Link>,
+    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
+    released: AtomicBool,
 }
 
 impl Shared {
@@ -864,28 +989,51 @@ impl Shared {
         Ok(self.holder.refreshed(sent, held))
     }
 
+    /// As the sync API's: when to refresh again; nothing after the release.
+    async fn refresh_due(&self) -> Option<Duration> {
+        let mut link = self.link.lock().await;
+        if self.released.load(Ordering::SeqCst) {
+            return None;
+        }
+        let sent = Instant::now();
+        let within = self.holder.refresh_within();
+        link.hasty = Some(within);
+        let op = self.holder.refresh_op();
+        let refresh = link.op::<i64>(&op);
+        let answer = match tokio::time::timeout(within, refresh).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                mark_stalled(&link.addr, within);
+                Err(timed_out().into())
+            }
+        };
+        link.hasty = None;
+        self.holder.next_refresh(sent, answer)
+    }
+
     async fn release(&self) -> Result<i64> {
         self.link.lock().await.op(&self.holder.release_op()).await
     }
 }
 
-/// The refresh task and the release that a permit and a set share.
+/// The refresh and the release that a permit and a set share.
 struct Holding {
     shared: Arc<Shared>,
-    refresher: Mutex<Option<JoinHandle<()>>>,
-    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
-    released: AtomicBool,
+    refresher: Arc<Refresher>,
+    /// Its key in the client's refresh schedule, while refreshed.
+    scheduled: Mutex<Option<u64>>,
 }
 
 impl Holding {
-    fn new(holder: Holder, link: Link) -> Self {
+    fn new(holder: Holder, link: Link, refresher: Arc<Refresher>) -> Self {
         Holding {
             shared: Arc::new(Shared {
                 holder,
                 link: tokio::sync::Mutex::new(link),
+                released: AtomicBool::new(false),
             }),
-            refresher: Mutex::new(None),
-            released: AtomicBool::new(false),
+            refresher,
+            scheduled: Mutex::new(None),
         }
     }
 
@@ -893,44 +1041,70 @@ impl Holding {
         &self.shared.holder
     }
 
+    fn unschedule(&self) {
+        if let Some(key) = lock(&self.scheduled).take() {
+            self.refresher.remove(key);
+        }
+    }
+
     /// As the sync API's: an error leaves the permit held, for another call or the drop.
     async fn give_back(&self) -> Result<bool> {
-        if self.released.load(Ordering::SeqCst) {
+        if self.shared.released.load(Ordering::SeqCst) {
             return Ok(false);
         }
         let lost_before = self.holder().is_lost();
-        if let Some(refresher) = lock(&self.refresher).take() {
-            refresher.abort();
+        self.unschedule();
+        // Under the link's lock: a refresh under way ends first, and none is sent after.
+        let mut link = self.shared.link.lock().await;
+        if self.shared.released.load(Ordering::SeqCst) {
+            return Ok(false);
         }
-        let released = self.shared.release().await?;
-        self.released.store(true, Ordering::SeqCst);
+        let released: i64 = link.op(&self.holder().release_op()).await?;
+        self.shared.released.store(true, Ordering::SeqCst);
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
-    fn start_refreshing(&mut self) {
-        let shared = Arc::clone(&self.shared);
-        let interval = shared.holder.lease / 3;
-        *lock(&self.refresher) = Some(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(interval).await;
-                match shared.refresh().await {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(_) if shared.holder.is_lost() => return,
-                    Err(_) => {} // unreachable server: retry until the lease is up
+    /// As the sync API's: drives core's [`Tail`] after the grant, then moves the permit's
+    /// calls to `shared` (unless bound) and starts its refresh.
+    async fn finish(
+        &mut self,
+        mut tail: Tail,
+        auto_refresh: bool,
+        shared: Option<Link>,
+    ) -> Result<()> {
+        let mut step = tail.start();
+        loop {
+            step = match step {
+                Step::WaitReplicas(wait) => {
+                    let answer = self.shared.link.lock().await.wait_replicas(&wait).await;
+                    tail.waited(answer)
                 }
-            }
-        }));
+                Step::Refresh(pause) => {
+                    tokio::time::sleep(pause).await;
+                    tail.refreshed(self.shared.refresh().await)
+                }
+                Step::GiveBack(err) => {
+                    let _ = self.give_back().await; // else the drop tries again
+                    return Err(err);
+                }
+                Step::Done => break,
+            };
+        }
+        if let Some(shared) = shared {
+            *self.shared.link.lock().await = shared;
+        }
+        if auto_refresh {
+            *lock(&self.scheduled) = Some(self.refresher.add(&self.shared));
+        }
+        Ok(())
     }
 }
 
 impl Drop for Holding {
     /// No async drop: the refresh stops, and inside a runtime a task gives the permit back.
     fn drop(&mut self) {
-        if let Some(refresher) = lock(&self.refresher).take() {
-            refresher.abort();
-        }
-        if !self.released.load(Ordering::SeqCst) {
+        self.unschedule();
+        if !self.shared.released.load(Ordering::SeqCst) {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 // On the shared connection: the permit's own may still be blocked in a call
                 // that was dropped (`WAIT numreplicas`), which would hold the release back.
@@ -956,7 +1130,7 @@ impl Drop for Holding {
     }
 }
 
-/// A granted permit: refreshed by a tokio task every lease/3 (unless
+/// A granted permit: refreshed by the client's tokio task every lease/3 (unless
 /// [`Semaphore::auto_refresh`] is off); see the module's text for what a drop does.
 pub struct Permit {
     holding: Holding,

@@ -60,6 +60,9 @@ pub(crate) struct Inner {
     backends: Mutex<HashMap<String, Known>>,
     /// The connections to each node that the sync calls take and give back.
     pub(crate) pool: Arc<Pool<redis::Connection>>,
+    /// The connections to each node that sync waiting acquires block (taken, given back):
+    /// apart from the calls', which a release that ends a wait needs.
+    pub(crate) waits: Arc<Pool<redis::Connection>>,
     /// The connection that calls of several permits share on each node (async).
     #[cfg(feature = "tokio")]
     pub(crate) shared: Mutex<HashMap<String, redis::aio::MultiplexedConnection>>,
@@ -126,6 +129,7 @@ impl Cluster {
                 moved: Mutex::new(HashMap::new()),
                 backends: Mutex::new(HashMap::new()),
                 pool: Arc::default(),
+                waits: Arc::default(),
                 #[cfg(feature = "tokio")]
                 shared: Mutex::new(HashMap::new()),
                 #[cfg(feature = "tokio")]
@@ -341,6 +345,14 @@ impl Route {
                 cluster.set_backend(addr, backend);
                 backend
             }
+        }
+    }
+
+    /// Forgets the slots' owners (a failure met, that a caller will not retry now): the next
+    /// call asks the cluster again.
+    pub(crate) fn forget_layout(&self) {
+        if let Route::Slot(cluster, _) = self {
+            cluster.forget();
         }
     }
 

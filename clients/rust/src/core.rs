@@ -3,6 +3,8 @@
 //! retried, and a holder's state. No I/O here: the transports (`sync`, `aio`) send what these
 //! routines build and feed the answers back.
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -203,6 +205,8 @@ pub(crate) type KnownCell = std::sync::Arc<Mutex<Option<Known>>>;
 /// waiting acquires and permits reuse them rather than open one each.
 pub(crate) struct Pool<C> {
     idle: Mutex<std::collections::HashMap<String, Vec<C>>>,
+    /// The nodes a connection is being made to, apart (the sync refresher's).
+    connecting: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The idle connections a pool keeps per node; more are closed when given back.
@@ -212,6 +216,7 @@ impl<C> Default for Pool<C> {
     fn default() -> Self {
         Pool {
             idle: Mutex::new(std::collections::HashMap::new()),
+            connecting: Mutex::new(std::collections::HashSet::new()),
         }
     }
 }
@@ -225,6 +230,15 @@ impl<C> fmt::Debug for Pool<C> {
 impl<C> Pool<C> {
     pub(crate) fn take(&self, addr: &str) -> Option<C> {
         lock(&self.idle).get_mut(addr)?.pop()
+    }
+
+    /// Whether a connection to `addr` may be made apart now: none is being made.
+    pub(crate) fn begin_connect(&self, addr: &str) -> bool {
+        lock(&self.connecting).insert(addr.to_string())
+    }
+
+    pub(crate) fn end_connect(&self, addr: &str) {
+        lock(&self.connecting).remove(addr);
     }
 
     pub(crate) fn give(&self, addr: &str, conn: C) {
@@ -245,16 +259,36 @@ pub(crate) fn server_error(text: &str) -> RedisError {
     }
 }
 
-/// What a command is sent as: `cmd`, and when the server answers `NOSCRIPT`, `eval` (the
-/// script's source, which loads it).
+/// What a command is sent as: `cmd`, and when the server answers `NOSCRIPT`, the same with
+/// `EVAL` and the script's source (`eval`), which loads it.
 pub(crate) struct Request {
     pub(crate) cmd: Cmd,
-    pub(crate) eval: Option<Cmd>,
+    /// The source of the script `cmd` runs by `EVALSHA`.
+    eval: Option<&'static str>,
 }
 
 impl From<Cmd> for Request {
     fn from(cmd: Cmd) -> Self {
         Request { cmd, eval: None }
+    }
+}
+
+impl Request {
+    /// What to send after `NOSCRIPT`: `EVAL source` and the arguments of `EVALSHA sha`. Made
+    /// only then: the source is long, and copying it into every call costs more than the rest
+    /// of the package's work.
+    pub(crate) fn eval(&self) -> Cmd {
+        let Some(text) = self.eval else {
+            return self.cmd.clone();
+        };
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(text);
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(arg) = arg {
+                eval.arg(arg);
+            }
+        }
+        eval
     }
 }
 
@@ -360,8 +394,8 @@ impl Op {
             _ => match self.needs_module {
                 Some(what) => Err(Error::ModuleRequired(what)),
                 None => Ok(Request {
-                    cmd: self.script_command("EVALSHA", sha),
-                    eval: Some(self.script_command("EVAL", text)),
+                    cmd: self.script_command(sha),
+                    eval: Some(text),
                 }),
             },
         }
@@ -388,11 +422,11 @@ impl Op {
         cmd
     }
 
-    /// `EVALSHA sha 6 keys... <op> args...`, or with `EVAL` the script's source.
-    fn script_command(&self, eval: &str, script: &str) -> Cmd {
+    /// `EVALSHA sha 6 keys... <op> args...`.
+    fn script_command(&self, sha: &str) -> Cmd {
         let name = self.name();
-        let mut cmd = redis::cmd(eval);
-        cmd.arg(script).arg(6).arg(name);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha).arg(6).arg(name);
         for suffix in KEY_SUFFIXES.iter().chain([":wake"].iter()) {
             cmd.arg(format!("{name}{suffix}"));
         }
@@ -1043,7 +1077,7 @@ pub(crate) fn wait_empty_op(name: &str, timeout: Duration) -> Op {
 }
 
 /// `WAIT replicas timeout` after a durable grant.
-pub(crate) fn durable_wait(replicas: usize, timeout: Duration) -> Cmd {
+fn durable_wait(replicas: usize, timeout: Duration) -> Cmd {
     let mut cmd = redis::cmd("WAIT");
     cmd.arg(replicas).arg(timeout.as_millis() as u64);
     cmd
@@ -1051,7 +1085,7 @@ pub(crate) fn durable_wait(replicas: usize, timeout: Duration) -> Cmd {
 
 /// What to do after a durable grant's `WAIT numreplicas` answered.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Durable {
+enum Durable {
     /// Enough replicas acknowledged the grant.
     Done,
     /// The connection that wrote the grant is gone (its primary failed over): after this
@@ -1064,7 +1098,7 @@ pub(crate) enum Durable {
 
 /// The step after `answer`, the reply of `WAIT numreplicas` sent once, on the connection that
 /// wrote the grant (or that refreshed it); `cluster`: the call went to a node of Redis Cluster.
-pub(crate) fn durable_answer(
+fn durable_answer(
     answer: Result<usize>,
     wanted: usize,
     cluster: bool,
@@ -1079,6 +1113,111 @@ pub(crate) fn durable_answer(
         Err(err) => Err(err),
     }
 }
+
+/// What a transport does next after a grant, until the permit is the caller's.
+pub(crate) enum Step {
+    /// Send this `WAIT numreplicas` once, on the connection that wrote the grant (or its last
+    /// refresh), never on another; then [`Tail::waited`].
+    WaitReplicas(Cmd),
+    /// After this pause, refresh the permit; then [`Tail::refreshed`].
+    Refresh(Duration),
+    /// Give the permit back, and fail with this error.
+    GiveBack(Error),
+    /// The permit is the caller's: refresh it from now on (unless told not to).
+    Done,
+}
+
+/// Why the tail refreshes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Refreshing {
+    /// After a durable `WAIT` cut by a failover: the next `WAIT` covers the refresh's write.
+    Durable,
+    /// The grant came after a wait: the lease's start is unknown until a refresh confirms it.
+    Lease,
+}
+
+/// The end of an acquire, the same for the sync and async APIs: the durable `WAIT` (core's
+/// [`Durable`]), the check that a grant which took more than a third of its lease is still
+/// held, and giving the permit back when either fails.
+pub(crate) struct Tail {
+    sent: Instant,
+    lease: Duration,
+    durable: Option<(usize, Duration)>,
+    cluster: bool,
+    retries: Retries,
+    refreshing: Refreshing,
+}
+
+impl Tail {
+    /// After a grant whose attempt was sent at `sent`; `cluster`: it came from a node of Redis
+    /// Cluster, whose retry budget is `budget`.
+    pub(crate) fn new(
+        sent: Instant,
+        lease: Duration,
+        durable: Option<(usize, Duration)>,
+        cluster: bool,
+        budget: Duration,
+    ) -> Self {
+        Tail {
+            sent,
+            lease,
+            durable,
+            cluster,
+            retries: Retries::new(budget),
+            refreshing: Refreshing::Lease,
+        }
+    }
+
+    pub(crate) fn start(&mut self) -> Step {
+        match self.durable {
+            Some((wanted, timeout)) => Step::WaitReplicas(durable_wait(wanted, timeout)),
+            None => self.check_lease(),
+        }
+    }
+
+    /// A wait for the grant leaves the lease's start unknown: confirm it when a third of the
+    /// lease has passed since the attempt was sent.
+    fn check_lease(&mut self) -> Step {
+        if self.sent.elapsed() > self.lease / 3 {
+            self.refreshing = Refreshing::Lease;
+            return Step::Refresh(Duration::ZERO);
+        }
+        Step::Done
+    }
+
+    /// The answer of [`Step::WaitReplicas`].
+    pub(crate) fn waited(&mut self, answer: Result<usize>) -> Step {
+        let Some((wanted, _)) = self.durable else {
+            return self.check_lease();
+        };
+        match durable_answer(answer, wanted, self.cluster, &mut self.retries) {
+            Ok(Durable::Done) => self.check_lease(),
+            Ok(Durable::Recheck(pause)) => {
+                self.refreshing = Refreshing::Durable;
+                Step::Refresh(pause)
+            }
+            Err(err) => Step::GiveBack(err),
+        }
+    }
+
+    /// The answer of [`Step::Refresh`]: whether the permit is still held.
+    pub(crate) fn refreshed(&mut self, answer: Result<bool>) -> Step {
+        match (answer, self.refreshing, self.durable) {
+            (Err(err), _, _) => Step::GiveBack(err),
+            (Ok(true), Refreshing::Durable, Some((wanted, timeout))) => {
+                Step::WaitReplicas(durable_wait(wanted, timeout))
+            }
+            (Ok(false), Refreshing::Durable, Some((wanted, _))) => {
+                Step::GiveBack(Error::NotDurable { acked: 0, wanted })
+            }
+            (Ok(true), _, _) => Step::Done,
+            (Ok(false), _, _) => Step::GiveBack(Error::Lost),
+        }
+    }
+}
+
+/// How soon the refresher tries a refresh again after it failed.
+const REFRESH_AGAIN: Duration = Duration::from_millis(500);
 
 /// A holder's state, shared by the permit and its refresh.
 pub(crate) struct State {
@@ -1147,6 +1286,25 @@ impl Holder {
         held == self.wanted()
     }
 
+    /// When the refresher sends the next refresh after `answer` (to one sent at `sent`): a
+    /// third of the lease on; sooner after a failure (in Redis Cluster the slot's owner may be
+    /// failing over: the refresher does not wait for it, and tries again until the lease is
+    /// up); never once lost.
+    pub(crate) fn next_refresh(&self, sent: Instant, answer: Result<i64>) -> Option<Duration> {
+        let every = self.lease / 3;
+        match answer {
+            Ok(held) => self.refreshed(sent, held).then_some(every),
+            Err(_) if self.is_lost() => None,
+            Err(_) => Some(every.min(REFRESH_AGAIN)),
+        }
+    }
+
+    /// How long the refresher waits for a refresh's answer: a third of the lease, from 1 to
+    /// 5 seconds.
+    pub(crate) fn refresh_within(&self) -> Duration {
+        (self.lease / 3).clamp(Duration::from_secs(1), Duration::from_secs(5))
+    }
+
     pub(crate) fn mark_lost(&self) {
         lock(&self.state).lost = true;
     }
@@ -1174,6 +1332,137 @@ impl Holder {
         }
         Ok(self.release_op().arg("COUNT").arg(count))
     }
+}
+
+/// The refreshes of a client's permits, earliest first: what its one refresh thread (sync) or
+/// task (async) sends, so that a held permit costs an entry here and neither a thread nor a
+/// connection. Each entry is refreshed when [`Holder::next_refresh`] says until removed
+/// (released, dropped) or lost.
+pub(crate) struct Schedule<T> {
+    due: BinaryHeap<Reverse<(Instant, u64)>>,
+    entries: HashMap<u64, T>,
+    next: u64,
+}
+
+/// What a refresher does next.
+pub(crate) enum Due<T> {
+    /// Refresh this entry now, then [`Schedule::refreshed`].
+    Now(u64, T),
+    /// Nothing is due before this.
+    At(Instant),
+    /// Nothing is scheduled.
+    Idle,
+}
+
+impl<T: Clone> Schedule<T> {
+    pub(crate) fn new() -> Self {
+        Schedule {
+            due: BinaryHeap::new(),
+            entries: HashMap::new(),
+            next: 0,
+        }
+    }
+
+    /// Schedules `item` `after` from now: its key, and whether it is now the earliest (the
+    /// refresher, asleep until a later one, must wake).
+    pub(crate) fn add(&mut self, item: T, after: Duration) -> (u64, bool) {
+        let key = self.next;
+        self.next += 1;
+        let at = Instant::now() + after;
+        let earliest = self
+            .due
+            .peek()
+            .is_none_or(|Reverse((first, _))| at < *first);
+        self.due.push(Reverse((at, key)));
+        self.entries.insert(key, item);
+        (key, earliest)
+    }
+
+    /// Unschedules `key` (its permit was given back). The heap drops the stale entry when
+    /// it comes up, or at once when stale entries outnumber live ones (acquire and release
+    /// pairs would pile them up).
+    pub(crate) fn remove(&mut self, key: u64) {
+        self.entries.remove(&key);
+        if self.due.len() > 64 && self.due.len() > 2 * self.entries.len() {
+            let entries = &self.entries;
+            self.due
+                .retain(|Reverse((_, key))| entries.contains_key(key));
+        }
+    }
+
+    /// The next refresh to send at `now`, or when the next one is due.
+    pub(crate) fn next_due(&mut self, now: Instant) -> Due<T> {
+        while let Some(Reverse((at, key))) = self.due.peek().copied() {
+            let Some(item) = self.entries.get(&key) else {
+                self.due.pop();
+                continue;
+            };
+            if at > now {
+                return Due::At(at);
+            }
+            self.due.pop();
+            return Due::Now(key, item.clone());
+        }
+        Due::Idle
+    }
+
+    /// The refresh of `key` ended: the next one `next` from now (core's
+    /// [`Holder::next_refresh`]), unless it was removed meanwhile; `None`: no more.
+    pub(crate) fn refreshed(&mut self, key: u64, next: Option<Duration>) {
+        match next {
+            Some(after) if self.entries.contains_key(&key) => {
+                self.due.push(Reverse((Instant::now() + after, key)));
+            }
+            Some(_) => {}
+            None => {
+                self.entries.remove(&key);
+            }
+        }
+    }
+}
+
+/// The nodes of Redis Cluster that let a refresher's call go unanswered (stopped, or cut off),
+/// and until when refreshers leave them alone: a call to such a node fails at once, so that it
+/// holds up no other node's refreshes; one goes through when that time is up. Per process:
+/// a node's address names it in every client.
+fn stalled_nodes() -> &'static Mutex<HashMap<String, Instant>> {
+    static STALLED: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+    STALLED.get_or_init(Mutex::default)
+}
+
+/// Whether refreshers leave the node at `addr` alone now (never on one server, `""`).
+pub(crate) fn stalled(addr: &str) -> bool {
+    if addr.is_empty() {
+        return false;
+    }
+    let mut stalled = lock(stalled_nodes());
+    match stalled.get(addr) {
+        Some(until) if Instant::now() < *until => true,
+        Some(_) => {
+            stalled.remove(addr);
+            false
+        }
+        None => false,
+    }
+}
+
+/// The node at `addr` let a call wait `within` unanswered: left alone twice that long.
+pub(crate) fn mark_stalled(addr: &str, within: Duration) {
+    if !addr.is_empty() {
+        lock(stalled_nodes()).insert(addr.to_string(), Instant::now() + 2 * within);
+    }
+}
+
+/// The error of a call not answered in time.
+pub(crate) fn timed_out() -> RedisError {
+    RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+}
+
+/// A wait the server ended without an answer (`UNBLOCKED`: what a primary turning replica
+/// answers its blocked clients, or `CLIENT UNBLOCK ... ERROR`): nothing was granted, and the
+/// wait is sent again for what is left of it.
+pub(crate) fn unblocked(err: &RedisError) -> bool {
+    err.code() == Some("UNBLOCKED")
 }
 
 /// A new identifier unless one was given.
@@ -1460,5 +1749,70 @@ mod tests {
             ["{a}x:owner", "{a}x:counter", "{a}x:permits", "{a}x:limit"]
         );
         assert_eq!(args.len(), 13);
+    }
+
+    fn lease() -> Duration {
+        Duration::from_secs(30)
+    }
+
+    #[test]
+    fn a_prompt_grant_is_the_callers_at_once_and_a_late_one_is_confirmed_first() {
+        let mut tail = Tail::new(Instant::now(), lease(), None, false, Duration::ZERO);
+        assert!(matches!(tail.start(), Step::Done));
+
+        let late = Instant::now() - lease() / 2;
+        let mut tail = Tail::new(late, lease(), None, false, Duration::ZERO);
+        assert!(matches!(tail.start(), Step::Refresh(pause) if pause.is_zero()));
+        assert!(matches!(tail.refreshed(Ok(true)), Step::Done));
+        let mut tail = Tail::new(late, lease(), None, false, Duration::ZERO);
+        tail.start();
+        assert!(matches!(
+            tail.refreshed(Ok(false)),
+            Step::GiveBack(Error::Lost)
+        ));
+    }
+
+    #[test]
+    fn a_durable_grant_waits_for_its_replicas_and_is_given_back_without_them() {
+        let durable = Some((1, Duration::from_secs(1)));
+        let mut tail = Tail::new(Instant::now(), lease(), durable, false, Duration::ZERO);
+        assert!(matches!(tail.start(), Step::WaitReplicas(_)));
+        assert!(matches!(tail.waited(Ok(1)), Step::Done));
+        let mut tail = Tail::new(Instant::now(), lease(), durable, false, Duration::ZERO);
+        tail.start();
+        assert!(matches!(
+            tail.waited(Ok(0)),
+            Step::GiveBack(Error::NotDurable {
+                acked: 0,
+                wanted: 1
+            })
+        ));
+
+        // In Redis Cluster a WAIT cut by a failover: refresh on the new primary, then WAIT
+        // again; a holder the refresh does not find was lost in the failover.
+        let cut = || {
+            Err(Error::Redis(RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset,
+            ))))
+        };
+        let mut tail = Tail::new(Instant::now(), lease(), durable, true, lease());
+        tail.start();
+        assert!(matches!(tail.waited(cut()), Step::Refresh(_)));
+        assert!(matches!(tail.refreshed(Ok(true)), Step::WaitReplicas(_)));
+        assert!(matches!(tail.waited(cut()), Step::Refresh(_)));
+        assert!(matches!(
+            tail.refreshed(Ok(false)),
+            Step::GiveBack(Error::NotDurable {
+                acked: 0,
+                wanted: 1
+            })
+        ));
+        // On one server the cut is the caller's error.
+        let mut tail = Tail::new(Instant::now(), lease(), durable, false, Duration::ZERO);
+        tail.start();
+        assert!(matches!(
+            tail.waited(cut()),
+            Step::GiveBack(Error::Redis(_))
+        ));
     }
 }

@@ -19,12 +19,15 @@
 //! # }
 //! ```
 //!
-//! Connections: a [`Semaphore`] (and its clones; in Redis Cluster the [`Cluster`], per node)
-//! keeps a small pool of connections that its acquires, waits and permits take for a call and
-//! give back, so waits reuse connections rather than open one each. A bound or durable
-//! [`Permit`] holds a connection of its own from the acquire to the release (`BOUND` ties the
-//! permit to it, and `WAIT numreplicas` covers its writes). A permit's lease is refreshed from a
-//! background thread every lease/3, and the permit given back when dropped. The identifier is made here (a UUID v4) unless [`Semaphore::id`] gives
+//! Connections: the semaphores of one client (every [`Semaphore`] made of a clone of the same
+//! `redis::Client`; in Redis Cluster of one [`Cluster`], per node) share a small pool of
+//! connections that their acquires, refreshes and releases take for a call and give back, and
+//! one thread that refreshes every permit of the client at lease/3: a held permit costs no
+//! connection and no thread. A waiting acquire holds a connection while it waits (the price of
+//! waiting in the server, as with `BLPOP`), taken from a pool of its own apart from the calls'.
+//! A bound or durable [`Permit`] holds a connection of its own from the acquire to the release
+//! (`BOUND` ties the permit to it, and `WAIT numreplicas` covers its writes). A permit is given
+//! back when dropped. The identifier is made here (a UUID v4) unless [`Semaphore::id`] gives
 //! one, so an acquire retried after a lost reply renews the same holder.
 //!
 //! A [`PermitSet`] ([`SemaphoreSet::acquire`]) holds permits of several semaphores taken all
@@ -50,7 +53,7 @@
 //! [`Semaphore`] (and its clones) asks the server on its first acquire whether it has the
 //! module (`COMMAND INFO SEM.ACQUIRE`), keeps the answer, and while it is "no" asks again once
 //! it is 10 s old (in Redis Cluster, the [`Cluster`] keeps it per node); the functions that take
-//! a target ask on the connection they open. Without the module, waiters wait in the script's
+//! a target ask at each call. Without the module, waiters wait in the script's
 //! line, kept in the server and served in arrival order as the module's: a waiter blocks by
 //! `BLPOP` on its own list `<name>:wake:<id>`, where the script tells it of its grant, tries
 //! again at least every 2.5 s (which holds its place), sends `TICK` from a timer when a lease

@@ -1,19 +1,22 @@
-//! The sync API: a connection of its own per permit, a refresh thread.
+//! The sync API: the calls of a client's semaphores take a connection of its pool for the
+//! call only, and one thread per client refreshes all its permits.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use redis::{Client, Cmd, Connection, FromRedisValue, Value};
+use redis::{Client, Cmd, Connection, FromRedisValue, RedisResult, Value};
 
 use crate::cluster::{Cluster, Route, CONNECT_WITHIN};
 use crate::core::{
-    connection_broken, deadline, durable_answer, durable_wait, identifier, left, lock, next_step,
-    next_tick, slot_of, wait_empty_op, AcquireSpec, Action, Backend, Durable, Error, Holder,
-    KnownCell, Next, Op, Pool, Request, Result, Retries, SetSpec, Wait,
+    connection_broken, deadline, identifier, left, lock, mark_stalled, next_step, next_tick,
+    slot_of, stalled, timed_out, unblocked, wait_empty_op, AcquireSpec, Action, Backend, Due,
+    Error, Holder, KnownCell, Next, Op, Pool, Request, Result, Retries, Schedule, SetSpec, Step,
+    Tail, Wait,
 };
 
 /// Where the semaphores are: one server (a [`Client`]; the short form) or a Redis Cluster
@@ -62,6 +65,136 @@ impl Target {
     }
 }
 
+/// What the semaphores and permits of one client share (of one [`Cluster`] in Redis Cluster,
+/// whose pools are its own, per node): the connections their calls take for the call and give
+/// back, apart from them those their waits block, and the one thread that refreshes every
+/// permit.
+pub(crate) struct Hub {
+    calls: Arc<Pool<Connection>>,
+    waits: Arc<Pool<Connection>>,
+    refresher: Refresher,
+}
+
+impl fmt::Debug for Hub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hub").finish_non_exhaustive()
+    }
+}
+
+/// The hub of `target`'s client: one per server address and settings (per [`Cluster`] in Redis
+/// Cluster), for as long as a semaphore or permit of it lives, however many `Semaphore`s were
+/// made of clones of the client.
+fn hub_of(target: &Target) -> Arc<Hub> {
+    static HUBS: OnceLock<Mutex<HashMap<String, Weak<Hub>>>> = OnceLock::new();
+    let key = match target {
+        Target::Standalone(client) => format!("{:?}", client.get_connection_info()),
+        Target::Cluster(cluster) => format!("cluster {:p}", Arc::as_ptr(&cluster.inner)),
+    };
+    let mut hubs = lock(HUBS.get_or_init(Mutex::default));
+    if let Some(hub) = hubs.get(&key).and_then(Weak::upgrade) {
+        return hub;
+    }
+    hubs.retain(|_, hub| hub.strong_count() > 0);
+    let hub = Arc::new(Hub {
+        calls: Arc::default(),
+        waits: Arc::default(),
+        refresher: Refresher::default(),
+    });
+    hubs.insert(key, Arc::downgrade(&hub));
+    hub
+}
+
+/// The refreshes of a client's permits, sent by one thread (started with the first permit,
+/// ended with the hub): each on a connection of the pool, taken for the call.
+#[derive(Default)]
+struct Refresher {
+    state: Arc<Refreshes>,
+}
+
+struct Refreshes {
+    plan: Mutex<Plan>,
+    wake: Condvar,
+}
+
+impl Default for Refreshes {
+    fn default() -> Self {
+        Refreshes {
+            plan: Mutex::new(Plan {
+                schedule: Schedule::new(),
+                running: false,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+        }
+    }
+}
+
+struct Plan {
+    schedule: Schedule<Weak<Shared>>,
+    running: bool,
+    stop: bool,
+}
+
+impl Refresher {
+    /// Refreshes `shared` every lease/3 from now on: its key in the schedule.
+    fn add(&self, shared: &Arc<Shared>) -> u64 {
+        let mut plan = lock(&self.state.plan);
+        let (key, earliest) = plan
+            .schedule
+            .add(Arc::downgrade(shared), shared.holder.lease / 3);
+        if !plan.running {
+            let state = Arc::clone(&self.state);
+            thread::Builder::new()
+                .name("redsem-refresh".into())
+                .spawn(move || state.run())
+                .expect("cannot start the refresh thread");
+            plan.running = true;
+        } else if earliest {
+            self.state.wake.notify_one();
+        }
+        key
+    }
+
+    fn remove(&self, key: u64) {
+        lock(&self.state.plan).schedule.remove(key);
+    }
+}
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        lock(&self.state.plan).stop = true;
+        self.state.wake.notify_one();
+    }
+}
+
+impl Refreshes {
+    fn run(&self) {
+        let mut plan = lock(&self.plan);
+        while !plan.stop {
+            plan = match plan.schedule.next_due(Instant::now()) {
+                Due::Now(key, shared) => {
+                    drop(plan);
+                    let next = shared.upgrade().and_then(|shared| shared.refresh_due());
+                    let mut plan = lock(&self.plan);
+                    plan.schedule.refreshed(key, next);
+                    plan
+                }
+                Due::At(at) => {
+                    let sleep = at.saturating_duration_since(Instant::now());
+                    self.wake
+                        .wait_timeout(plan, sleep)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .0
+                }
+                Due::Idle => self
+                    .wake
+                    .wait(plan)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            };
+        }
+    }
+}
+
 /// The connections to the node serving a slot (on one server: to the server): each call takes
 /// one of the pool and gives it back, or with `own` keeps one from call to call (`BOUND` ties a
 /// permit to it, `WAIT numreplicas` covers its writes). Moved to the slot's new owner after a
@@ -77,23 +210,39 @@ pub(crate) struct Link {
     reused: bool,
     /// A failed call is the caller's at once, without retries.
     once: bool,
+    /// The refresher's calls: one that fails in a way that would pause (a failover, a slot
+    /// moving) is the caller's at once, and one not answered within this fails, so that no
+    /// node holds up every other permit's refresh.
+    hasty: Option<Duration>,
     /// The node of the last call.
     addr: String,
 }
 
 impl Link {
+    /// A link whose calls take connections of the client's pool, or with `waiting` of the
+    /// pool that waits block.
     pub(crate) fn new(
         target: Target,
         slot: Option<u16>,
         known: KnownCell,
-        pool: Arc<Pool<Connection>>,
+        hub: &Hub,
+        waiting: bool,
     ) -> Self {
         let (route, pool) = match (&target, slot) {
             (Target::Cluster(cluster), Some(slot)) => (
                 Route::Slot(cluster.inner.clone(), slot),
-                cluster.inner.pool.clone(),
+                match waiting {
+                    true => cluster.inner.waits.clone(),
+                    false => cluster.inner.pool.clone(),
+                },
             ),
-            _ => (Route::Standalone(known), pool),
+            _ => (
+                Route::Standalone(known),
+                match waiting {
+                    true => hub.waits.clone(),
+                    false => hub.calls.clone(),
+                },
+            ),
         };
         Link {
             target,
@@ -103,6 +252,7 @@ impl Link {
             conn: None,
             reused: false,
             once: false,
+            hasty: None,
             addr: String::new(),
         }
     }
@@ -123,6 +273,7 @@ impl Link {
             conn: None,
             reused: false,
             once: false,
+            hasty: None,
             addr: String::new(),
         }
     }
@@ -163,11 +314,22 @@ impl Link {
             if broken || asked.is_some() {
                 self.conn = None;
             }
-            if broken && self.reused && !replaced {
+            // (A connection that timed out did not close: it is the node.)
+            if broken && self.reused && !replaced && !err.is_timeout() {
                 replaced = true;
                 continue;
             }
             if self.once {
+                return Err(err.into());
+            }
+            if let Some(within) = self.hasty.filter(|_| next_step(&err, true) == Next::Pause) {
+                // A node that does not answer in time may be stopped: the refresher leaves it
+                // alone a while, and does not ask the cluster for the layout (it might meet
+                // the node too). One that refuses is gone: ask again.
+                match err.is_timeout() {
+                    true => mark_stalled(&self.addr, within),
+                    false => self.route.forget_layout(),
+                }
                 return Err(err.into());
             }
             let retry = self.route.recover(err, &mut retries)?;
@@ -177,6 +339,33 @@ impl Link {
             ask = retry.ask;
             thread::sleep(retry.pause);
         }
+    }
+
+    /// The refresher's new connection to `addr`, made on a thread of its own and waited for at
+    /// most `within`: a node that accepts connections but does not answer (stopped) would hold
+    /// the handshake up without end. One such attempt per node at a time; one that ends late
+    /// leaves its connection in the pool.
+    fn connect_within(
+        &self,
+        client: Client,
+        addr: &str,
+        within: Duration,
+    ) -> RedisResult<Connection> {
+        if !self.pool.begin_connect(addr) {
+            return Err(timed_out());
+        }
+        let (done, connected) = mpsc::channel();
+        let (pool, at) = (Arc::clone(&self.pool), addr.to_string());
+        thread::spawn(move || {
+            let conn = client.get_connection_with_timeout(CONNECT_WITHIN);
+            pool.end_connect(&at);
+            if let Err(mpsc::SendError(Ok(conn))) = done.send(conn) {
+                pool.give(&at, conn);
+            }
+        });
+        connected
+            .recv_timeout(within)
+            .unwrap_or_else(|_| Err(timed_out()))
     }
 
     /// One try: on the slot's owner, or after `ASK` (`ASKING` first) on the node it named.
@@ -200,17 +389,28 @@ impl Link {
                     self.reused = true;
                     conn
                 }
-                None => match &self.target {
-                    Target::Standalone(client) => client.get_connection()?,
-                    Target::Cluster(cluster) => cluster
-                        .inner
-                        .node(&addr)?
-                        .get_connection_with_timeout(CONNECT_WITHIN)?,
-                },
+                None => {
+                    let (client, within) = match &self.target {
+                        Target::Standalone(client) => (client.clone(), None),
+                        Target::Cluster(cluster) => {
+                            (cluster.inner.node(&addr)?, Some(CONNECT_WITHIN))
+                        }
+                    };
+                    match self.hasty {
+                        None => match within {
+                            None => client.get_connection()?,
+                            Some(within) => client.get_connection_with_timeout(within)?,
+                        },
+                        Some(hasty) => self.connect_within(client, &addr, hasty)?,
+                    }
+                }
             };
             self.conn = Some((addr.clone(), conn));
         }
         self.addr.clone_from(&addr);
+        if self.hasty.is_some() && stalled(&addr) {
+            return Err(timed_out().into());
+        }
         let conn = &mut self.conn.as_mut().expect("connected above").1;
         let backend = match self.route.backend(&addr) {
             Some(backend) => backend,
@@ -222,9 +422,13 @@ impl Link {
         if ask.is_some() {
             redis::cmd("ASKING").query::<()>(conn)?;
         }
+        if self.hasty.is_some() {
+            conn.set_read_timeout(self.hasty)?;
+            conn.set_write_timeout(self.hasty)?;
+        }
         let answer = match request.cmd.query(conn) {
             Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
-                let eval = request.eval.as_ref().unwrap_or(&request.cmd);
+                let eval = request.eval();
                 if ask.is_some() {
                     redis::cmd("ASKING").query::<()>(conn)?;
                 }
@@ -232,6 +436,11 @@ impl Link {
             }
             answer => answer,
         };
+        if self.hasty.is_some() {
+            // The connection goes back to the pool as it came.
+            let _ = conn.set_read_timeout(None);
+            let _ = conn.set_write_timeout(None);
+        }
         Ok((answer?, backend))
     }
 
@@ -260,17 +469,25 @@ impl Link {
             let next = match action {
                 Action::Send(op) => {
                     let answer = self.send(&mut |backend| wait.as_sent(&op).request(backend, long));
+                    if matches!(&answer, Err(Error::Redis(err)) if unblocked(err)) {
+                        // The server ended the wait (a failover): wait again, for what is left.
+                        action = Action::Send(op);
+                        continue;
+                    }
                     let (reply, backend) = wait.sent(answer)?;
                     wait.answered(backend, reply)
                 }
                 Action::Block { blpop, tick } => {
-                    // In Redis Cluster a move or a failover met while blocked: the next
-                    // attempt, with its retries, finds the slot's owner (same id, time left).
+                    // A wait the server ended (UNBLOCKED), or in Redis Cluster a move or a
+                    // failover met while blocked: the next attempt, with its retries, finds
+                    // the slot's owner (same id, time left).
                     self.once = long;
                     let popped = self.block(&blpop, tick, &wait.tick_op());
                     self.once = false;
                     match popped {
-                        Err(Error::Redis(err)) if long && next_step(&err, true) != Next::Fail => {
+                        Err(Error::Redis(err))
+                            if unblocked(&err) || (long && next_step(&err, true) != Next::Fail) =>
+                        {
                             wait.popped(None)
                         }
                         popped => wait.popped(popped?),
@@ -320,29 +537,14 @@ impl Link {
         })
     }
 
-    /// `WAIT replicas timeout` after the grant of `holder`, on the connection that wrote it:
-    /// [`Error::NotDurable`] unless that many replicas acknowledge it (core's [`Durable`]).
-    fn durable(&mut self, holder: &Holder, wanted: usize, timeout: Duration) -> Result<()> {
-        let mut retries = Retries::new(self.route.budget());
-        loop {
-            // Sent once, on the connection that wrote the grant (or its refresh): never on
-            // another, as a pooled connection found closed would be.
-            self.once = true;
-            self.reused = false;
-            let answer = self.plain::<usize>(&durable_wait(wanted, timeout));
-            self.once = false;
-            match durable_answer(answer, wanted, self.is_cluster(), &mut retries)? {
-                Durable::Done => return Ok(()),
-                Durable::Recheck(pause) => {
-                    thread::sleep(pause);
-                    let sent = Instant::now();
-                    let held: i64 = self.op(&holder.refresh_op())?;
-                    if !holder.refreshed(sent, held) {
-                        return Err(Error::NotDurable { acked: 0, wanted });
-                    }
-                }
-            }
-        }
+    /// `WAIT numreplicas` (core's [`Step::WaitReplicas`]), sent once on the connection in use:
+    /// never on another, as a pooled connection found closed would be.
+    fn wait_replicas(&mut self, wait: &Cmd) -> Result<usize> {
+        self.once = true;
+        self.reused = false;
+        let answer = self.plain::<usize>(wait);
+        self.once = false;
+        answer
     }
 
     /// A waiter that gives up while in line leaves it, and gives back a grant made meanwhile.
@@ -369,23 +571,23 @@ pub struct Semaphore {
     /// Whether the server has the module, asked on the first acquire and again while it had
     /// none; shared by the clones (in Redis Cluster the [`Cluster`] keeps it per node).
     known: KnownCell,
-    /// The connections its acquires, waits and permits take and give back, shared by the
-    /// clones (in Redis Cluster the [`Cluster`]'s, per node).
-    pool: Arc<Pool<Connection>>,
+    /// What every semaphore of the client shares: the pools, the refresh thread.
+    hub: Arc<Hub>,
 }
 
 impl Semaphore {
     /// A semaphore on one server ([`Client`]) or in Redis Cluster ([`Cluster`], or a
     /// `ClusterClient`): there `name` needs a hash tag.
     pub fn new(target: impl Into<Target>, name: impl Into<String>) -> Self {
+        let target = target.into();
         Semaphore {
-            target: target.into(),
+            hub: hub_of(&target),
+            target,
             spec: AcquireSpec::new(name.into()),
             id: None,
             durable: None,
             auto_refresh: true,
             known: KnownCell::default(),
-            pool: Arc::default(),
         }
     }
 
@@ -457,11 +659,13 @@ impl Semaphore {
         let slot = self.target.slot(std::slice::from_ref(&self.spec.name))?;
         let id = identifier(&self.id);
         let own = self.spec.bound || self.durable.is_some();
+        let waits = !left(deadline(self.spec.wait)).is_zero();
         let mut link = Link::new(
             self.target.clone(),
             slot,
             self.known.clone(),
-            self.pool.clone(),
+            &self.hub,
+            waits,
         )
         .own(own);
         let mut wait = Wait::new(&self.spec, &id);
@@ -473,27 +677,27 @@ impl Semaphore {
             }
         };
         let sent = wait.attempted;
+        let budget = link.route.budget();
         let holder = Holder::new(vec![self.spec.name.clone()], false, id, self.spec.lease);
         holder.granted_at(sent);
+        if waits && !own {
+            // Granted: the permit's calls take connections of the calls' pool.
+            link = Link::new(
+                self.target.clone(),
+                slot,
+                self.known.clone(),
+                &self.hub,
+                false,
+            );
+        }
         // From here on, an early return drops the permit, which gives it back.
         let mut permit = Permit {
-            holding: Holding::new(holder, link),
+            holding: Holding::new(holder, link, &self.hub),
             ticket,
             count: self.spec.count.unwrap_or(1),
         };
-        if let Some((wanted, timeout)) = self.durable {
-            let holder = permit.holding.holder();
-            permit
-                .holding
-                .with_link(|link| link.durable(holder, wanted, timeout))?;
-        }
-        // A wait for the grant leaves the lease's start unknown: confirm it now.
-        if sent.elapsed() > self.spec.lease / 3 && !permit.refresh()? {
-            return Err(Error::Lost);
-        }
-        if self.auto_refresh {
-            permit.holding.start_refreshing();
-        }
+        let tail = Tail::new(sent, self.spec.lease, self.durable, slot.is_some(), budget);
+        permit.holding.finish(tail, self.auto_refresh)?;
         Ok(permit)
     }
 }
@@ -511,18 +715,19 @@ pub struct SemaphoreSet {
     auto_refresh: bool,
     /// Whether the server has the module, as for [`Semaphore`].
     known: KnownCell,
-    pool: Arc<Pool<Connection>>,
+    hub: Arc<Hub>,
 }
 
 impl SemaphoreSet {
     pub fn new(target: impl Into<Target>) -> Self {
+        let target = target.into();
         SemaphoreSet {
-            target: target.into(),
+            hub: hub_of(&target),
+            target,
             spec: SetSpec::new(),
             id: None,
             auto_refresh: true,
             known: KnownCell::default(),
-            pool: Arc::default(),
         }
     }
 
@@ -578,82 +783,91 @@ impl SemaphoreSet {
         let names = self.spec.names();
         let slot = self.target.slot(&names)?;
         let id = identifier(&self.id);
+        let until = deadline(self.spec.wait);
+        let waits = !left(until).is_zero();
         let mut link = Link::new(
             self.target.clone(),
             slot,
             self.known.clone(),
-            self.pool.clone(),
+            &self.hub,
+            waits,
         )
         .own(self.spec.bound);
-        let until = deadline(self.spec.wait);
         let sent = Instant::now();
         let reply: Value = link.op(&self.spec.op(&id, left(until)))?;
         let tickets = self.spec.outcome(reply)?;
         let holder = Holder::new(names, true, id, self.spec.lease);
         holder.granted_at(sent);
+        if waits && !self.spec.bound {
+            link = Link::new(
+                self.target.clone(),
+                slot,
+                self.known.clone(),
+                &self.hub,
+                false,
+            );
+        }
         // From here on, an early return drops the set, which gives it back.
         let mut permits = PermitSet {
-            holding: Holding::new(holder, link),
+            holding: Holding::new(holder, link, &self.hub),
             counts: self.spec.semaphores.iter().map(|s| s.2).collect(),
             tickets,
         };
-        // A wait for the grant leaves the lease's start unknown: confirm it now.
-        if sent.elapsed() > self.spec.lease / 3 && !permits.refresh()? {
-            return Err(Error::Lost);
-        }
-        if self.auto_refresh {
-            permits.holding.start_refreshing();
-        }
+        let tail = Tail::new(sent, self.spec.lease, None, slot.is_some(), Duration::ZERO);
+        permits.holding.finish(tail, self.auto_refresh)?;
         Ok(permits)
     }
 }
 
-/// `op` on a connection of its own to the node serving `name`, after asking whether the node
-/// has the module.
-fn once<T: FromRedisValue>(target: Target, op: &Op) -> Result<T> {
+/// `op` on a connection of the client's pool (with `waits`, of the pool that waits block)
+/// to the node serving `name`, after asking whether the node has the module.
+fn once<T: FromRedisValue>(target: Target, op: &Op, waits: bool) -> Result<T> {
     let slot = target.slot(&[op.name().to_string()])?;
-    Link::new(target, slot, KnownCell::default(), Arc::default()).op(op)
+    let hub = hub_of(&target);
+    Link::new(target, slot, KnownCell::default(), &hub, waits).op(op)
 }
 
-/// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection of
-/// its own (it blocks the connection): `Ok(true)` once it has none (at once if it has none
-/// now), `Ok(false)` when `timeout` passes first. `Duration::MAX` waits without limit; zero
-/// looks once. It takes nothing. It needs the module: without it, [`Error::ModuleRequired`].
+/// Waits until the semaphore `name` has no live holder (`SEM.WAITEMPTY`), on a connection
+/// apart from the calls' (it blocks the connection): `Ok(true)` once it has none (at once if it
+/// has none now), `Ok(false)` when `timeout` passes first. `Duration::MAX` waits without
+/// limit; zero looks once. It takes nothing. It needs the module: without it, [`Error::ModuleRequired`].
 pub fn wait_empty(target: impl Into<Target>, name: &str, timeout: Duration) -> Result<bool> {
-    let emptied: i64 = once(target.into(), &wait_empty_op(name, timeout))?;
+    let emptied: i64 = once(target.into(), &wait_empty_op(name, timeout), true)?;
     Ok(emptied == 1)
 }
 
 /// The operator's limit stored for the semaphore `name` (`SEM.LIMIT name`), or `None` when
 /// there is none. While one is stored, every acquire of `name` uses it instead of its own.
 pub fn stored_limit(target: impl Into<Target>, name: &str) -> Result<Option<u64>> {
-    once(target.into(), &Op::new("LIMIT", name))
+    once(target.into(), &Op::new("LIMIT", name), false)
 }
 
 /// Stores an operator's limit for the semaphore `name` (`SEM.LIMIT name n`): every acquire of
 /// `name` uses it instead of its own until [`clear_limit`]. 0 pauses the semaphore; a lower
 /// limit takes no permit from its holders, and a higher one serves the waiters at once.
 pub fn set_limit(target: impl Into<Target>, name: &str, limit: u32) -> Result<()> {
-    once(target.into(), &Op::new("LIMIT", name).arg(limit))
+    once(target.into(), &Op::new("LIMIT", name).arg(limit), false)
 }
 
 /// Removes the operator's limit of the semaphore `name` (`SEM.LIMIT name CLEAR`): acquires use
 /// their own limits again. `Ok(true)` if one was stored.
 pub fn clear_limit(target: impl Into<Target>, name: &str) -> Result<bool> {
-    let removed: i64 = once(target.into(), &Op::new("LIMIT", name).arg("CLEAR"))?;
+    let removed: i64 = once(target.into(), &Op::new("LIMIT", name).arg("CLEAR"), false)?;
     Ok(removed == 1)
 }
 
 /// The permits of the semaphore `name` in use (`SEM.GET name`): its live holders, and a
 /// holder of several permits ([`Semaphore::count`]) counts for each.
 pub fn in_use(target: impl Into<Target>, name: &str) -> Result<u64> {
-    once(target.into(), &Op::new("GET", name))
+    once(target.into(), &Op::new("GET", name), false)
 }
 
-/// What the permit (or set) and its refresh thread share.
+/// What the permit (or set) and the client's refresh thread share.
 struct Shared {
     holder: Holder,
     link: Mutex<Link>,
+    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
+    released: AtomicBool,
 }
 
 impl Shared {
@@ -662,28 +876,41 @@ impl Shared {
         let held: i64 = lock(&self.link).op(&self.holder.refresh_op())?;
         Ok(self.holder.refreshed(sent, held))
     }
+
+    /// The refresh thread's: when to refresh again (core's [`Holder::next_refresh`]), without
+    /// waiting out a failover (the other permits' refreshes come first); nothing after the
+    /// release.
+    fn refresh_due(&self) -> Option<Duration> {
+        let mut link = lock(&self.link);
+        if self.released.load(Ordering::SeqCst) {
+            return None;
+        }
+        let sent = Instant::now();
+        link.hasty = Some(self.holder.refresh_within());
+        let answer = link.op::<i64>(&self.holder.refresh_op());
+        link.hasty = None;
+        self.holder.next_refresh(sent, answer)
+    }
 }
 
-/// The refresh thread and the release that a permit and a set share.
+/// The refresh and the release that a permit and a set share.
 struct Holding {
     shared: Arc<Shared>,
-    /// Dropping it stops the refresh thread.
-    stop: Mutex<Option<mpsc::Sender<()>>>,
-    refresher: Mutex<Option<JoinHandle<()>>>,
-    /// A release was answered: a failed one leaves the permit to the next (or to the drop).
-    released: AtomicBool,
+    hub: Arc<Hub>,
+    /// Its key in the client's refresh schedule, while refreshed.
+    scheduled: Mutex<Option<u64>>,
 }
 
 impl Holding {
-    fn new(holder: Holder, link: Link) -> Self {
+    fn new(holder: Holder, link: Link, hub: &Arc<Hub>) -> Self {
         Holding {
             shared: Arc::new(Shared {
                 holder,
                 link: Mutex::new(link),
+                released: AtomicBool::new(false),
             }),
-            stop: Mutex::new(None),
-            refresher: Mutex::new(None),
-            released: AtomicBool::new(false),
+            hub: Arc::clone(hub),
+            scheduled: Mutex::new(None),
         }
     }
 
@@ -698,41 +925,48 @@ impl Holding {
     /// The release: an error (a connection's) leaves the permit held, to be given back by
     /// another call or the drop; once answered, a later call sends nothing and answers false.
     fn give_back(&self) -> Result<bool> {
-        if self.released.load(Ordering::SeqCst) {
+        if self.shared.released.load(Ordering::SeqCst) {
             return Ok(false);
         }
         let lost_before = self.holder().is_lost();
-        lock(&self.stop).take(); // the refresh thread ends at its next wake-up...
-        let refresher = lock(&self.refresher).take();
-        if let Some(refresher) = refresher {
-            let _ = refresher.join(); // ...which is now, after a refresh under way
+        if let Some(key) = lock(&self.scheduled).take() {
+            self.hub.refresher.remove(key);
         }
-        let released: i64 = self.with_link(|link| link.op(&self.holder().release_op()))?;
-        self.released.store(true, Ordering::SeqCst);
+        // Under the link's lock: a refresh under way ends first, and none is sent after.
+        let mut link = lock(&self.shared.link);
+        if self.shared.released.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let released: i64 = link.op(&self.holder().release_op())?;
+        self.shared.released.store(true, Ordering::SeqCst);
         Ok(released == self.holder().wanted() && !lost_before)
     }
 
-    fn start_refreshing(&mut self) {
-        let (stop, stopped) = mpsc::channel::<()>();
-        let shared = Arc::clone(&self.shared);
-        let interval = shared.holder.lease / 3;
-        let refresher = thread::Builder::new()
-            .name(format!("redsem-refresh-{}", shared.holder.id))
-            .spawn(move || loop {
-                match stopped.recv_timeout(interval) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    _ => return, // stopped
+    /// Drives core's [`Tail`] after the grant: the durable `WAIT`, the lease's check, the
+    /// permit given back when either fails; then its refresh starts.
+    fn finish(&mut self, mut tail: Tail, auto_refresh: bool) -> Result<()> {
+        let mut step = tail.start();
+        loop {
+            step = match step {
+                Step::WaitReplicas(wait) => {
+                    let answer = self.with_link(|link| link.wait_replicas(&wait));
+                    tail.waited(answer)
                 }
-                match shared.refresh() {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(_) if shared.holder.is_lost() => return,
-                    Err(_) => {} // unreachable server: retry until the lease is up
+                Step::Refresh(pause) => {
+                    thread::sleep(pause);
+                    tail.refreshed(self.shared.refresh())
                 }
-            })
-            .expect("cannot start the refresh thread");
-        *lock(&self.stop) = Some(stop);
-        *lock(&self.refresher) = Some(refresher);
+                Step::GiveBack(err) => {
+                    let _ = self.give_back(); // else the drop tries again
+                    return Err(err);
+                }
+                Step::Done => break,
+            };
+        }
+        if auto_refresh {
+            *lock(&self.scheduled) = Some(self.hub.refresher.add(&self.shared));
+        }
+        Ok(())
     }
 }
 
@@ -742,7 +976,7 @@ impl Drop for Holding {
     }
 }
 
-/// A granted permit. It refreshes its lease from a background thread every lease/3 (unless
+/// A granted permit. The client's refresh thread refreshes its lease every lease/3 (unless
 /// [`Semaphore::auto_refresh`] is off) and gives the permit back when dropped; call
 /// [`Permit::release`] to learn whether it was held throughout.
 pub struct Permit {
@@ -822,8 +1056,8 @@ impl Permit {
 }
 
 /// Permits of several semaphores taken at once ([`SemaphoreSet::acquire`]). They are refreshed
-/// together (`SEM.REFRESHALL`) from a background thread every lease/3, the set is lost as soon
-/// as any one of them is, and they are given back together (`SEM.RELEASEALL`) by
+/// together (`SEM.REFRESHALL`) by the client's refresh thread every lease/3, the set is lost as
+/// soon as any one of them is, and they are given back together (`SEM.RELEASEALL`) by
 /// [`PermitSet::release`] or when the set is dropped.
 pub struct PermitSet {
     holding: Holding,

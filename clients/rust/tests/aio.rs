@@ -56,7 +56,7 @@ async fn readme_async_example(url: &str) -> Result<(), Error> {
         .limit(3)
         .wait(Some(Duration::from_secs(10)));
     let permit = jobs.acquire().await?;
-    // at most 3 holders here; a tokio task refreshes the lease every lease/3
+    // at most 3 holders here; the client's tokio task refreshes the lease every lease/3
     assert!(permit.release().await?, "the lease ran out during the work");
     // README async example ends
     Ok(())
@@ -611,4 +611,77 @@ async fn a_release_that_fails_can_be_called_again() {
     assert!(permit.release().await.unwrap());
     assert_eq!(live(&mut conn, "jobs"), 0);
     assert!(!permit.release().await.unwrap());
+}
+
+/// As the sync suite's: a wait the server ends (`UNBLOCKED`) waits again for what is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wait_the_server_ends_waits_again_for_what_is_left() {
+    let server = server();
+    let mut conn = server.connection();
+    let cut = Semaphore::new(client(&server), "cut");
+    let holder = cut.acquire().await.unwrap();
+    let waiter = cut.clone().wait(Some(Duration::from_secs(10)));
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move { waiter.acquire().await });
+    cut_a_wait(&mut conn);
+    wait_until("the waiter blocks again", Duration::from_secs(5), || {
+        blocked_client(&mut conn).is_some()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the acquire ended while the semaphore was full"
+    );
+    assert!(holder.release().await.unwrap());
+    let permit = waiting.await.unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(live(&mut conn, "cut"), 1);
+    assert!(permit.release().await.unwrap());
+
+    let holder = cut.acquire().await.unwrap();
+    let waiter = cut.clone().wait(Some(Duration::from_millis(1500)));
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move { waiter.acquire().await });
+    let mut cuts = 0;
+    while !waiting.is_finished() {
+        cuts += unblock_with_error(&mut conn) as u32;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(matches!(waiting.await.unwrap(), Err(Error::NotAcquired)));
+    assert!(cuts >= 2, "{cuts} cuts");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(1400), "{waited:?}");
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    assert!(holder.release().await.unwrap());
+    assert_eq!(live(&mut conn, "cut"), 0);
+}
+
+/// Targets made of one client share a connection and a refresher per tokio runtime: after a
+/// runtime ends, semaphores made of the client on another one work there (their connection
+/// and refresh task live on it), while one of the first runtime's is still alive.
+#[test]
+fn a_client_serves_a_second_runtime_after_the_first_ended() {
+    let server = server();
+    let mut conn = server.connection();
+    let client = client(&server);
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let kept = first.block_on(async {
+        let kept = Semaphore::new(client.clone(), "jobs");
+        assert!(kept.acquire().await.unwrap().release().await.unwrap());
+        kept
+    });
+    drop(first);
+    let second = tokio::runtime::Runtime::new().unwrap();
+    second.block_on(async {
+        let permit = Semaphore::new(client.clone(), "jobs")
+            .lease(Duration::from_millis(1500))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(2200)).await;
+        assert!(!permit.is_lost());
+        assert_eq!(live(&mut conn, "jobs"), 1);
+        assert!(permit.release().await.unwrap());
+    });
+    drop(kept);
 }

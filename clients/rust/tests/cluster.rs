@@ -8,10 +8,11 @@
 //! with REDIS_SERVER (the server binary), REDSEM_MODULE (the module, absolute) and
 //! REDSEM_TEST_CLUSTER (scripts/test-cluster, absolute; by default found from this crate).
 //!
-//! Four clusters: three primaries for the calls, the errors, the load over three slots and a
+//! Five clusters: three primaries for the calls, the errors, the load over three slots and a
 //! reshard under load; three primaries with a replica each for a primary killed under a waiter
 //! and a holder; three primaries for waiters unblocked (`UNBLOCKED`); three primaries with two
-//! replicas each for a durable acquire whose primary dies during its `WAIT`.
+//! replicas each for a durable acquire whose primary dies during its `WAIT`; three primaries,
+//! one stopped, for the refreshes of the others.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -1263,5 +1264,69 @@ fn a_durable_wait_cut_by_a_failover_is_not_answered_by_another_connection() {
         let new_owner = nodes.owner(slot(&name));
         assert_ne!(new_owner, victim);
         assert_eq!(redsem_client::in_use(&cluster, &name).unwrap(), 0);
+    }
+}
+
+/// One thread (sync) or task (async) refreshes every permit of a `Cluster`: a primary that stops
+/// answering (`SIGSTOP`) holds up none of the refreshes of the permits on the other primaries,
+/// whose short leases stay held, while the permits on the stopped one are reported lost.
+#[test]
+fn a_stopped_primary_holds_up_no_other_nodes_refreshes() {
+    if mode().is_none() {
+        return;
+    }
+    let nodes = Nodes::start(0);
+    // The other primaries go on serving their slots while the stopped one is failed.
+    for node in nodes.primaries() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut nodes.conn(node.port))
+            .unwrap();
+    }
+    let cluster = nodes.cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let names = names_on_each_primary(&nodes, "stopped");
+    let lease = Duration::from_secs(3);
+    let permits: Vec<_> = names
+        .iter()
+        .map(|name| {
+            Semaphore::new(&cluster, name.clone())
+                .lease(lease)
+                .acquire()
+                .unwrap()
+        })
+        .collect();
+    let apermits: Vec<_> = names
+        .iter()
+        .map(|name| {
+            rt.block_on(
+                aio::Semaphore::new(&cluster, name.clone())
+                    .limit(2)
+                    .lease(lease)
+                    .acquire(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let stopped = nodes
+        .primaries()
+        .into_iter()
+        .find(|n| n.port == nodes.owner(slot(&names[0])))
+        .unwrap();
+    signal("STOP", stopped.pid);
+    thread::sleep(lease + Duration::from_secs(1));
+    let lost: Vec<bool> = permits.iter().map(|p| p.is_lost()).collect();
+    let alost: Vec<bool> = apermits.iter().map(|p| p.is_lost()).collect();
+    signal("CONT", stopped.pid);
+    assert_eq!(lost, [true, false, false], "sync");
+    assert_eq!(alost, [true, false, false], "async");
+    for name in &names[1..] {
+        assert_eq!(redsem_client::in_use(&cluster, name).unwrap(), 2, "{name}");
+    }
+    for (permit, apermit) in permits.into_iter().zip(apermits).skip(1) {
+        assert!(permit.release().unwrap());
+        assert!(rt.block_on(apermit.release()).unwrap());
     }
 }

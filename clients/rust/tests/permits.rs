@@ -930,3 +930,48 @@ fn a_durable_wait_whose_connection_closes_is_not_sent_on_another() {
     }
     assert_eq!(live(&mut conn, "jobs"), 0);
 }
+
+/// A wait the server ends with an error (`UNBLOCKED`: what a primary turning replica answers
+/// its blocked clients, here `CLIENT UNBLOCK ... ERROR`) on one server waits again for what is
+/// left of it, as often as it is ended, and ends when its wait does.
+#[test]
+fn a_wait_the_server_ends_waits_again_for_what_is_left() {
+    let server = server();
+    let mut conn = server.connection();
+    let cut = Semaphore::new(client(&server), "cut");
+    let holder = cut.acquire().unwrap();
+    let waiter = cut.clone().wait(Some(Duration::from_secs(10)));
+    let started = Instant::now();
+    let waiting = thread::spawn(move || waiter.acquire());
+    cut_a_wait(&mut conn);
+    wait_until("the waiter blocks again", Duration::from_secs(5), || {
+        blocked_client(&mut conn).is_some()
+    });
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        !waiting.is_finished(),
+        "the acquire ended while the semaphore was full"
+    );
+    assert!(holder.release().unwrap());
+    let permit = waiting.join().unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(live(&mut conn, "cut"), 1);
+    assert!(permit.release().unwrap());
+
+    let holder = cut.acquire().unwrap();
+    let waiter = cut.clone().wait(Some(Duration::from_millis(1500)));
+    let started = Instant::now();
+    let waiting = thread::spawn(move || waiter.acquire());
+    let mut cuts = 0;
+    while !waiting.is_finished() {
+        cuts += unblock_with_error(&mut conn) as u32;
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(matches!(waiting.join().unwrap(), Err(Error::NotAcquired)));
+    assert!(cuts >= 2, "{cuts} cuts");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(1400), "{waited:?}");
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    assert!(holder.release().unwrap());
+    assert_eq!(live(&mut conn, "cut"), 0);
+}

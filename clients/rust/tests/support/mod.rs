@@ -181,3 +181,30 @@ pub fn kill_the_waits_connection(conn: &mut redis::Connection) {
         .to_string();
     let _: () = run(conn, &["CLIENT", "KILL", "ID", &id]);
 }
+
+/// The id of a client blocked (a waiter of the module's line, or of the script's in `BLPOP`).
+pub fn blocked_client(conn: &mut redis::Connection) -> Option<String> {
+    let clients: String = run(conn, &["CLIENT", "LIST"]);
+    clients
+        .lines()
+        .find(|client| client.contains(" flags=b "))
+        .and_then(|client| client.strip_prefix("id="))
+        .and_then(|rest| rest.split(' ').next())
+        .map(str::to_string)
+}
+
+/// Ends the wait of a blocked client with an error, as a primary turning replica does
+/// (`UNBLOCKED`): whether one was blocked.
+pub fn unblock_with_error(conn: &mut redis::Connection) -> bool {
+    match blocked_client(conn) {
+        Some(id) => run::<i64>(conn, &["CLIENT", "UNBLOCK", &id, "ERROR"]) == 1,
+        None => false,
+    }
+}
+
+/// Waits until a client is blocked, and ends its wait with `UNBLOCKED`.
+pub fn cut_a_wait(conn: &mut redis::Connection) {
+    wait_until("a client blocks", Duration::from_secs(5), || {
+        unblock_with_error(conn)
+    });
+}
