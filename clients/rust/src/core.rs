@@ -1096,6 +1096,13 @@ enum Durable {
     Recheck(Duration),
 }
 
+/// `WAIT` refused by a node that became a replica between the grant and the `WAIT` (a
+/// failover): none of its replicas will acknowledge the grant, as after a cut `WAIT`.
+fn demoted(err: &RedisError) -> bool {
+    err.to_string()
+        .contains("WAIT cannot be used with replica instances")
+}
+
 /// The step after `answer`, the reply of `WAIT numreplicas` sent once, on the connection that
 /// wrote the grant (or that refreshed it); `cluster`: the call went to a node of Redis Cluster.
 fn durable_answer(
@@ -1107,6 +1114,10 @@ fn durable_answer(
     match answer {
         Ok(acked) if acked >= wanted => Ok(Durable::Done),
         Ok(acked) => Err(Error::NotDurable { acked, wanted }),
+        Err(Error::Redis(err)) if demoted(&err) && cluster => {
+            Ok(Durable::Recheck(retries.pause(err)?))
+        }
+        Err(Error::Redis(err)) if demoted(&err) => Err(Error::NotDurable { acked: 0, wanted }),
         Err(Error::Redis(err)) if next_step(&err, cluster) != Next::Fail => {
             Ok(Durable::Recheck(retries.pause(err)?))
         }
@@ -1813,6 +1824,30 @@ mod tests {
         assert!(matches!(
             tail.waited(cut()),
             Step::GiveBack(Error::Redis(_))
+        ));
+
+        // The grant's node became a replica before the WAIT, which it refuses: in Redis
+        // Cluster, as after a cut; on one server, not durable.
+        let demoted = || {
+            let reply = b"-ERR WAIT cannot be used with replica instances.\r\n";
+            match redis::parse_redis_value(reply) {
+                Ok(redis::Value::ServerError(err)) => Err(Error::Redis(err.into())),
+                other => panic!("an error reply: {other:?}"),
+            }
+        };
+        let mut tail = Tail::new(Instant::now(), lease(), durable, true, lease());
+        tail.start();
+        assert!(matches!(tail.waited(demoted()), Step::Refresh(_)));
+        assert!(matches!(tail.refreshed(Ok(true)), Step::WaitReplicas(_)));
+        assert!(matches!(tail.waited(Ok(1)), Step::Done));
+        let mut tail = Tail::new(Instant::now(), lease(), durable, false, Duration::ZERO);
+        tail.start();
+        assert!(matches!(
+            tail.waited(demoted()),
+            Step::GiveBack(Error::NotDurable {
+                acked: 0,
+                wanted: 1
+            })
         ));
     }
 }
