@@ -15,14 +15,15 @@ What only the module can do (``bound``, sets, wait_empty) raises ModuleRequired 
     with Semaphore(r, "jobs", limit=3, lease=30, wait=10) as permit:
         ...  # at most 3 holders here; call permit.check() in long work to stop early
 
-A permit holds a connection of its own from the client's pool, from the acquire to the release:
-``WAIT`` (for a permit, and for replicas with ``durable_replicas``) blocks the connection it is
-sent on, ``BOUND`` ties the permit to that connection, and ``WAIT numreplicas`` covers the
-writes of the connection that sends it. So a pool needs one connection per permit held or
-waited for at once (``redis.BlockingConnectionPool`` blocks when they run out). The reply of a
-waiting acquire is read for ``wait`` plus the pool's ``socket_timeout`` (with redis-py before
-8, whose default ``socket_timeout`` is None, a ``socket_timeout`` you set must exceed ``wait``,
-and without the module 2.5 s, the longest BLPOP of a wait).
+A held permit keeps no connection and no thread: its calls borrow a connection of the
+client's pool for the call, and one renewal per client (a daemon thread, or a task of the
+event loop) refreshes every permit the client holds. A call that blocks in the server (a wait
+for a permit, ``WAIT`` for replicas with ``durable_replicas``, wait_empty) or a ``BOUND``
+permit uses a connection of its own, made with the pool's settings outside the pool, so waits
+never take the connections the application needs. The reply of a waiting acquire is read for
+``wait`` plus the pool's ``socket_timeout`` (with redis-py before 8, whose default
+``socket_timeout`` is None, a ``socket_timeout`` you set must exceed ``wait``, and without the
+module 2.5 s, the longest BLPOP of a wait).
 
 The identifier is made here (a UUID v4) unless ``identifier=`` gives one, so a retried acquire
 (redis-py retries on connection errors) renews the same holder rather than taking a second
@@ -42,6 +43,7 @@ import asyncio
 import contextvars
 import functools
 import hashlib
+import heapq
 import importlib.resources
 import inspect
 import math
@@ -184,6 +186,18 @@ def _unblocked(err: BaseException) -> bool:
     return isinstance(err, redis.exceptions.ResponseError) and str(err).startswith("UNBLOCKED")
 
 
+_timed: Dict[Any, bool] = {}
+
+
+def _reads_with_timeout(connection_class: Any) -> bool:
+    """Whether the connection class's read_response takes a timeout (redis-py 8 and later)."""
+    timed = _timed.get(connection_class)
+    if timed is None:
+        parameters = inspect.signature(connection_class.read_response).parameters
+        timed = _timed[connection_class] = "timeout" in parameters
+    return timed
+
+
 def _run_blocking(
     conn: _SyncConn, args: Args, block: Optional[float], once: bool = False
 ) -> Any:
@@ -193,12 +207,14 @@ def _run_blocking(
     (a retried wait would join the end of the line). ``once``: sent on this very connection or
     not at all, never by redis-py's retry on a new one (``WAIT numreplicas`` counts the writes
     of the connection it is sent on: on a new one it answers at once)."""
+    if not once and block == 0:  # answers at once: any connection, a pooled client's too
+        return _execute(conn, *args)
     connection = conn.connection
     if connection is None:
         raise SemaphoreError("a single-connection client has no connection")
     base = connection.socket_timeout
-    timed = "timeout" in inspect.signature(connection.read_response).parameters
-    if not once and (block == 0 or base is None or not timed):
+    timed = _reads_with_timeout(type(connection))
+    if not once and (base is None or not timed):
         return _execute(conn, *args)
     if once and getattr(connection, "_sock", None) is None:
         raise redis.ConnectionError(f"the connection closed before {args[0]!s}")
@@ -215,6 +231,8 @@ async def _run_blocking_async(
     conn: _AsyncConn, args: Args, block: Optional[float], once: bool = False
 ) -> Any:
     """As _run_blocking, for redis.asyncio."""
+    if not once and block == 0:
+        return await _execute_async(conn, *args)
     await conn.initialize()
     connection = conn.connection
     if connection is None:
@@ -575,8 +593,105 @@ class _Hop:
             self._on_module()
 
 
+# Idle connections of the line's own (_OwnConnection), per plain client's pool: a few are kept
+# for the next waits.
+_idle: "weakref.WeakKeyDictionary[Any, List[Any]]" = weakref.WeakKeyDictionary()
+_idle_lock = threading.Lock()
+_IDLE_KEPT = 4
+
+
+class _OwnConnection:
+    """A connection made with a plain client's pool settings but outside its pool: what a wait
+    blocks (or a BOUND permit keeps), so that waits never take the connections the
+    application's calls and the holders' releases need. Used as a single-connection client
+    (what _execute and _run_blocking need of one); kept idle for the next wait when it ends
+    well (a few per pool), closed when it did not (its reply may still come)."""
+
+    def __init__(self, pool: Any, connection: Any) -> None:
+        self._pool = pool
+        self.connection = connection
+
+    @classmethod
+    def take(cls, pool: Any) -> "_OwnConnection":
+        with _idle_lock:
+            idle = _idle.get(pool)
+            connection = idle.pop() if idle else None
+        if connection is None:
+            connection = pool.connection_class(**dict(pool.connection_kwargs))
+        else:
+            try:  # closed by the server meanwhile, or a reply left unread: a new socket
+                if connection.can_read():
+                    connection.disconnect()
+            except Exception:
+                connection.disconnect()
+        return cls(pool, connection)
+
+    def execute_command(self, *args: Union[str, bytes, int, float]) -> Any:
+        self.connection.send_command(*args)
+        return self.connection.read_response()
+
+    def close(self, broken: bool = False) -> None:
+        connection, self.connection = self.connection, None
+        if connection is None:
+            return
+        if not broken:
+            with _idle_lock:
+                idle = _idle.setdefault(self._pool, [])
+                if len(idle) < _IDLE_KEPT:
+                    idle.append(connection)
+                    return
+        connection.disconnect()
+
+
+class _AsyncOwnConnection:
+    """As _OwnConnection, for redis.asyncio."""
+
+    def __init__(self, pool: Any, connection: Any) -> None:
+        self._pool = pool
+        self.connection = connection
+
+    @classmethod
+    async def take(cls, pool: Any) -> "_AsyncOwnConnection":
+        with _idle_lock:
+            idle = _idle.get(pool)
+            connection = idle.pop() if idle else None
+        if connection is None:
+            connection = pool.connection_class(**dict(pool.connection_kwargs))
+        else:
+            try:
+                # can_read in redis-py 8, can_read_destructive before.
+                readable = getattr(connection, "can_read", None) or connection.can_read_destructive
+                if connection.is_connected and await readable():
+                    await connection.disconnect()
+            except Exception:
+                await connection.disconnect()
+        return cls(pool, connection)
+
+    async def initialize(self) -> None:
+        pass
+
+    async def execute_command(self, *args: Union[str, bytes, int, float]) -> Any:
+        await self.connection.send_command(*args)
+        return await self.connection.read_response()
+
+    async def aclose(self, broken: bool = False) -> None:
+        connection, self.connection = self.connection, None
+        if connection is None:
+            return
+        if not broken:
+            with _idle_lock:
+                idle = _idle.setdefault(self._pool, [])
+                if len(idle) < _IDLE_KEPT:
+                    idle.append(connection)
+                    return
+        await connection.disconnect()
+
+
 class _Line:
     """Where the calls of one semaphore or set go (see above)."""
+
+    #: The client the line's calls go through.
+    client: Client
 
     #: Whether the server of the last call runs the script (it has no module).
     scripts = False
@@ -594,20 +709,27 @@ class _Line:
         ``until`` at the latest). ``once``: on the line's connection as it is, or an error."""
         raise NotImplementedError
 
+    def settle(self, keep: bool) -> None:
+        """The acquire is over (see _PlainLine.settle)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
 
 class _PlainLine(_Line):
-    """A plain client's line: the client itself, or (``own``) one connection of its pool."""
+    """A plain client's line: the client itself (each call borrows a connection of its pool for
+    that call only), or (``own``: a call that blocks in the server, or a BOUND permit) a
+    connection of the line's own outside the pool (see _OwnConnection)."""
 
     def __init__(self, client: redis.Redis, own: bool) -> None:
-        self._client = client
+        self.client = self._client = client
         self._own = own
-        self._conn: Optional[redis.Redis] = None
+        self._conn: Optional[_OwnConnection] = None
+        self._kept: Optional[_OwnConnection] = None  # a BOUND permit's, kept open to its release
 
     def open(self, needs: Optional[str]) -> None:
-        # Asked once per pool; no connection of the permit's own yet.
+        # Asked once per pool; no connection of the line's own yet.
         self.scripts = not _has_module(self._client)
         if needs is not None and self.scripts:
             raise ModuleRequired(needs)
@@ -625,15 +747,43 @@ class _PlainLine(_Line):
     ) -> _T:
         # Cached per pool; asked again while on the script, so a module loaded later is used.
         self.scripts = not _has_module(self._client)
-        if self._conn is None:
-            # client() is untyped in some redis-py releases.
-            self._conn = cast(Any, self._client).client() if self._own else self._client
-        return op(_Hop(self._conn, self.scripts, None, self._side, self._use_module))
+        if not self._own:
+            return op(_Hop(self._client, self.scripts, None, self._side, self._use_module))
+        conn = self._conn
+        if conn is None:
+            if once:
+                raise redis.ConnectionError("the connection of the line closed")
+            conn = self._conn = _OwnConnection.take(self._client.connection_pool)
+        try:
+            return op(_Hop(conn, self.scripts, None, self._side, self._use_module))
+        except redis.exceptions.ResponseError:
+            raise
+        except BaseException:
+            # Interrupted or without an answer: closed, so the server ends a wait on it and no
+            # late reply is read as another command's.
+            self._conn = None
+            conn.close(broken=True)
+            raise
+
+    def settle(self, keep: bool) -> None:
+        """The acquire is over: later calls borrow the pool's connections; the line's own goes
+        back, or (``keep``: BOUND) stays open, unused, until close()."""
+        if keep:
+            self._kept, self._conn = self._conn, None
+        self._close_own()
+        self._own = False
+
+    def _close_own(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
 
     def close(self) -> None:
-        if self._own and self._conn is not None:
-            conn, self._conn = self._conn, None
-            conn.close()  # back to the pool
+        self._close_own()
+        self._own = False
+        if self._kept is not None:
+            kept, self._kept = self._kept, None
+            kept.close(broken=True)  # closing it ends the binding
 
 
 # Errors after which a call in Cluster waits and is sent again to the slot's owner (found anew):
@@ -757,12 +907,15 @@ class _ClusterLine(_Line):
         self, cluster: redis.cluster.RedisCluster, names: Sequence[Identifier], retry_for: float
     ) -> None:
         self.slot = _cluster_slot(names)
+        self.client = cluster
         self._cluster: Any = cluster  # its methods are untyped in some redis-py releases
         self._names = names
         self._retry_for = retry_for
         self._conn: Optional[_NodeConnection] = None
         self._node = ""  # the name of the node of self._conn
-        # A permit's refresh thread and its owner's calls take turns on the connection.
+        # Once settled (a permit held, not BOUND): each call borrows the connection.
+        self._borrow = False
+        # The renewal's calls and the owner's take turns on the connection.
         self._lock = threading.RLock()
 
     def _ask(self, conn: _NodeConnection, node: str) -> bool:
@@ -836,7 +989,11 @@ class _ClusterLine(_Line):
                         self._node = node.name
                     elif self.scripts:  # a module loaded since is used
                         self.scripts = not self._ask(self._conn, self._node)
-                    return self._on_own(op)
+                    try:
+                        return self._on_own(op)
+                    finally:
+                        if self._borrow:
+                            self._close()
                 except redis.exceptions.MovedError as err:
                     self._close()
                     pause = retries.next_pause(err, pauses=False)
@@ -866,6 +1023,14 @@ class _ClusterLine(_Line):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()
+
+    def settle(self, keep: bool) -> None:
+        """The acquire is over: unless ``keep`` (BOUND), the connection goes back to the node's
+        pool and each later call borrows one for itself."""
+        if not keep:
+            with self._lock:
+                self._close()
+                self._borrow = True
 
     def close(self) -> None:
         with self._lock:
@@ -923,8 +1088,8 @@ class _AsyncNodeConnection:
 
 
 # The connection an operation runs on: a single-connection client, or one of a cluster node.
-_SyncConn = Union[redis.Redis, _NodeConnection]
-_AsyncConn = Union[redis.asyncio.Redis, _AsyncNodeConnection]
+_SyncConn = Union[redis.Redis, _NodeConnection, _OwnConnection]
+_AsyncConn = Union[redis.asyncio.Redis, _AsyncNodeConnection, _AsyncOwnConnection]
 
 
 class _AsyncHop:
@@ -982,6 +1147,8 @@ class _AsyncHop:
 class _AsyncLine:
     """As _Line, for redis.asyncio."""
 
+    client: AsyncClient
+
     scripts = False
 
     async def open(self, needs: Optional[str]) -> None:
@@ -1000,6 +1167,9 @@ class _AsyncLine:
     ) -> _T:
         raise NotImplementedError
 
+    async def settle(self, keep: bool) -> None:
+        raise NotImplementedError
+
     async def close(self) -> None:
         raise NotImplementedError
 
@@ -1008,9 +1178,10 @@ class _AsyncPlainLine(_AsyncLine):
     """As _PlainLine, for redis.asyncio."""
 
     def __init__(self, client: redis.asyncio.Redis, own: bool) -> None:
-        self._client = client
+        self.client = self._client = client
         self._own = own
-        self._conn: Optional[redis.asyncio.Redis] = None
+        self._conn: Optional[_AsyncOwnConnection] = None
+        self._kept: Optional[_AsyncOwnConnection] = None
 
     async def open(self, needs: Optional[str]) -> None:
         self.scripts = not await _has_module_async(self._client)
@@ -1031,14 +1202,42 @@ class _AsyncPlainLine(_AsyncLine):
         once: bool = False,
     ) -> _T:
         self.scripts = not await _has_module_async(self._client)
-        if self._conn is None:
-            self._conn = self._client.client() if self._own else self._client
-        return await op(_AsyncHop(self._conn, self.scripts, None, self._side, self._use_module))
+        if not self._own:
+            return await op(
+                _AsyncHop(self._client, self.scripts, None, self._side, self._use_module)
+            )
+        conn = self._conn
+        if conn is None:
+            if once:
+                raise redis.ConnectionError("the connection of the line closed")
+            conn = self._conn = await _AsyncOwnConnection.take(self._client.connection_pool)
+        try:
+            return await op(_AsyncHop(conn, self.scripts, None, self._side, self._use_module))
+        except redis.exceptions.ResponseError:
+            raise
+        except BaseException:
+            self._conn = None
+            await conn.aclose(broken=True)
+            raise
+
+    async def settle(self, keep: bool) -> None:
+        """As _PlainLine.settle."""
+        if keep:
+            self._kept, self._conn = self._conn, None
+        await self._close_own()
+        self._own = False
+
+    async def _close_own(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.aclose()
 
     async def close(self) -> None:
-        if self._own and self._conn is not None:
-            conn, self._conn = self._conn, None
-            await conn.aclose()  # back to the pool
+        await self._close_own()
+        self._own = False
+        if self._kept is not None:
+            kept, self._kept = self._kept, None
+            await kept.aclose(broken=True)
 
 
 class _AsyncClusterLine(_AsyncLine):
@@ -1053,11 +1252,13 @@ class _AsyncClusterLine(_AsyncLine):
     ) -> None:
         self.slot = _cluster_slot(names)
         self._bound = bound  # a connection of the line's own, not one of the node's pool
+        self.client = cluster
         self._cluster: Any = cluster
         self._names = names
         self._retry_for = retry_for
         self._conn: Optional[_AsyncNodeConnection] = None
         self._node: Any = None  # the node of self._conn
+        self._borrow = False
         self._lock = asyncio.Lock()
 
     async def _ask(self, conn: _AsyncNodeConnection, node: str) -> bool:
@@ -1134,7 +1335,11 @@ class _AsyncClusterLine(_AsyncLine):
                         self._node = node
                     elif self.scripts:  # a module loaded since is used
                         self.scripts = not await self._ask(self._conn, self._node.name)
-                    return await self._on_own(op)
+                    try:
+                        return await self._on_own(op)
+                    finally:
+                        if self._borrow:
+                            await self._close()
                 except redis.exceptions.MovedError as err:
                     await self._close()
                     pause = retries.next_pause(err, pauses=False)
@@ -1177,6 +1382,13 @@ class _AsyncClusterLine(_AsyncLine):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await conn.aclose()
+
+    async def settle(self, keep: bool) -> None:
+        """As _ClusterLine.settle."""
+        if not keep:
+            async with self._lock:
+                await self._close()
+                self._borrow = True
 
     async def close(self) -> None:
         async with self._lock:
@@ -1556,6 +1768,12 @@ class _Options:
             args.append("BOUND")
         return args
 
+    @property
+    def blocks(self) -> bool:
+        """Whether the acquire may block in the server (a wait, WAIT for replicas) or ties the
+        permit to its connection (BOUND): then it runs on a connection of its own."""
+        return bool(self.wait) or self.bound or self.durable_replicas > 0
+
     def check_durable(self, acked: int) -> None:
         """NotDurable when fewer than durable_replicas acknowledged the grant."""
         if acked < self.durable_replicas:
@@ -1634,6 +1852,11 @@ class _SetOptions:
         if self.bound:
             args.append("BOUND")
         return args
+
+    @property
+    def blocks(self) -> bool:
+        """As _Options.blocks."""
+        return bool(self.wait) or self.bound
 
     def tickets_of(self, reply: Any) -> Optional[Tuple[int, ...]]:
         """The tickets of a granted reply (``[identifier, [ticket, ...]]`` when fair), else None."""
@@ -1797,6 +2020,8 @@ class _Held:
         self._lost_reason: Optional[str] = None
         self._released: Optional[bool] = None  # the release's outcome, once released
         self._release_error: Optional[BaseException] = None  # of a release without an answer
+        self._renewing = False  # refreshed by its client's renewal, until the release begins
+        self._entry: Optional[List[Any]] = None  # its place in the renewal's heap
 
     def _what(self) -> str:
         raise NotImplementedError
@@ -1845,6 +2070,13 @@ class _Held:
             f"{self._answered(command, reply)} (the lease ran out, or the holder was removed)"
         )
         return False
+
+    def _renewed(self, command: Args, reply: Any, sent: float) -> bool:
+        """A refresh sent by the renewal answered: whether it goes on (a release under way makes
+        its answer moot)."""
+        if not self._renewing:
+            return False
+        return self._refreshed(command, reply, sent)
 
     def _released_with(self, command: Args, reply: Any) -> bool:
         if reply != self._wanted:
@@ -1933,38 +2165,373 @@ class _SetState(_Held):
         return f"{list(self.names)!r} id={self.id!r}{tickets} counts={list(self.counts)}"
 
 
+# --- Renewal: one scheduler per client refreshes every permit it holds ------------------------
+#
+# A held permit costs no connection and no thread: the renewal of each client (one daemon thread
+# for a sync client, one task for an asyncio one) keeps a heap of the times the permits are due,
+# and at each sends the due refreshes, pipelined on one connection borrowed from the pool for
+# the round (in Redis Cluster each refresh is a call of its own, resent through a move or a
+# failover while its last lease may still run: workers, at most _WORKERS at once, send them so
+# a slow one holds up no other).
+
+# Refreshes due within this many seconds of the first are sent in the same round.
+_ROUND_SLACK = 0.05
+# At most this many refreshes go in one pipeline.
+_ROUND_MOST = 1000
+# In Redis Cluster: at most this many refreshes under way at once (each borrows a connection).
+_WORKERS = 8
+
+
+def _due(permit: "_Held", failed: bool = False) -> float:
+    """When ``permit`` is refreshed next: lease/3 after the last confirmed send, or (after a
+    refresh without an answer) a lease/3 from now."""
+    if failed:
+        return time.monotonic() + permit.lease / 3
+    return permit._confirmed_until - permit.lease * 2 / 3
+
+
+def _renewal_args(permit: "_Held", scripts: bool) -> Args:
+    """A refresh as the round sends it: the module's command, or the script's EVALSHA."""
+    command = permit._refresh_args()
+    if scripts and isinstance(permit, _PermitState):
+        return _script_args(command, False)
+    return command
+
+
+class _Workers:
+    """Threads that run the refreshes of cluster clients' permits: started when work comes, at
+    most _WORKERS, each ending after a second with nothing to do."""
+
+    def __init__(self) -> None:
+        self._work: List[Callable[[], None]] = []
+        self._cond = threading.Condition(threading.Lock())
+        self._threads = 0
+        self._idle = 0
+
+    def submit(self, work: Callable[[], None]) -> None:
+        with self._cond:
+            self._work.append(work)
+            if self._idle > 0:
+                self._cond.notify()
+            elif self._threads < _WORKERS:
+                self._threads += 1
+                threading.Thread(target=self._run, name="redsem-refresh", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._work:
+                    self._idle += 1
+                    self._cond.wait(1.0)
+                    self._idle -= 1
+                    if not self._work:
+                        self._threads -= 1
+                        return
+                work = self._work.pop(0)
+            try:
+                work()
+            except Exception:  # a refresh's own errors are handled where it runs
+                pass
+
+
+_workers = _Workers()
+
+
+class _Renewal:
+    """The renewal of one sync client (see above)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
+        self._heap: List[List[Any]] = []  # [due, order, permit or None once it left]
+        self._dead = 0  # entries whose permit left
+        self._order = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, permit: "_SyncHeld", failed: bool = False) -> None:
+        with self._cond:
+            if not permit._renewing:
+                return
+            entry = [_due(permit, failed), self._order, permit]
+            self._order += 1
+            permit._entry = entry
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="redsem-renewal", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._cond.notify()
+
+    def remove(self, permit: "_SyncHeld") -> None:
+        with self._cond:
+            permit._renewing = False
+            entry, permit._entry = permit._entry, None
+            if entry is not None:
+                entry[2] = None
+                self._dead += 1
+                if self._dead > 64 and self._dead * 2 > len(self._heap):
+                    self._heap = [e for e in self._heap if e[2] is not None]
+                    heapq.heapify(self._heap)
+                    self._dead = 0
+
+    def _due_now(self) -> Optional[List["_SyncHeld"]]:
+        """Waits for the next round; its permits, or None when no permit is left (the thread
+        ends, and the next add starts another)."""
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][2] is None:
+                    heapq.heappop(self._heap)
+                    self._dead -= 1
+                if not self._heap:
+                    self._thread = None
+                    return None
+                now = time.monotonic()
+                if self._heap[0][0] <= now:
+                    break
+                self._cond.wait(self._heap[0][0] - now)
+            due: List["_SyncHeld"] = []
+            while self._heap and self._heap[0][0] <= now + _ROUND_SLACK:
+                entry = heapq.heappop(self._heap)
+                if entry[2] is None:
+                    self._dead -= 1
+                    continue
+                entry[2]._entry = None
+                due.append(entry[2])
+            return due
+
+    def _run(self) -> None:
+        while True:
+            due = self._due_now()
+            if due is None:
+                return
+            if self._cluster:
+                for permit in due:
+                    _workers.submit(functools.partial(self._refresh_one, permit))
+                continue
+            for start in range(0, len(due), _ROUND_MOST):
+                self._round(due[start : start + _ROUND_MOST])
+
+    def _refresh_one(self, permit: "_SyncHeld") -> None:
+        failed = False
+        try:
+            command = permit._refresh_args()
+            sent = time.monotonic()
+            reply = permit._line.run(lambda hop: hop.send(command), until=permit._confirmed_until)
+            if not permit._renewed(command, reply, sent):
+                return
+        except Exception:  # unreachable: tried again until the lease is up
+            failed = True
+        self._again(permit, failed)
+
+    def _again(self, permit: "_SyncHeld", failed: bool) -> None:
+        if permit._renewing and not permit.lost:
+            self.add(permit, failed)
+
+    def _round(self, due: List["_SyncHeld"]) -> None:
+        client = cast(redis.Redis, self._client)
+        try:
+            scripts = not _has_module(client)
+            commands = [_renewal_args(permit, scripts) for permit in due]
+            sent = time.monotonic()
+            pipe: Any = client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            replies: List[Any] = pipe.execute(raise_on_error=False)
+        except Exception:  # no answer: each is tried again until its lease is up
+            for permit in due:
+                self._again(permit, True)
+            return
+        for permit, reply in zip(due, replies):
+            failed = False
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                try:  # the script is loaded by this send
+                    sent = time.monotonic()
+                    reply = _send(client, True, permit._refresh_args())
+                except Exception as err:
+                    reply = err
+            if isinstance(reply, Exception):
+                failed = True
+            elif not permit._renewed(permit._refresh_args(), reply, sent):
+                continue
+            self._again(permit, failed)
+
+
+_renewals: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_renewals_lock = threading.Lock()
+
+
+def _renewal(client: Client) -> _Renewal:
+    """The renewal of ``client``, made at its first permit."""
+    with _renewals_lock:
+        renewal = _renewals.get(client)
+        if renewal is None:
+            renewal = _renewals[client] = _Renewal(client)
+        return cast(_Renewal, renewal)
+
+
+class _AsyncRenewal:
+    """As _Renewal, for an asyncio client: one task of its event loop (ending when no permit is
+    left); in Redis Cluster each due refresh is a task of its own, at most _WORKERS sending at
+    once."""
+
+    def __init__(self, client: AsyncClient, loop: asyncio.AbstractEventLoop) -> None:
+        self._client = client
+        self.loop = loop
+        self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
+        self._heap: List[List[Any]] = []
+        self._dead = 0
+        self._order = 0
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._wake: Optional[asyncio.Event] = None
+        self._sending: Optional[asyncio.Semaphore] = None
+        self._refreshing: "set[asyncio.Task[None]]" = set()
+
+    def add(self, permit: "_AsyncHeld", failed: bool = False) -> None:
+        if not permit._renewing:
+            return
+        entry = [_due(permit, failed), self._order, permit]
+        self._order += 1
+        permit._entry = entry
+        heapq.heappush(self._heap, entry)
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = self.loop.create_task(self._run())
+        elif self._heap[0] is entry and self._wake is not None:
+            self._wake.set()
+
+    def remove(self, permit: "_AsyncHeld") -> None:
+        permit._renewing = False
+        entry, permit._entry = permit._entry, None
+        if entry is not None:
+            entry[2] = None
+            self._dead += 1
+            if self._dead > 64 and self._dead * 2 > len(self._heap):
+                self._heap = [e for e in self._heap if e[2] is not None]
+                heapq.heapify(self._heap)
+                self._dead = 0
+
+    async def _run(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        while True:
+            while self._heap and self._heap[0][2] is None:
+                heapq.heappop(self._heap)
+                self._dead -= 1
+            if not self._heap:
+                self._task = None
+                return
+            now = time.monotonic()
+            delay = self._heap[0][0] - now
+            if delay > 0:
+                # Woken at the time, or by an add() due earlier; no task of its own for the timer.
+                wake.clear()
+                timer = self.loop.call_later(delay, wake.set)
+                try:
+                    await wake.wait()
+                finally:
+                    timer.cancel()
+                continue
+            due: List["_AsyncHeld"] = []
+            while self._heap and self._heap[0][0] <= now + _ROUND_SLACK:
+                entry = heapq.heappop(self._heap)
+                if entry[2] is None:
+                    self._dead -= 1
+                    continue
+                entry[2]._entry = None
+                due.append(entry[2])
+            if self._cluster:
+                if self._sending is None:
+                    self._sending = asyncio.Semaphore(_WORKERS)
+                for permit in due:
+                    task = self.loop.create_task(self._refresh_one(permit))
+                    self._refreshing.add(task)
+                    task.add_done_callback(self._refreshing.discard)
+                continue
+            for start in range(0, len(due), _ROUND_MOST):
+                await self._round(due[start : start + _ROUND_MOST])
+
+    def _again(self, permit: "_AsyncHeld", failed: bool) -> None:
+        if permit._renewing and not permit.lost:
+            self.add(permit, failed)
+
+    async def _refresh_one(self, permit: "_AsyncHeld") -> None:
+        assert self._sending is not None
+        failed = False
+        async with self._sending:
+            try:
+                command = permit._refresh_args()
+                sent = time.monotonic()
+                reply = await permit._line.run(
+                    lambda hop: hop.send(command), until=permit._confirmed_until
+                )
+                if not permit._renewed(command, reply, sent):
+                    return
+            except Exception:
+                failed = True
+        self._again(permit, failed)
+
+    async def _round(self, due: List["_AsyncHeld"]) -> None:
+        client = cast(redis.asyncio.Redis, self._client)
+        try:
+            scripts = not await _has_module_async(client)
+            commands = [_renewal_args(permit, scripts) for permit in due]
+            sent = time.monotonic()
+            pipe: Any = client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            replies: List[Any] = await pipe.execute(raise_on_error=False)
+        except Exception:
+            for permit in due:
+                self._again(permit, True)
+            return
+        for permit, reply in zip(due, replies):
+            failed = False
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                try:
+                    sent = time.monotonic()
+                    reply = await _send_async(client, True, permit._refresh_args())
+                except Exception as err:
+                    reply = err
+            if isinstance(reply, Exception):
+                failed = True
+            elif not permit._renewed(permit._refresh_args(), reply, sent):
+                continue
+            self._again(permit, failed)
+
+
+def _async_renewal(client: AsyncClient) -> _AsyncRenewal:
+    """The renewal of ``client`` in the running event loop."""
+    loop = asyncio.get_running_loop()
+    with _renewals_lock:
+        renewal = _renewals.get(client)
+        if renewal is None or renewal.loop is not loop:
+            renewal = _renewals[client] = _AsyncRenewal(client, loop)
+        return cast(_AsyncRenewal, renewal)
+
+
 _SyncSelf = TypeVar("_SyncSelf", bound="_SyncHeld")
 _AsyncSelf = TypeVar("_AsyncSelf", bound="_AsyncHeld")
 
 
 class _SyncHeld(_Held):
-    """Refresh in a background thread, and release, over the permit's line (its connection)."""
+    """Refreshed by its client's renewal (see above), released over the permit's line."""
 
     _line: _Line
 
     def _init_sync(self, line: _Line) -> None:
         self._line = line
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._client: Client = line.client
         self._release_lock = threading.Lock()
 
     def _start_refreshing(self) -> None:
-        self._thread = threading.Thread(
-            target=self._refresh_loop, name=f"redsem-refresh-{self.id!r}", daemon=True
-        )
-        self._thread.start()
-
-    def _refresh_loop(self) -> None:
-        while not self._stop.wait(self.lease / 3):
-            try:
-                if not self.refresh():
-                    return
-            except Exception:  # unreachable server: retry until the lease is up
-                if self.lost:
-                    return
+        self._renewing = True
+        _renewal(self._client).add(self)
 
     def refresh(self) -> bool:
-        """Moves the deadline to now + lease (the background thread does this every lease/3).
+        """Moves the deadline to now + lease (the client's renewal does this every lease/3).
         Returns False, and marks the permit lost, if it had run out."""
         if self._released is not None:
             raise SemaphoreError("the permit was already released")
@@ -1983,9 +2550,8 @@ class _SyncHeld(_Held):
             if self._released is not None:
                 return self._released
             self._note_deadline()
-            self._stop.set()
-            if self._thread is not None and self._thread is not threading.current_thread():
-                self._thread.join()  # lets a refresh under way finish first
+            if self._renewing:
+                _renewal(self._client).remove(self)
             command = self._release_args()
             try:
                 reply = self._line.run(lambda hop: hop.send(command))
@@ -2017,34 +2583,20 @@ class _SyncHeld(_Held):
 
 
 class _AsyncHeld(_Held):
-    """As _SyncHeld, for redis.asyncio: the refresh is an asyncio task."""
+    """As _SyncHeld, for redis.asyncio: refreshed by its client's renewal task."""
 
     _line: _AsyncLine
 
     def _init_async(self, line: _AsyncLine) -> None:
         self._line = line
-        self._stop = asyncio.Event()
-        self._task: Optional["asyncio.Task[None]"] = None
+        self._client: AsyncClient = line.client
         self._release_lock = asyncio.Lock()
+        self._renewal: Optional[_AsyncRenewal] = None
 
     def _start_refreshing(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
-
-    async def _refresh_loop(self) -> None:
-        # Stopped by the event, never cancelled: a cancelled command would close the connection,
-        # and with it a BOUND permit.
-        while True:
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.lease / 3)
-                return
-            except asyncio.TimeoutError:
-                pass
-            try:
-                if not await self.refresh():
-                    return
-            except Exception:  # unreachable server: retry until the lease is up
-                if self.lost:
-                    return
+        self._renewing = True
+        self._renewal = _async_renewal(self._client)
+        self._renewal.add(self)
 
     async def refresh(self) -> bool:
         """As Permit.refresh."""
@@ -2061,9 +2613,8 @@ class _AsyncHeld(_Held):
             if self._released is not None:
                 return self._released
             self._note_deadline()
-            self._stop.set()
-            if self._task is not None and self._task is not asyncio.current_task():
-                await self._task
+            if self._renewal is not None:
+                self._renewal.remove(self)
             command = self._release_args()
             try:
                 reply = await self._line.run(lambda hop: hop.send(command))
@@ -2095,7 +2646,7 @@ class _AsyncHeld(_Held):
 
 
 class Permit(_SyncHeld, _PermitState):
-    """A granted permit: refreshed in a background thread every lease/3 while held, given back
+    """A granted permit: refreshed by its client's renewal every lease/3 while held, given back
     by ``release()`` or at the end of its ``with`` block."""
 
     def __init__(
@@ -2123,7 +2674,7 @@ class Permit(_SyncHeld, _PermitState):
 
 
 class AsyncPermit(_AsyncHeld, _PermitState):
-    """The asyncio form of Permit: refreshed by an asyncio task every lease/3 while held."""
+    """The asyncio form of Permit: refreshed by its client's renewal task every lease/3."""
 
     def __init__(
         self,
@@ -2150,7 +2701,7 @@ class AsyncPermit(_AsyncHeld, _PermitState):
 
 class PermitSet(_SyncHeld, _SetState):
     """Permits of several semaphores taken at once (``acquire_all``): refreshed together
-    (SEM.REFRESHALL) in a background thread every lease/3, and lost as soon as any one of them
+    (SEM.REFRESHALL) by the client's renewal every lease/3, and lost as soon as any one of them
     is; given back together (SEM.RELEASEALL) by ``release()`` or at the end of its ``with``
     block."""
 
@@ -2204,9 +2755,9 @@ def _pop(semaphore: object) -> Any:
 class Semaphore:
     """A redsem semaphore: ``with Semaphore(...) as permit`` or ``permit = sem.acquire()``.
 
-    client: a ``redis.Redis`` (its pool lends each permit a connection), or a
-        ``redis.cluster.RedisCluster`` (each permit gets a connection to the primary serving
-        the name's slot).
+    client: a ``redis.Redis`` (each call borrows a connection of its pool; a wait blocks one
+        of its own), or a ``redis.cluster.RedisCluster`` (calls go to the primary serving the
+        name's slot).
     name, limit, lease: the semaphore's key, its number of permits, and the lease in seconds
         (millisecond precision); the permit is refreshed every lease/3 while held. In Redis
         Cluster the name needs a hash tag (``"{jobs}"``, ``"app:{jobs}"``): without one,
@@ -2230,7 +2781,8 @@ class Semaphore:
         permit back and raise NotDurable. A WAIT cut (the connection lost, a failover) is not
         sent again elsewhere: the holder is refreshed on the primary of now and WAIT follows
         there; a holder not found there raises NotDurable.
-    auto_refresh: False to refresh by hand (``permit.refresh()``) instead of in a thread.
+    auto_refresh: False to refresh by hand (``permit.refresh()``) instead of by the client's
+        renewal.
     retry_for: in Redis Cluster, how long (seconds) a call is resent, with the same identifier,
         while its slot moves or its primary fails over (a waiting acquire then waits again on
         the new owner, for what is left of ``wait``, at the end of the line); then it raises
@@ -2266,7 +2818,7 @@ class Semaphore:
     def acquire(self) -> Permit:
         """Takes a permit, or raises NotAcquired (or NotDurable, or a redis-py error)."""
         options = self.options
-        line = _line(self.client, [options.name], options.retry_for, own=True)
+        line = _line(self.client, [options.name], options.retry_for, own=options.blocks)
         identifier = options.identifier or str(uuid.uuid4())
         granted_on: List[object] = [None]  # the connection of the last send
         try:
@@ -2303,6 +2855,7 @@ class Semaphore:
             except Exception:
                 pass
             raise
+        line.settle(keep=options.bound)
         if options.auto_refresh:
             permit._start_refreshing()
         return permit
@@ -2324,9 +2877,8 @@ class Semaphore:
 class AsyncSemaphore:
     """The asyncio form of Semaphore, for ``redis.asyncio.Redis`` or
     ``redis.asyncio.cluster.RedisCluster``: ``async with AsyncSemaphore(...) as permit``; the
-    same options. Each permit, held or waited for, holds a connection of the pool: with
-    ``redis.asyncio.BlockingConnectionPool`` (or a ``max_connections``), size the pool for the
-    permits taken at once."""
+    same options. A held permit keeps no connection (its client's renewal task refreshes it); a
+    wait blocks a connection of its own, outside the pool."""
 
     def __init__(
         self,
@@ -2355,7 +2907,7 @@ class AsyncSemaphore:
         """As Semaphore.acquire."""
         options = self.options
         line = _async_line(
-            self.client, [options.name], options.retry_for, own=True, bound=options.bound
+            self.client, [options.name], options.retry_for, own=options.blocks, bound=options.bound
         )
         identifier = options.identifier or str(uuid.uuid4())
         granted_on: List[object] = [None]  # the connection of the last send
@@ -2392,6 +2944,7 @@ class AsyncSemaphore:
             except Exception:
                 pass
             raise
+        await line.settle(keep=options.bound)
         if options.auto_refresh:
             permit._start_refreshing()
         return permit
@@ -2414,8 +2967,7 @@ class SemaphoreSet:
     """Permits of several semaphores for one identifier, all or none (SEM.ACQUIREALL): ``with
     SemaphoreSet(r, [("gpu", 1), ("licence", 5, 2)]) as permits``, or ``acquire_all(...)``.
 
-    client: a ``redis.Redis`` (its pool lends each set a connection, as for a Semaphore), or a
-        ``redis.cluster.RedisCluster``.
+    client: a ``redis.Redis`` (as for a Semaphore), or a ``redis.cluster.RedisCluster``.
     semaphores: ``(name, limit)`` for one permit of ``name``, or ``(name, limit, count)``; 1 to
         64 distinct names (in Redis Cluster they must share a slot: give them one hash tag,
         ``"{app}gpu"`` and ``"{app}licence"``; else acquire() raises ValueError before sending
@@ -2453,7 +3005,7 @@ class SemaphoreSet:
         """Takes every permit of the set, or raises NotAcquired (then none is held);
         ModuleRequired without the module."""
         options = self.options
-        line = _line(self.client, options.names, options.retry_for, own=True)
+        line = _line(self.client, options.names, options.retry_for, own=options.blocks)
         identifier = options.identifier or str(uuid.uuid4())
         sent_once = False
         try:
@@ -2487,6 +3039,7 @@ class SemaphoreSet:
             except Exception:
                 pass
             raise
+        line.settle(keep=options.bound)
         if options.auto_refresh:
             permits._start_refreshing()
         return permits
@@ -2531,7 +3084,7 @@ class AsyncSemaphoreSet:
         """As SemaphoreSet.acquire."""
         options = self.options
         line = _async_line(
-            self.client, options.names, options.retry_for, own=True, bound=options.bound
+            self.client, options.names, options.retry_for, own=options.blocks, bound=options.bound
         )
         identifier = options.identifier or str(uuid.uuid4())
         sent_once = False
@@ -2566,6 +3119,7 @@ class AsyncSemaphoreSet:
             except Exception:
                 pass
             raise
+        await line.settle(keep=options.bound)
         if options.auto_refresh:
             permits._start_refreshing()
         return permits
