@@ -709,6 +709,10 @@ class _Line:
         ``until`` at the latest). ``once``: on the line's connection as it is, or an error."""
         raise NotImplementedError
 
+    def send(self, args: Args, until: Optional[float] = None) -> Any:
+        """One SEM.* command (in Cluster resent until ``until``, as run)."""
+        return self.run(lambda hop: hop.send(args), until)
+
     def settle(self, keep: bool) -> None:
         """The acquire is over (see _PlainLine.settle)."""
         raise NotImplementedError
@@ -764,6 +768,13 @@ class _PlainLine(_Line):
             self._conn = None
             conn.close(broken=True)
             raise
+
+    def send(self, args: Args, until: Optional[float] = None) -> Any:
+        if self._own:
+            return super().send(args, until)
+        # The common call of a held permit: on a borrowed connection, no hop needed.
+        self.scripts = not _has_module(self._client)
+        return _send(self._client, self.scripts, args)
 
     def settle(self, keep: bool) -> None:
         """The acquire is over: later calls borrow the pool's connections; the line's own goes
@@ -1167,6 +1178,10 @@ class _AsyncLine:
     ) -> _T:
         raise NotImplementedError
 
+    async def send(self, args: Args, until: Optional[float] = None) -> Any:
+        """As _Line.send."""
+        return await self.run(lambda hop: hop.send(args), until)
+
     async def settle(self, keep: bool) -> None:
         raise NotImplementedError
 
@@ -1219,6 +1234,12 @@ class _AsyncPlainLine(_AsyncLine):
             self._conn = None
             await conn.aclose(broken=True)
             raise
+
+    async def send(self, args: Args, until: Optional[float] = None) -> Any:
+        if self._own:
+            return await super().send(args, until)
+        self.scripts = not await _has_module_async(self._client)
+        return await _send_async(self._client, self.scripts, args)
 
     async def settle(self, keep: bool) -> None:
         """As _PlainLine.settle."""
@@ -1748,14 +1769,15 @@ class _Options:
         self.durable_timeout_ms = durable_timeout_ms
         self.auto_refresh = auto_refresh
         self.retry_for = float(retry_for)
+        command = "SEM.ACQUIREFAIR" if fair else "SEM.ACQUIRE"
+        self._head: Args = [command, name, limit, _seconds(self.lease), "ID"]
 
     def acquire_command(
         self, identifier: Identifier, wait: Optional[float] = None, in_server: bool = True
     ) -> Args:
         """The acquire, waiting ``wait`` seconds (what is left of options.wait);
         ``in_server=False`` leaves out WAIT and BOUND (the script's form: its caller waits)."""
-        command = "SEM.ACQUIREFAIR" if self.fair else "SEM.ACQUIRE"
-        args: Args = [command, self.name, self.limit, _seconds(self.lease), "ID", identifier]
+        args: Args = [*self._head, identifier]
         if self.count is not None:
             args += ["COUNT", self.count]
         if self.fair:
@@ -2174,6 +2196,8 @@ class _SetState(_Held):
 # failover while its last lease may still run: workers, at most _WORKERS at once, send them so
 # a slow one holds up no other).
 
+# A renewal with no permit left ends after this many seconds.
+_LINGER = 5.0
 # Refreshes due within this many seconds of the first are sent in the same round.
 _ROUND_SLACK = 0.05
 # At most this many refreshes go in one pipeline.
@@ -2248,6 +2272,7 @@ class _Renewal:
         self._order = 0
         self._cond = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
+        self._sleeps_until = math.inf  # when the thread wakes up next by itself
 
     def add(self, permit: "_SyncHeld", failed: bool = False) -> None:
         with self._cond:
@@ -2262,7 +2287,7 @@ class _Renewal:
                     target=self._run, name="redsem-renewal", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0] is entry:
+            elif cast(float, entry[0]) < self._sleeps_until:
                 self._cond.notify()
 
     def remove(self, permit: "_SyncHeld") -> None:
@@ -2281,17 +2306,27 @@ class _Renewal:
         """Waits for the next round; its permits, or None when no permit is left (the thread
         ends, and the next add starts another)."""
         with self._cond:
+            idle_since = None
             while True:
                 while self._heap and self._heap[0][2] is None:
                     heapq.heappop(self._heap)
                     self._dead -= 1
-                if not self._heap:
-                    self._thread = None
-                    return None
                 now = time.monotonic()
-                if self._heap[0][0] <= now:
+                if not self._heap:
+                    # Lingers a while, so permits taken and given back in a row do not start a
+                    # thread each.
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= _LINGER:
+                        self._thread = None
+                        return None
+                    self._sleeps_until = idle_since + _LINGER
+                elif self._heap[0][0] <= now:
                     break
-                self._cond.wait(self._heap[0][0] - now)
+                else:
+                    idle_since = None
+                    self._sleeps_until = self._heap[0][0]
+                self._cond.wait(self._sleeps_until - now)
+            self._sleeps_until = math.inf  # a round under way: an add looks again after it
             due: List["_SyncHeld"] = []
             while self._heap and self._heap[0][0] <= now + _ROUND_SLACK:
                 entry = heapq.heappop(self._heap)
@@ -2319,7 +2354,7 @@ class _Renewal:
         try:
             command = permit._refresh_args()
             sent = time.monotonic()
-            reply = permit._line.run(lambda hop: hop.send(command), until=permit._confirmed_until)
+            reply = permit._line.send(command, until=permit._confirmed_until)
             if not permit._renewed(command, reply, sent):
                 return
         except Exception:  # unreachable: tried again until the lease is up
@@ -2388,6 +2423,7 @@ class _AsyncRenewal:
         self._wake: Optional[asyncio.Event] = None
         self._sending: Optional[asyncio.Semaphore] = None
         self._refreshing: "set[asyncio.Task[None]]" = set()
+        self._sleeps_until = math.inf
 
     def add(self, permit: "_AsyncHeld", failed: bool = False) -> None:
         if not permit._renewing:
@@ -2399,7 +2435,7 @@ class _AsyncRenewal:
         if self._task is None:
             self._wake = asyncio.Event()
             self._task = self.loop.create_task(self._run())
-        elif self._heap[0] is entry and self._wake is not None:
+        elif cast(float, entry[0]) < self._sleeps_until and self._wake is not None:
             self._wake.set()
 
     def remove(self, permit: "_AsyncHeld") -> None:
@@ -2416,19 +2452,27 @@ class _AsyncRenewal:
     async def _run(self) -> None:
         wake = self._wake
         assert wake is not None
+        idle_since = None
         while True:
             while self._heap and self._heap[0][2] is None:
                 heapq.heappop(self._heap)
                 self._dead -= 1
-            if not self._heap:
-                self._task = None
-                return
             now = time.monotonic()
-            delay = self._heap[0][0] - now
-            if delay > 0:
+            if not self._heap:
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since >= _LINGER:
+                    self._task = None
+                    return
+                self._sleeps_until = idle_since + _LINGER
+            elif self._heap[0][0] > now:
+                idle_since = None
+                self._sleeps_until = self._heap[0][0]
+            if self._heap and self._heap[0][0] <= now:
+                self._sleeps_until = math.inf
+            else:
                 # Woken at the time, or by an add() due earlier; no task of its own for the timer.
                 wake.clear()
-                timer = self.loop.call_later(delay, wake.set)
+                timer = self.loop.call_later(self._sleeps_until - now, wake.set)
                 try:
                     await wake.wait()
                 finally:
@@ -2464,9 +2508,7 @@ class _AsyncRenewal:
             try:
                 command = permit._refresh_args()
                 sent = time.monotonic()
-                reply = await permit._line.run(
-                    lambda hop: hop.send(command), until=permit._confirmed_until
-                )
+                reply = await permit._line.send(command, until=permit._confirmed_until)
                 if not permit._renewed(command, reply, sent):
                     return
             except Exception:
@@ -2523,12 +2565,13 @@ class _SyncHeld(_Held):
 
     def _init_sync(self, line: _Line) -> None:
         self._line = line
-        self._client: Client = line.client
         self._release_lock = threading.Lock()
+        self._renewal: Optional[_Renewal] = None
 
     def _start_refreshing(self) -> None:
         self._renewing = True
-        _renewal(self._client).add(self)
+        self._renewal = _renewal(self._line.client)
+        self._renewal.add(self)
 
     def refresh(self) -> bool:
         """Moves the deadline to now + lease (the client's renewal does this every lease/3).
@@ -2538,7 +2581,7 @@ class _SyncHeld(_Held):
         sent = time.monotonic()
         command = self._refresh_args()
         # In Cluster, resent through a move or a failover while the last lease may still run.
-        reply = self._line.run(lambda hop: hop.send(command), until=self._confirmed_until)
+        reply = self._line.send(command, until=self._confirmed_until)
         return self._refreshed(command, reply, sent)
 
     def release(self) -> bool:
@@ -2550,11 +2593,11 @@ class _SyncHeld(_Held):
             if self._released is not None:
                 return self._released
             self._note_deadline()
-            if self._renewing:
-                _renewal(self._client).remove(self)
+            if self._renewal is not None:
+                self._renewal.remove(self)
             command = self._release_args()
             try:
-                reply = self._line.run(lambda hop: hop.send(command))
+                reply = self._line.send(command)
             except BaseException as err:
                 self._release_failed(err)
                 raise
@@ -2589,13 +2632,12 @@ class _AsyncHeld(_Held):
 
     def _init_async(self, line: _AsyncLine) -> None:
         self._line = line
-        self._client: AsyncClient = line.client
         self._release_lock = asyncio.Lock()
         self._renewal: Optional[_AsyncRenewal] = None
 
     def _start_refreshing(self) -> None:
         self._renewing = True
-        self._renewal = _async_renewal(self._client)
+        self._renewal = _async_renewal(self._line.client)
         self._renewal.add(self)
 
     async def refresh(self) -> bool:
@@ -2604,7 +2646,7 @@ class _AsyncHeld(_Held):
             raise SemaphoreError("the permit was already released")
         sent = time.monotonic()
         command = self._refresh_args()
-        reply = await self._line.run(lambda hop: hop.send(command), until=self._confirmed_until)
+        reply = await self._line.send(command, until=self._confirmed_until)
         return self._refreshed(command, reply, sent)
 
     async def release(self) -> bool:
@@ -2617,7 +2659,7 @@ class _AsyncHeld(_Held):
                 self._renewal.remove(self)
             command = self._release_args()
             try:
-                reply = await self._line.run(lambda hop: hop.send(command))
+                reply = await self._line.send(command)
             except BaseException as err:
                 self._release_failed(err)
                 raise
@@ -2665,7 +2707,7 @@ class Permit(_SyncHeld, _PermitState):
         its deadline and ticket). Returns False, and marks it lost, if it had run out."""
         self._check_release_some(count)
         command: Args = ["SEM.RELEASE", self.name, self.id, "COUNT", count]
-        reply = self._line.run(lambda hop: hop.send(command))
+        reply = self._line.send(command)
         if reply == 1:
             self.count -= count
             return True
@@ -2691,7 +2733,7 @@ class AsyncPermit(_AsyncHeld, _PermitState):
         """As Permit.release_some."""
         self._check_release_some(count)
         command: Args = ["SEM.RELEASE", self.name, self.id, "COUNT", count]
-        reply = await self._line.run(lambda hop: hop.send(command))
+        reply = await self._line.send(command)
         if reply == 1:
             self.count -= count
             return True
@@ -2818,6 +2860,8 @@ class Semaphore:
     def acquire(self) -> Permit:
         """Takes a permit, or raises NotAcquired (or NotDurable, or a redis-py error)."""
         options = self.options
+        if not options.blocks and not isinstance(self.client, redis.cluster.RedisCluster):
+            return self._acquire_at_once()
         line = _line(self.client, [options.name], options.retry_for, own=options.blocks)
         identifier = options.identifier or str(uuid.uuid4())
         granted_on: List[object] = [None]  # the connection of the last send
@@ -2856,6 +2900,42 @@ class Semaphore:
                 pass
             raise
         line.settle(keep=options.bound)
+        if options.auto_refresh:
+            permit._start_refreshing()
+        return permit
+
+    def _acquire_at_once(self) -> Permit:
+        """An acquire that neither waits nor binds on a plain client: one call, on a connection
+        the pool lends for it (the common case, kept short)."""
+        options = self.options
+        client = cast(redis.Redis, self.client)
+        line = _PlainLine(client, own=False)
+        identifier = options.identifier or str(uuid.uuid4())
+        sent = time.monotonic()
+        try:
+            if _has_module(client):
+                reply = _execute(client, *options.acquire_command(identifier))
+            else:
+                line.scripts = True
+                hop = _Hop(client, True, None, line._side, line._use_module)
+                reply, sent = _acquire_by_script(hop, options, identifier, sent)
+        except BaseException as err:
+            if _unseen(err):
+                _forget(line, ["SEM.RELEASE", options.name, identifier])
+            raise
+        if reply is None:
+            raise NotAcquired(options.describe())
+        permit = Permit(options, line, identifier, options.ticket_of(reply), sent)
+        try:
+            # An answer slower than lease/3 leaves the lease's start unknown: confirm it now.
+            if time.monotonic() - sent > options.lease / 3 and not permit.refresh():
+                raise PermitLost(permit._lost_message())
+        except BaseException:
+            try:
+                permit.release()
+            except Exception:
+                pass
+            raise
         if options.auto_refresh:
             permit._start_refreshing()
         return permit
@@ -2906,6 +2986,10 @@ class AsyncSemaphore:
     async def acquire(self) -> AsyncPermit:
         """As Semaphore.acquire."""
         options = self.options
+        if not options.blocks and not isinstance(
+            self.client, redis.asyncio.cluster.RedisCluster
+        ):
+            return await self._acquire_at_once()
         line = _async_line(
             self.client, [options.name], options.retry_for, own=options.blocks, bound=options.bound
         )
@@ -2945,6 +3029,40 @@ class AsyncSemaphore:
                 pass
             raise
         await line.settle(keep=options.bound)
+        if options.auto_refresh:
+            permit._start_refreshing()
+        return permit
+
+    async def _acquire_at_once(self) -> AsyncPermit:
+        """As Semaphore._acquire_at_once."""
+        options = self.options
+        client = cast(redis.asyncio.Redis, self.client)
+        line = _AsyncPlainLine(client, own=False)
+        identifier = options.identifier or str(uuid.uuid4())
+        sent = time.monotonic()
+        try:
+            if await _has_module_async(client):
+                reply = await _execute_async(client, *options.acquire_command(identifier))
+            else:
+                line.scripts = True
+                hop = _AsyncHop(client, True, None, line._side, line._use_module)
+                reply, sent = await _acquire_by_script_async(hop, options, identifier, sent)
+        except BaseException as err:
+            if _unseen(err):
+                await _forget_async(line, ["SEM.RELEASE", options.name, identifier])
+            raise
+        if reply is None:
+            raise NotAcquired(options.describe())
+        permit = AsyncPermit(options, line, identifier, options.ticket_of(reply), sent)
+        try:
+            if time.monotonic() - sent > options.lease / 3 and not await permit.refresh():
+                raise PermitLost(permit._lost_message())
+        except BaseException:
+            try:
+                await permit.release()
+            except Exception:
+                pass
+            raise
         if options.auto_refresh:
             permit._start_refreshing()
         return permit
