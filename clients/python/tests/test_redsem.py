@@ -1415,7 +1415,7 @@ def test_the_module_loaded_live_is_picked_up():
 def test_a_no_module_answer_is_asked_again_after_its_time(monkeypatch):
     """A pool on the script asks COMMAND INFO again once its answer is older than
     _BACKEND_TTL (10 s; shortened here): a module loaded since is used from its next call."""
-    monkeypatch.setattr(redsem, "_BACKEND_TTL", 0.3)
+    monkeypatch.setattr(redsem._core, "_BACKEND_TTL", 0.3)
     s = Server(module=False)
     try:
         a = redis.Redis(port=s.port)
