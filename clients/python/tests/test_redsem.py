@@ -2115,3 +2115,28 @@ def test_two_hundred_waiters_are_served_in_order_with_the_clients_defaults(serve
     assert granted == list(range(WAITERS))
     assert live(rs, name) == 0
     rs.close()
+
+
+def test_cancelling_every_task_stops_no_refresh(server):
+    """An application that cancels every task of its loop (as at its shutdown) and goes on:
+    the client's renewal, a timer of the loop between its rounds, still refreshes the permits
+    held before and the ones taken after."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        first = await AsyncSemaphore(r, "cancelled:1", limit=1, lease=1.5).acquire()
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.sleep(0.01)
+        second = await AsyncSemaphore(r, "cancelled:2", limit=1, lease=1.5).acquire()
+        await asyncio.sleep(2.5)  # past both leases: held only if refreshed
+        assert not first.lost and not second.lost
+        assert await first.release() is True
+        assert await second.release() is True
+        await r.aclose()
+
+    asyncio.run(main())
+    rs.close()

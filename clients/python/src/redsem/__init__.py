@@ -16,7 +16,7 @@ What only the module can do (``bound``, sets, wait_empty) raises ModuleRequired 
         ...  # at most 3 holders here; call permit.check() in long work to stop early
 
 A held permit keeps no connection and no thread: its calls borrow a connection of the
-client's pool for the call, and one renewal per client (a daemon thread, or a task of the
+client's pool for the call, and one renewal per client (a daemon thread, or a timer of the
 event loop) refreshes every permit the client holds. A call that blocks in the server (a wait
 for a permit, ``WAIT`` for replicas with ``durable_replicas``, wait_empty) or a ``BOUND``
 permit uses a connection of its own, made with the pool's settings outside the pool, so waits

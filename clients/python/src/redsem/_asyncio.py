@@ -39,6 +39,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from ._core import (
+    _tried,
     Identifier,
     Args,
     SemaphoreSpec,
@@ -728,51 +729,51 @@ async def _durable_async(line: _AsyncLine, permit: "AsyncPermit", granted_on: ob
 
 
 class _AsyncRenewal:
-    """As _Renewal, for an asyncio client: one task of its event loop (ending when no permit is
-    left); in Redis Cluster each due refresh is a task of its own, at most _WORKERS sending at
-    once."""
+    """As _Renewal, for an asyncio client: a timer of its event loop while it sleeps (no task: a
+    loop closed meanwhile leaves nothing pending), one task during a round; in Redis Cluster
+    each due refresh is a task of its own, at most _WORKERS sending at once."""
 
     def __init__(self, client: AsyncClient, loop: asyncio.AbstractEventLoop) -> None:
         self._client = weakref.ref(client)  # as _Renewal's
         self.loop = loop
         self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
         self._schedule = _Schedule()
-        self._task: Optional["asyncio.Task[None]"] = None
-        self._wake: Optional[asyncio.Event] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._round_task: Optional["asyncio.Task[None]"] = None
         self._sending: Optional[asyncio.Semaphore] = None
         self._refreshing: "set[asyncio.Task[None]]" = set()
 
     def add(self, permit: "_AsyncHeld", failed: bool = False) -> None:
         wake = self._schedule.add(permit, failed)
-        if self._task is None:
-            if permit._renewing:
-                self._wake = asyncio.Event()
-                self._task = self.loop.create_task(self._run())
-        elif wake and self._wake is not None:
-            self._wake.set()
+        # A round under way sets the timer when it ends.
+        if self._round_task is None and (wake or self._timer is None):
+            self._arm()
 
     def remove(self, permit: "_AsyncHeld") -> None:
         self._schedule.remove(permit)
 
-    async def _run(self) -> None:
-        wake = self._wake
-        assert wake is not None
-        while True:
-            now = time.monotonic()
-            pause = self._schedule.pause(now)
-            if pause is None:
-                self._task = None
-                return
-            if pause > 0:
-                # Woken at the time, or by an add() due earlier; no task of its own for the timer.
-                wake.clear()
-                timer = self.loop.call_later(pause, wake.set)
-                try:
-                    await wake.wait()
-                finally:
-                    timer.cancel()
-                continue
-            due: List["_AsyncHeld"] = self._schedule.take_due(now)
+    def _arm(self) -> None:
+        """Sets the timer for the next round (none when nothing is held any more)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pause = self._schedule.pause(time.monotonic())
+        if pause is not None:
+            self._timer = self.loop.call_later(pause, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        pause = self._schedule.pause(now)
+        if pause is None:
+            return
+        if pause > 0:
+            self._timer = self.loop.call_later(pause, self._fire)
+            return
+        self._round_task = self.loop.create_task(self._rounds(self._schedule.take_due(now)))
+
+    async def _rounds(self, due: List["_AsyncHeld"]) -> None:
+        try:
             if self._cluster:
                 if self._sending is None:
                     self._sending = asyncio.Semaphore(_WORKERS)
@@ -780,9 +781,20 @@ class _AsyncRenewal:
                     task = self.loop.create_task(self._refresh_one(permit))
                     self._refreshing.add(task)
                     task.add_done_callback(self._refreshing.discard)
-                continue
+                return
             for start in range(0, len(due), _ROUND_MOST):
                 await self._round(due[start : start + _ROUND_MOST])
+        except asyncio.CancelledError:
+            # An application cancelling every task: what this round had not refreshed is tried
+            # again at the next.
+            for permit in due:
+                if permit._entry is None:
+                    self._again(permit, True)
+            raise
+        finally:
+            self._round_task = None
+            if not self.loop.is_closed():
+                self._arm()
 
     def _again(self, permit: "_AsyncHeld", failed: bool) -> None:
         if permit._renewing and not permit.lost:
@@ -845,7 +857,7 @@ _AsyncSelf = TypeVar("_AsyncSelf", bound="_AsyncHeld")
 
 
 class _AsyncHeld(_Held):
-    """As _SyncHeld, for redis.asyncio: refreshed by its client's renewal task."""
+    """As _SyncHeld, for redis.asyncio: refreshed by its client's renewal (a loop timer)."""
 
     _line: _AsyncLine
 
@@ -907,7 +919,7 @@ class _AsyncHeld(_Held):
 
 
 class AsyncPermit(_AsyncHeld, _PermitState):
-    """The asyncio form of Permit: refreshed by its client's renewal task every lease/3."""
+    """The asyncio form of Permit: refreshed by its client's renewal every lease/3."""
 
     def __init__(
         self,
@@ -950,7 +962,7 @@ class AsyncPermitSet(_AsyncHeld, _SetState):
 class AsyncSemaphore:
     """The asyncio form of Semaphore, for ``redis.asyncio.Redis`` or
     ``redis.asyncio.cluster.RedisCluster``: ``async with AsyncSemaphore(...) as permit``; the
-    same options. A held permit keeps no connection (its client's renewal task refreshes it); a
+    same options. A held permit keeps no connection (its client's renewal refreshes it); a
     wait blocks a connection of its own, outside the pool."""
 
     def __init__(
@@ -1038,8 +1050,10 @@ class AsyncSemaphore:
                 reply = await _execute_async(client, *options.acquire_command(identifier))
             else:
                 line.scripts = True
-                hop = _AsyncHop(client, True, None, line._side, line._use_module)
-                reply, sent = await _acquire_by_script_async(hop, options, identifier, sent)
+                command = options.acquire_command(identifier, in_server=False)
+                reply, module = _tried(await _send_async(client, True, command, first=True))
+                if module:
+                    line._use_module()
         except BaseException as err:
             if _unseen(err):
                 await _forget_async(line, ["SEM.RELEASE", options.name, identifier])

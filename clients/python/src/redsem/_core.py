@@ -232,6 +232,13 @@ def _attempt(reply: Any) -> Tuple[Any, float, int]:
     return (None if granted is False else granted), int(retry_ms or 0) / 1000, int(ahead)
 
 
+def _tried(reply: Any) -> Tuple[Any, bool]:
+    """What an acquire through the script that does not wait answered: the module's reply (None:
+    refused), and whether the module is loaded after all (the script then called it)."""
+    granted, _, ahead = _attempt(reply)
+    return granted, ahead == -1
+
+
 def _nudge(message: Optional[str]) -> float:
     """The seconds an "H<ms>" message of the script's line gives until a lease ends (0.0: the
     message is another)."""
@@ -933,9 +940,9 @@ class _SetState(_Held):
 # --- Renewal: one scheduler per client refreshes every permit it holds ------------------------
 #
 # A held permit costs no connection and no thread: the renewal of each client (one daemon thread
-# for a sync client, one task for an asyncio one) keeps a heap of the times the permits are due,
-# and at each sends the due refreshes, pipelined on one connection borrowed from the pool for
-# the round (in Redis Cluster each refresh is a call of its own, resent through a move or a
+# for a sync client, a timer of the event loop for an asyncio one) keeps a heap of the times the
+# permits are due, and at each sends the due refreshes, pipelined on one connection borrowed
+# from the pool for the round (in Redis Cluster each refresh is a call of its own, resent through a move or a
 # failover while its last lease may still run: workers, at most _WORKERS at once, send them so
 # a slow one holds up no other).
 

@@ -39,6 +39,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from ._core import (
+    _tried,
     Identifier,
     Args,
     SemaphoreSpec,
@@ -1120,8 +1121,10 @@ class Semaphore:
                 reply = _execute(client, *options.acquire_command(identifier))
             else:
                 line.scripts = True
-                hop = _Hop(client, True, None, line._side, line._use_module)
-                reply, sent = _acquire_by_script(hop, options, identifier, sent)
+                command = options.acquire_command(identifier, in_server=False)
+                reply, module = _tried(_send(client, True, command, first=True))
+                if module:
+                    line._use_module()
         except BaseException as err:
             if _unseen(err):
                 _forget(line, ["SEM.RELEASE", options.name, identifier])
