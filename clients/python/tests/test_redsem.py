@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -1414,7 +1415,7 @@ def test_the_module_loaded_live_is_picked_up():
 def test_a_no_module_answer_is_asked_again_after_its_time(monkeypatch):
     """A pool on the script asks COMMAND INFO again once its answer is older than
     _BACKEND_TTL (10 s; shortened here): a module loaded since is used from its next call."""
-    monkeypatch.setattr(redsem, "_BACKEND_TTL", 0.3)
+    monkeypatch.setattr(redsem._core, "_BACKEND_TTL", 0.3)
     s = Server(module=False)
     try:
         a = redis.Redis(port=s.port)
@@ -1702,18 +1703,20 @@ def test_an_interrupted_wait_gives_back_a_grant_that_came_after(r):
 
 @pytest.mark.parametrize("kind", ["sync", "asyncio"])
 def test_a_release_without_an_answer_can_be_sent_again(server, kind):
-    """A release whose connection the server closed (CLIENT KILL) fails with a connection error
-    and leaves the permit held and releasable: a second release() gives it back and answers
-    True."""
+    """A release that gets no answer (the server paused past the client's socket_timeout: the
+    client gives up and closes the connection, and the server never runs it) fails with a
+    timeout and leaves the permit held and releasable: a second release() gives it back and
+    answers True."""
     rs = redis.Redis(port=server.port)
     rs.flushall()
-    kill = ["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]
+    pause = ["CLIENT", "PAUSE", 800, "WRITE"]
     if kind == "sync":
-        client = redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0))
+        client = redis.Redis(port=server.port, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
         permit = Semaphore(client, "again", limit=1, lease=30, auto_refresh=False).acquire()
-        assert rs.execute_command(*kill) >= 1
-        with pytest.raises(redis.ConnectionError):
+        rs.execute_command(*pause)
+        with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
             permit.release()
+        rs.execute_command("CLIENT", "UNPAUSE")
         assert live(rs, "again") == 1
         assert permit.release() is True
         assert permit.release() is True  # repeated, not sent again
@@ -1721,13 +1724,19 @@ def test_a_release_without_an_answer_can_be_sent_again(server, kind):
     else:
 
         async def main():
-            client = redis.asyncio.Redis(port=server.port, retry=AsyncRetry(NoBackoff(), 0))
+            client = redis.asyncio.Redis(
+                port=server.port, socket_timeout=0.3, retry=AsyncRetry(NoBackoff(), 0)
+            )
             permit = await AsyncSemaphore(
                 client, "again", limit=1, lease=30, auto_refresh=False
             ).acquire()
-            assert rs.execute_command(*kill) >= 1
-            with pytest.raises(redis.ConnectionError):
+            rs.execute_command(*pause)
+            with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
                 await permit.release()
+            # redis.asyncio leaves the connection of a read that timed out open: closed here, as
+            # a connection lost, so the server never runs the release.
+            await client.connection_pool.disconnect()
+            rs.execute_command("CLIENT", "UNPAUSE")
             assert live(rs, "again") == 1
             assert await permit.release() is True
             assert await permit.release() is True
@@ -1878,3 +1887,256 @@ def test_a_durable_grant_whose_wait_is_cut_is_looked_for_on_the_new_primary(kind
         primary.stop()
         proxy.close()
         feed.close()
+
+
+# --- At application scale: a held permit costs no connection and no thread ---------------------
+
+
+def connected(rs) -> int:
+    return rs.info("clients")["connected_clients"]
+
+
+def app_calls_answer(get, set_, n=100) -> int:
+    """The application's own SET and GET on the client the permits use: how many of ``n``
+    answered right, each within a second."""
+    answered = 0
+    for i in range(n):
+        started = time.monotonic()
+        set_(f"app:{i}", i)
+        if int(get(f"app:{i}")) == i and time.monotonic() - started < 1:
+            answered += 1
+    return answered
+
+
+SCALE = 10_000
+
+
+def test_ten_thousand_permits_held_with_the_clients_defaults(server):
+    """10,000 permits of 10,000 names (limit 5, lease 30 s) held at once through one
+    redis.Redis() with its default pool: a handful of connections and one thread over the
+    baseline, the application's own calls on the same client answering meanwhile, and at most
+    4 KB of memory per held permit."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+    r = redis.Redis(port=server.port)
+    r.ping()
+    base_connections, base_threads = connected(rs), threading.active_count()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    permits = [Semaphore(r, f"scale:{i}", limit=5, lease=30).acquire() for i in range(SCALE)]
+    per_permit = (tracemalloc.get_traced_memory()[0] - before) / SCALE
+    tracemalloc.stop()
+    print(
+        f"{SCALE} permits held: {per_permit:.0f} bytes each, "
+        f"{connected(rs) - base_connections} connections and "
+        f"{threading.active_count() - base_threads} threads over the baseline"
+    )
+    assert per_permit <= 4096, per_permit
+    assert live(rs, "scale:0") == 1 and live(rs, f"scale:{SCALE - 1}") == 1
+    assert connected(rs) - base_connections <= 3, connected(rs) - base_connections
+    assert threading.active_count() - base_threads <= 1
+    assert app_calls_answer(r.get, r.set) == 100
+    assert not any(permit.lost for permit in permits)
+    assert all(permit.release() for permit in permits)
+    assert live(rs, "scale:0") == 0
+    r.close()
+    rs.close()
+
+
+def test_ten_thousand_async_permits_held_with_the_clients_defaults(server):
+    """As above, through one redis.asyncio.Redis(): one task over the baseline."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        await r.ping()
+        base_connections, base_tasks = connected(rs), len(asyncio.all_tasks())
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        permits = [
+            await AsyncSemaphore(r, f"ascale:{i}", limit=5, lease=30).acquire()
+            for i in range(SCALE)
+        ]
+        per_permit = (tracemalloc.get_traced_memory()[0] - before) / SCALE
+        tracemalloc.stop()
+        print(
+            f"{SCALE} asyncio permits held: {per_permit:.0f} bytes each, "
+            f"{connected(rs) - base_connections} connections and "
+            f"{len(asyncio.all_tasks()) - base_tasks} tasks over the baseline"
+        )
+        assert per_permit <= 4096, per_permit
+        assert connected(rs) - base_connections <= 3, connected(rs) - base_connections
+        assert len(asyncio.all_tasks()) - base_tasks <= 1
+        answered = 0
+        for i in range(100):
+            started = time.monotonic()
+            await r.set(f"app:{i}", i)
+            if int(await r.get(f"app:{i}")) == i and time.monotonic() - started < 1:
+                answered += 1
+        assert answered == 100
+        assert not any(permit.lost for permit in permits)
+        assert all([await permit.release() for permit in permits])
+        await r.aclose()
+
+    asyncio.run(main())
+    assert live(rs, "ascale:0") == 0
+    rs.close()
+
+
+def refreshes(rs) -> int:
+    calls = sent_calls(rs)
+    return calls.get("sem.refresh", 0) + calls.get("evalsha", 0) + calls.get("eval", 0)
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_thousand_short_leases_are_all_refreshed(server, kind):
+    """1,000 permits with a 3 s lease held for 4 s: the one renewal refreshes every one of them
+    (at least 3 rounds: without it all would have run out), none is lost, each release finds it
+    held, while connections and threads (or tasks) stay a handful."""
+    n, lease = 1000, 3
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+    rs.config_resetstat()
+
+    def check_held(permits, base_connections):
+        assert connected(rs) - base_connections <= 3, connected(rs) - base_connections
+        assert not any(permit.lost for permit in permits)
+        assert sum(live(rs, f"short:{i}") for i in range(0, n, 97)) == len(range(0, n, 97))
+
+    if kind == "sync":
+        r = redis.Redis(port=server.port)
+        r.ping()
+        base_connections, base_threads = connected(rs), threading.active_count()
+        permits = [Semaphore(r, f"short:{i}", limit=5, lease=lease).acquire() for i in range(n)]
+        time.sleep(lease + 1)
+        assert threading.active_count() - base_threads <= 1
+        check_held(permits, base_connections)
+        assert all(permit.release() for permit in permits)
+        r.close()
+    else:
+
+        async def main():
+            r = redis.asyncio.Redis(port=server.port)
+            await r.ping()
+            base_connections, base_tasks = connected(rs), len(asyncio.all_tasks())
+            permits = [
+                await AsyncSemaphore(r, f"short:{i}", limit=5, lease=lease).acquire()
+                for i in range(n)
+            ]
+            await asyncio.sleep(lease + 1)
+            assert len(asyncio.all_tasks()) - base_tasks <= 1
+            check_held(permits, base_connections)
+            assert all([await permit.release() for permit in permits])
+            await r.aclose()
+
+        asyncio.run(main())
+    sent = refreshes(rs) - (n if SCRIPTS else 0) * 2  # the script's acquires and releases
+    assert sent >= 3 * n, sent
+    rs.close()
+
+
+WAITERS = 200
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_two_hundred_waiters_are_served_in_order_with_the_clients_defaults(server, kind):
+    """200 acquires waiting (wait=10) on one limit-1 name through one client with its default
+    pool (redis-py 8: 100 connections), each holder giving its permit back 20 ms after its
+    grant: all 200 are served, in the order they came, and the application's calls on the same
+    client answer meanwhile (a wait holds a connection of its own, outside the pool)."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+    name = "crowd"
+    granted, errors = [], []
+
+    if kind == "sync":
+        r = redis.Redis(port=server.port)
+        holder = Semaphore(r, name, limit=1, lease=30).acquire()
+
+        def wait_for_it(i):
+            try:
+                with Semaphore(r, name, limit=1, lease=30, wait=10):
+                    granted.append(i)
+                    time.sleep(0.02)
+            except Exception as err:  # reported below
+                errors.append(repr(err))
+
+        threads = []
+        for i in range(WAITERS):
+            thread = threading.Thread(target=wait_for_it, args=(i,))
+            thread.start()
+            threads.append(thread)
+            wait_until(f"waiter {i} is in line", lambda i=i: waiting(rs, name) == i + 1, 5)
+        assert app_calls_answer(r.get, r.set) == 100
+        assert holder.release() is True
+        answered = app_calls_answer(r.get, r.set)
+        for thread in threads:
+            thread.join(30)
+        r.close()
+    else:
+
+        async def main():
+            r = redis.asyncio.Redis(port=server.port)
+            holder = await AsyncSemaphore(r, name, limit=1, lease=30).acquire()
+
+            async def wait_for_it(i):
+                try:
+                    async with AsyncSemaphore(r, name, limit=1, lease=30, wait=10):
+                        granted.append(i)
+                        await asyncio.sleep(0.02)
+                except Exception as err:
+                    errors.append(repr(err))
+
+            async def calls_answer():
+                answered = 0
+                for i in range(100):
+                    started = time.monotonic()
+                    await r.set(f"app:{i}", i)
+                    if int(await r.get(f"app:{i}")) == i and time.monotonic() - started < 1:
+                        answered += 1
+                return answered
+
+            tasks = []
+            for i in range(WAITERS):
+                tasks.append(asyncio.ensure_future(wait_for_it(i)))
+                while waiting(rs, name) != i + 1:
+                    await asyncio.sleep(0.002)
+            assert await calls_answer() == 100
+            assert await holder.release() is True
+            answered = await calls_answer()
+            await asyncio.gather(*tasks)
+            await r.aclose()
+            return answered
+
+        answered = asyncio.run(main())
+    assert errors == []
+    assert answered == 100
+    assert granted == list(range(WAITERS))
+    assert live(rs, name) == 0
+    rs.close()
+
+
+def test_cancelling_every_task_stops_no_refresh(server):
+    """An application that cancels every task of its loop (as at its shutdown) and goes on:
+    the client's renewal, a timer of the loop between its rounds, still refreshes the permits
+    held before and the ones taken after."""
+    rs = redis.Redis(port=server.port)
+    rs.flushall()
+
+    async def main():
+        r = redis.asyncio.Redis(port=server.port)
+        first = await AsyncSemaphore(r, "cancelled:1", limit=1, lease=1.5).acquire()
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.sleep(0.01)
+        second = await AsyncSemaphore(r, "cancelled:2", limit=1, lease=1.5).acquire()
+        await asyncio.sleep(2.5)  # past both leases: held only if refreshed
+        assert not first.lost and not second.lost
+        assert await first.release() is True
+        assert await second.release() is True
+        await r.aclose()
+
+    asyncio.run(main())
+    rs.close()
