@@ -80,6 +80,7 @@ from ._core import (
     _FORGET_FOR,
     _unseen,
     _cut,
+    _demoted,
     _not_found,
     _Held,
     _PermitState,
@@ -718,11 +719,15 @@ async def _durable_async(line: _AsyncLine, permit: "AsyncPermit", granted_on: ob
             try:
                 return reply, sent, await hop.blocking(wait, block, once=True)
             except redis.exceptions.ResponseError as cut:
-                if _unblocked(cut):
+                if _unblocked(cut) or _demoted(cut):
                     raise redis.ConnectionError(str(cut)) from cut
                 raise
 
-        reply, sent, acked = await line.run(again)
+        try:
+            reply, sent, acked = await line.run(again)
+        except redis.exceptions.ReadOnlyError:
+            # One server, now a replica: no primary of now to look for the holder on.
+            raise _not_found(options, err) from err
         if not permit._refreshed(command, reply, sent):
             raise _not_found(options, err) from err
     options.check_durable(int(acked))

@@ -761,9 +761,21 @@ def _unseen(err: BaseException) -> bool:
     return not isinstance(err, (redis.exceptions.ResponseError, NotAcquired, ModuleRequired))
 
 
+def _demoted(err: BaseException) -> bool:
+    """Whether ``err`` is a WAIT refused by a node that became a replica between the grant and
+    the WAIT (a failover): none of its replicas will acknowledge the grant."""
+    return isinstance(err, redis.exceptions.ResponseError) and (
+        "WAIT cannot be used with replica instances" in str(err)
+    )
+
+
 def _cut(err: BaseException) -> bool:
     """Whether ``err`` cut a WAIT for replicas short, without its answer."""
-    return isinstance(err, (redis.ConnectionError, redis.TimeoutError)) or _unblocked(err)
+    return (
+        isinstance(err, (redis.ConnectionError, redis.TimeoutError))
+        or _unblocked(err)
+        or _demoted(err)
+    )
 
 
 def _not_found(options: _Options, err: BaseException) -> NotDurable:

@@ -82,6 +82,7 @@ from ._core import (
     _FORGET_FOR,
     _unseen,
     _cut,
+    _demoted,
     _not_found,
     _Held,
     _PermitState,
@@ -724,11 +725,15 @@ def _durable(line: _Line, permit: "Permit", granted_on: object) -> None:
             try:
                 return reply, sent, hop.blocking(wait, block, once=True)
             except redis.exceptions.ResponseError as cut:
-                if _unblocked(cut):  # a failover under way: in Cluster, again on the new owner
+                if _unblocked(cut) or _demoted(cut):  # a failover under way: in Cluster, again on the new owner
                     raise redis.ConnectionError(str(cut)) from cut
                 raise
 
-        reply, sent, acked = line.run(again)
+        try:
+            reply, sent, acked = line.run(again)
+        except redis.exceptions.ReadOnlyError:
+            # One server, now a replica: no primary of now to look for the holder on.
+            raise _not_found(options, err) from err
         if not permit._refreshed(command, reply, sent):
             raise _not_found(options, err) from err
     options.check_durable(int(acked))
