@@ -131,6 +131,11 @@ interface Transport extends AutoCloseable {
           return PAUSE;
         }
       }
+      // A durable grant's WAIT on a node that became a replica since (a failover): as a cut
+      // WAIT, the holder is refreshed on the primary of now and WAIT sent there.
+      if (m.startsWith("ERR WAIT cannot be used with replica instances")) {
+        return PAUSE;
+      }
       return OTHER;
     }
   }

@@ -22,6 +22,18 @@ class CommandsTest {
   }
 
   @Test
+  void aWaitRefusedByANodeThatBecameAReplicaIsAPauseAsACutWait() {
+    assertEquals(Transport.Failure.Kind.PAUSE, Transport.Failure.ofServerError(
+        "ERR WAIT cannot be used with replica instances. Please also note that since Redis 4.0 "
+        + "if a replica is configured to be writable (which is not the default) writes to "
+        + "replicas are just local and are not propagated.").kind);
+    assertEquals(Transport.Failure.Kind.PAUSE,
+        Transport.Failure.ofServerError("UNBLOCKED force unblock").kind);
+    assertEquals(Transport.Failure.Kind.OTHER,
+        Transport.Failure.ofServerError("ERR syntax error").kind);
+  }
+
+  @Test
   void slotsAreRedisClusters() {
     assertEquals(15495, Commands.slot("a"));
     assertEquals(3300, Commands.slot("b"));
