@@ -1440,8 +1440,10 @@ def connections_received(r) -> int:
 
 
 def test_waits_reuse_the_pools_connections(r, server):
-    """50 waits in a row, each blocked until a release: the server receives at most 3 new
-    connections (the holder's, the waiter's, and one for the calls beside a blocked wait)."""
+    """50 waits in a row, each blocked until a release: the server receives a few new
+    connections, not one per wait (the holder's, the waiter's, one for the calls beside a
+    blocked wait; the count is the server's, so another test's client reconnecting meanwhile
+    may add one or two)."""
     client = redis.Redis(port=server.port)
     sem = Semaphore(client, "reuse", limit=1, lease=30, wait=5)
     before = connections_received(r)
@@ -1454,7 +1456,7 @@ def test_waits_reuse_the_pools_connections(r, server):
             blocked += time.monotonic() - started >= 0.015
     assert blocked == 50
     received = connections_received(r) - before
-    assert received <= 3, received
+    assert received <= 5, received
 
     async def main():
         ar = redis.asyncio.Redis(port=server.port)
@@ -1475,7 +1477,7 @@ def test_waits_reuse_the_pools_connections(r, server):
         return connections_received(r) - start
 
     received = asyncio.run(main())
-    assert received <= 3, received
+    assert received <= 5, received
     client.close()
 
 
