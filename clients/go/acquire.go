@@ -274,6 +274,27 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	var sw scriptWait
 	_, err = l.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
 		var err error
+		if plan.left() > 0 {
+			// A connection for the wait, queued behind the other waits when all are taken:
+			// the call without waiting is tried first, and again if the wait ends there.
+			wait, err := e.startWait(ctx, plan, func() (bool, error) {
+				var err error
+				if e.scripts {
+					if o.Bound {
+						return false, moduleRequired("BOUND")
+					}
+					g, _, err = acquireByScript(ctx, e, o, name, id, waitPlan{}, &sw)
+				} else {
+					g.sent = time.Now()
+					g.reply, err = e.raw(ctx, e.form(o.command(name, id, 0, true)...)...)
+				}
+				return g.reply != nil, err
+			})
+			if !wait {
+				return nil, err
+			}
+			defer e.endWait()
+		}
 		if e.scripts {
 			if o.Bound { // a node without the module, after a move
 				return nil, moduleRequired("BOUND")

@@ -2,7 +2,6 @@ package redsem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -30,8 +29,13 @@ type held struct {
 
 	releaseMu sync.Mutex
 	stopped   bool // the refresh was stopped (a release was asked)
-	stop      chan struct{}
-	done      chan struct{} // closed when the refresh goroutine ends (nil: none)
+
+	// The background refresh, guarded by the scheduler's lock.
+	sched      *scheduler // nil: no background refresh
+	due        time.Time  // when the next refresh is due
+	slot       int        // the index in the scheduler's heap, -1 when not in it
+	refreshing bool       // a refresh is under way
+	removed    bool       // no more refreshes
 }
 
 func (h *held) init(l *line, id string, lease time.Duration, sent time.Time, what string,
@@ -41,7 +45,7 @@ func (h *held) init(l *line, id string, lease time.Duration, sent time.Time, wha
 	h.refreshArgs, h.releaseArgs, h.wanted = refreshArgs, releaseArgs, wanted
 	h.confirmedUntil = sent.Add(lease)
 	h.ctx, h.cancel = context.WithCancelCause(context.Background())
-	h.stop = make(chan struct{})
+	h.slot = -1
 }
 
 // ID is the holder's identifier: Options.ID, or the UUID v4 made for this permit.
@@ -107,13 +111,21 @@ func (h *held) answered(command any, reply any) string {
 // run out.
 func (h *held) Refresh(ctx context.Context) error {
 	h.mu.Lock()
-	released, until := h.released, h.confirmedUntil
+	until := h.confirmedUntil
+	h.mu.Unlock()
+	return h.refresh(ctx, until)
+}
+
+// refresh sends a refresh; in Redis Cluster it is resent through a move or a failover until
+// `until` at the latest.
+func (h *held) refresh(ctx context.Context, until time.Time) error {
+	h.mu.Lock()
+	released := h.released
 	h.mu.Unlock()
 	if released {
 		return ErrReleased
 	}
 	sent := time.Now()
-	// In Redis Cluster, resent through a move or a failover while the last lease may run.
 	v, err := h.line.run(ctx, until, func(e *endpoint) (any, error) {
 		return e.send(ctx, h.refreshArgs...)
 	})
@@ -132,44 +144,9 @@ func (h *held) Refresh(ctx context.Context) error {
 	return h.Check()
 }
 
+// start has the permit refreshed every lease/3 by its client's scheduler.
 func (h *held) start() {
-	h.done = make(chan struct{})
-	go h.refreshLoop()
-}
-
-func (h *held) refreshLoop() {
-	defer close(h.done)
-	interval := h.lease / 3
-	timer := time.NewTimer(interval)
-	defer timer.Stop()
-	for {
-		select {
-		case <-h.stop:
-			return
-		case <-timer.C:
-		}
-		h.mu.Lock()
-		until := h.confirmedUntil
-		h.mu.Unlock()
-		if !time.Now().Before(until) {
-			h.noteDeadline()
-			return
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), until)
-		err := h.Refresh(ctx)
-		cancel()
-		if errors.Is(err, ErrPermitLost) {
-			return
-		}
-		next := interval
-		if err != nil { // unreachable: try again, and mark it lost at the deadline
-			h.mu.Lock()
-			left := time.Until(h.confirmedUntil)
-			h.mu.Unlock()
-			next = min(next, max(left, 0))
-		}
-		timer.Reset(next)
-	}
+	schedulerOf(h.line).add(h, time.Now().Add(h.lease/3))
 }
 
 // ReleaseTimeout bounds a release whose context is already over when it is called (the
@@ -197,9 +174,8 @@ func (h *held) Release(ctx context.Context) error {
 	h.noteDeadline()
 	if !h.stopped {
 		h.stopped = true
-		close(h.stop)
-		if h.done != nil {
-			<-h.done // lets a refresh under way finish first
+		if h.sched != nil {
+			h.sched.remove(h) // lets a refresh under way finish first
 		}
 	}
 	if ctx.Err() != nil {

@@ -135,6 +135,18 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 			return nil, moduleRequired("SEM.ACQUIREALL")
 		}
 		var err error
+		if plan.left() > 0 {
+			wait, err := e.startWait(ctx, plan, func() (bool, error) {
+				var err error
+				g.sent = time.Now()
+				g.reply, err = e.raw(ctx, e.form(command(0)...)...)
+				return g.reply != nil, err
+			})
+			if !wait {
+				return nil, err
+			}
+			defer e.endWait()
+		}
 		g.sent = time.Now()
 		wait := plan.left()
 		args := e.form(command(wait)...)
@@ -232,7 +244,7 @@ func WaitEmpty(ctx context.Context, client redis.UniversalClient, name string,
 		return false, badInput("timeout must be zero (look once), a positive duration or "+
 			"WaitForever, not %s", timeout)
 	}
-	l, err := newLine(client, []string{name}, 0, true)
+	l, err := newLine(client, []string{name}, 0, false)
 	if err != nil {
 		return false, err
 	}
@@ -245,10 +257,24 @@ func WaitEmpty(ctx context.Context, client redis.UniversalClient, name string,
 		if e.scripts {
 			return nil, moduleRequired("SEM.WAITEMPTY")
 		}
+		// A look: the server reads 0 as "no limit", so it blocks a millisecond.
+		look := func() (any, error) { return e.raw(ctx, e.form("SEM.WAITEMPTY", name, "0.001")...) }
+		if timeout == 0 || plan.left() == 0 {
+			return look()
+		}
+		var v any
+		wait, err := e.startWait(ctx, plan, func() (bool, error) {
+			var err error
+			v, err = look()
+			return v == int64(1), err
+		})
+		if !wait {
+			return v, err
+		}
+		defer e.endWait()
 		left := plan.left()
 		arg := waitSeconds(left)
-		if left != WaitForever && arg == "0.000" || timeout == 0 {
-			// The server reads 0 as "no limit": look for a millisecond instead.
+		if left != WaitForever && arg == "0.000" {
 			left, arg = time.Millisecond, "0.001"
 		}
 		v, err, cancelled := e.block(ctx, blocks(left), e.form("SEM.WAITEMPTY", name, arg)...)
