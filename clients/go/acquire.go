@@ -72,11 +72,16 @@ type Options struct {
 // seconds is a duration as the module reads it: seconds with 3 decimals; a positive duration
 // never rounds down to zero.
 func seconds(d time.Duration) string {
-	ms := (d + time.Millisecond/2) / time.Millisecond
+	if d == DefaultLease {
+		return "30.000"
+	}
+	ms := int64((d + time.Millisecond/2) / time.Millisecond)
 	if ms == 0 && d > 0 {
 		ms = 1
 	}
-	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
+	b := strconv.AppendInt(make([]byte, 0, 24), ms/1000, 10)
+	frac := ms % 1000
+	return string(append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10)))
 }
 
 func checkName(name string) error {
@@ -257,9 +262,8 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	if id == "" {
 		id = uuid.NewString()
 	}
-	what := fmt.Sprintf("acquire of %q", name)
 	if ctx.Err() != nil {
-		return nil, ctxErr(ctx, what)
+		return nil, ctxErr(ctx, "acquire of "+strconv.Quote(name))
 	}
 	needs := ""
 	if o.Bound {
@@ -344,7 +348,7 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	if err == errCancelled || (err != nil && ctx.Err() != nil) ||
 		(err == nil && g.reply == nil && plan.byCtx) {
 		l.close()
-		return nil, ctxErr(ctx, what)
+		return nil, ctxErr(ctx, "acquire of "+strconv.Quote(name))
 	}
 	if err != nil {
 		l.close()
@@ -359,8 +363,7 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	if o.Fair {
 		p.ticket = ticketOf(g.reply)
 	}
-	p.init(l, id, o.Lease, g.sent, fmt.Sprintf("%q", name),
-		[]any{"SEM.REFRESH", name, id, seconds(o.Lease)}, []any{"SEM.RELEASE", name, id}, 1)
+	p.init(l, id, o.Lease, g.sent, false)
 	if err := p.afterGrant(ctx, o, name, g.sent); err != nil {
 		return nil, err
 	}
@@ -404,7 +407,7 @@ func (p *Permit) afterGrant(ctx context.Context, o Options, name string, sent ti
 				// The WAIT was cut (its connection lost, or ended in a failover): on this new
 				// connection it would answer at once, as it wrote nothing. A refresh here first
 				// finds whether this primary has the holder, and is the write WAIT then covers.
-				v, err := e.send(ctx, p.refreshArgs...)
+				v, err := e.send(ctx, p.refreshArgs()...)
 				if err != nil {
 					return nil, err
 				}

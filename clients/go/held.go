@@ -3,6 +3,7 @@ package redsem
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -10,18 +11,15 @@ import (
 // held is what a Permit and a PermitSet share: identity, refresh, lost-permit reporting and
 // release over the line (its connection).
 type held struct {
-	line        *line
-	id          string
-	lease       time.Duration
-	what        string
-	refreshArgs []any
-	releaseArgs []any
-	wanted      int64 // how many semaphores a refresh or a release must find held
-
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	line   *line // its names are the semaphores'
+	id     string
+	lease  time.Duration
+	set    bool  // a PermitSet: SEM.REFRESHALL and SEM.RELEASEALL
+	wanted int64 // how many semaphores a refresh or a release must find held
 
 	mu             sync.Mutex
+	ctx            context.Context // made at the first call of Context
+	cancel         context.CancelCauseFunc
 	confirmedUntil time.Time // the server's deadline is at least this
 	lostErr        error
 	released       bool
@@ -38,14 +36,37 @@ type held struct {
 	removed    bool       // no more refreshes
 }
 
-func (h *held) init(l *line, id string, lease time.Duration, sent time.Time, what string,
-	refreshArgs, releaseArgs []any, wanted int64,
-) {
-	h.line, h.id, h.lease, h.what = l, id, lease, what
-	h.refreshArgs, h.releaseArgs, h.wanted = refreshArgs, releaseArgs, wanted
+func (h *held) init(l *line, id string, lease time.Duration, sent time.Time, set bool) {
+	h.line, h.id, h.lease, h.set = l, id, lease, set
+	h.wanted = int64(len(l.names))
 	h.confirmedUntil = sent.Add(lease)
-	h.ctx, h.cancel = context.WithCancelCause(context.Background())
 	h.slot = -1
+}
+
+// what names the semaphore, or the set, in messages.
+func (h *held) what() string {
+	if h.set {
+		return "the set " + quoted(h.line.names)
+	}
+	return strconv.Quote(h.line.names[0])
+}
+
+// refreshArgs and releaseArgs are made when sent: a held permit keeps only its names.
+func (h *held) refreshArgs() []any {
+	if h.set {
+		n := len(h.line.names)
+		return append(append([]any{"SEM.REFRESHALL", n}, anys(h.line.names)...), h.id,
+			seconds(h.lease))
+	}
+	return []any{"SEM.REFRESH", h.line.names[0], h.id, seconds(h.lease)}
+}
+
+func (h *held) releaseArgs() []any {
+	if h.set {
+		n := len(h.line.names)
+		return append(append([]any{"SEM.RELEASEALL", n}, anys(h.line.names)...), h.id)
+	}
+	return []any{"SEM.RELEASE", h.line.names[0], h.id}
 }
 
 // ID is the holder's identifier: Options.ID, or the UUID v4 made for this permit.
@@ -56,6 +77,17 @@ func (h *held) ID() string { return h.id }
 // may have the permit.
 func (h *held) Context() context.Context {
 	h.noteDeadline()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil {
+		h.ctx, h.cancel = context.WithCancelCause(context.Background())
+		switch {
+		case h.lostErr != nil:
+			h.cancel(h.lostErr)
+		case h.released:
+			h.cancel(ErrReleased)
+		}
+	}
 	return h.ctx
 }
 
@@ -90,13 +122,15 @@ func (h *held) markLost(reason string) {
 	h.mu.Lock()
 	if h.lostErr == nil {
 		h.lostErr = &described{
-			msg:  fmt.Sprintf("redsem: the permit %q of %s was lost: %s", h.id, h.what, reason),
+			msg:  fmt.Sprintf("redsem: the permit %q of %s was lost: %s", h.id, h.what(), reason),
 			kind: ErrPermitLost,
 		}
 	}
-	err := h.lostErr
+	err, cancel := h.lostErr, h.cancel
 	h.mu.Unlock()
-	h.cancel(err)
+	if cancel != nil {
+		cancel(err)
+	}
 }
 
 func (h *held) answered(command any, reply any) string {
@@ -127,7 +161,7 @@ func (h *held) refresh(ctx context.Context, until time.Time) error {
 	}
 	sent := time.Now()
 	v, err := h.line.run(ctx, until, func(e *endpoint) (any, error) {
-		return e.send(ctx, h.refreshArgs...)
+		return e.send(ctx, h.refreshArgs()...)
 	})
 	if err != nil {
 		return err
@@ -140,7 +174,8 @@ func (h *held) refresh(ctx context.Context, until time.Time) error {
 		h.mu.Unlock()
 		return h.Check()
 	}
-	h.markLost(h.answered(h.refreshArgs[0], v) + " (the lease ran out, or the holder was removed)")
+	h.markLost(h.answered(h.refreshArgs()[0], v) + " (the lease ran out, or the holder was " +
+		"removed)")
 	return h.Check()
 }
 
@@ -184,22 +219,25 @@ func (h *held) Release(ctx context.Context) error {
 		defer cancel()
 	}
 	v, err := h.line.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
-		return e.send(ctx, h.releaseArgs...)
+		return e.send(ctx, h.releaseArgs()...)
 	})
 	if err != nil {
 		return fmt.Errorf("redsem: the release of %q of %s got no answer (call Release again): %w",
-			h.id, h.what, err)
+			h.id, h.what(), err)
 	}
 	h.line.close()
 	if n, _ := v.(int64); n != h.wanted {
-		h.markLost(h.answered(h.releaseArgs[0], v) + ": the lease ran out before the release")
+		h.markLost(h.answered(h.releaseArgs()[0], v) + ": the lease ran out before the release")
 	}
 	h.mu.Lock()
 	h.released = true
 	err = h.lostErr
 	h.releaseErr = err
+	cancel := h.cancel
 	h.mu.Unlock()
-	h.cancel(ErrReleased)
+	if cancel != nil {
+		cancel(ErrReleased)
+	}
 	return err
 }
 

@@ -26,6 +26,19 @@ func TestScriptCopyMatchesSource(t *testing.T) {
 		"redsem.lua differs from clients/scripts/redsem.lua: run `go generate` in clients/go")
 }
 
+// A duration as the module reads it: seconds with three decimals, rounded to the
+// millisecond, a positive one never down to zero.
+func TestSeconds(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "0.000", time.Nanosecond: "0.001", 1500 * time.Millisecond: "1.500",
+		DefaultLease: "30.000", 2*time.Second + 400*time.Microsecond: "2.000",
+		2*time.Second + 500*time.Microsecond: "2.001", 61*time.Second + 7*time.Millisecond: "61.007",
+		maxLease: "31536000.000",
+	} {
+		assert.Equal(t, want, seconds(d), "%s", d)
+	}
+}
+
 func TestAcquireRelease(t *testing.T) {
 	_, c := testServer(t)
 	a, err := Acquire(bg, c, "jobs", Options{Limit: 2, Lease: 10 * time.Second})
@@ -433,6 +446,7 @@ func TestBadInputBeforeAnythingIsSent(t *testing.T) {
 	assert.ErrorIs(t, err, ErrBadInput)
 	_, err = AcquireAll(bg, c, []Member{{Name: "a", Limit: 1, Count: 2}}, SetOptions{})
 	assert.ErrorIs(t, err, ErrBadInput)
+
 	for field, o := range map[string]SetOptions{"lease": {Lease: -time.Second},
 		"wait": {Wait: -time.Second}, "RetryFor": {RetryFor: -time.Second}} {
 		_, err = AcquireAll(bg, c, []Member{{Name: "a", Limit: 1}}, o)

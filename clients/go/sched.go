@@ -26,12 +26,16 @@ const (
 	retryPause = 200 * time.Millisecond
 	// tryFor bounds one try of a background refresh (its resends in Redis Cluster included).
 	tryFor = time.Second
+	// linger: the goroutine ends once no permit was held for this long (a permit taken and
+	// given back at once, again and again, starts it once).
+	linger = 5 * time.Second
 )
 
 type scheduler struct {
 	mu      sync.Mutex
 	due     dueHeap
 	running bool          // the goroutine runs
+	wakeAt  time.Time     // when its timer wakes it (zero: it waits for a refresh to end)
 	busy    int           // refreshes under way
 	most    int           // refreshes at once
 	wake    chan struct{} // a permit due earlier, or a refresh done
@@ -101,11 +105,13 @@ func (s *scheduler) add(h *held, at time.Time) {
 
 func (s *scheduler) pushLocked(h *held) {
 	heap.Push(&s.due, h)
+	// The goroutine is woken only for a permit due before it wakes anyway: an acquire made
+	// after another of the same lease wakes nothing.
 	switch {
 	case !s.running:
 		s.running = true
 		go s.run()
-	case h.slot == 0:
+	case h.slot == 0 && h.due.Before(s.wakeAt):
 		s.signal()
 	}
 }
@@ -135,12 +141,26 @@ func (s *scheduler) run() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	s.mu.Lock()
+	idle := false
 	for {
 		if len(s.due) == 0 {
-			s.running = false
+			if idle {
+				s.running = false
+				s.mu.Unlock()
+				return
+			}
+			idle = true
+			s.wakeAt = time.Now().Add(linger)
 			s.mu.Unlock()
-			return
+			timer.Reset(linger)
+			select {
+			case <-timer.C:
+			case <-s.wake:
+			}
+			s.mu.Lock()
+			continue
 		}
+		idle = false
 		wait := time.Until(s.due[0].due)
 		if wait <= 0 && s.busy < s.most {
 			h := heap.Pop(&s.due).(*held)
@@ -149,14 +169,17 @@ func (s *scheduler) run() {
 			go s.refresh(h)
 			continue
 		}
-		s.mu.Unlock()
 		if wait > 0 {
+			s.wakeAt = time.Now().Add(wait)
+			s.mu.Unlock()
 			timer.Reset(wait)
 			select {
 			case <-timer.C:
 			case <-s.wake:
 			}
-		} else { // as many refreshes under way as may be
+		} else { // as many refreshes under way as may be: the next to end wakes it
+			s.wakeAt = time.Time{}
+			s.mu.Unlock()
 			<-s.wake
 		}
 		s.mu.Lock()

@@ -198,10 +198,7 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 			}
 		}
 	}
-	n := len(names)
-	refresh := append(append([]any{"SEM.REFRESHALL", n}, anys(names)...), id, seconds(o.Lease))
-	release := append(append([]any{"SEM.RELEASEALL", n}, anys(names)...), id)
-	s.init(l, id, o.Lease, g.sent, what, refresh, release, int64(n))
+	s.init(l, id, o.Lease, g.sent, true)
 	if time.Since(g.sent) > o.Lease/3 {
 		if err := s.Refresh(ctx); err != nil {
 			_ = s.Release(context.Background())
