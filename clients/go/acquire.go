@@ -32,10 +32,11 @@ const (
 	tickLate = 2 * time.Millisecond
 )
 
-// Options of an acquire.
+// Options of an acquire. The zero Options is usable: a semaphore of one permit (a mutex), a
+// lease of DefaultLease refreshed in the background, no waiting, a new identifier.
 type Options struct {
-	// Limit is the semaphore's number of permits, 1 to 4294967295 (an operator's stored limit
-	// takes its place while one is stored).
+	// Limit is the semaphore's number of permits, 1 to 4294967295; zero: 1 (an operator's
+	// stored limit takes its place while one is stored).
 	Limit int64
 	// Lease is how long the permit lives without a refresh (millisecond precision, at most a
 	// year; zero: DefaultLease). The permit is refreshed every Lease/3 while held.
@@ -122,8 +123,12 @@ func (o Options) checked(name string) (Options, error) {
 	if err := checkName(name); err != nil {
 		return o, err
 	}
+	if o.Limit == 0 {
+		o.Limit = 1
+	}
 	if o.Limit < 1 || o.Limit > maxLimit {
-		return o, badInput("limit must be an integer from 1 to %d, not %d", maxLimit, o.Limit)
+		return o, badInput("limit must be an integer from 1 to %d, or 0 for 1, not %d",
+			maxLimit, o.Limit)
 	}
 	var err error
 	if o.Lease, err = checkLease(o.Lease); err != nil {

@@ -16,6 +16,11 @@
 //	defer func() { err = errors.Join(err, permit.Release(ctx)) }()
 //	return work(permit.Context()) // cancelled once the permit is lost
 //
+// A Semaphore (NewSemaphore) is a handle on one name with the options of its acquires:
+// TryAcquire never waits, Acquire waits until a permit is free or the context ends, as
+// golang.org/x/sync/semaphore's Weighted does. The zero Options is a mutex (limit 1) with
+// DefaultLease.
+//
 // The identifier is made here (a UUID v4) unless Options.ID gives one, so a resent acquire
 // renews the same holder rather than taking a second permit. A permit is refreshed every
 // lease/3 by its client's scheduler (one goroutine for all of the client's permits, running

@@ -231,7 +231,7 @@ func TestTenThousandPermitsHeld(t *testing.T) {
 	stop := make(chan struct{})
 	app := appCalls(c, stop)
 	started := time.Now()
-	permits := holdMany(t, c, "many-", n, Options{Limit: 1})
+	permits := holdMany(t, c, "many-", n, Options{}) // the zero Options: limit 1
 	t.Logf("%d permits acquired in %s", n, time.Since(started))
 	runtime.GC()
 	runtime.ReadMemStats(&after)

@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Member is a semaphore of a set: its name, its limit, and the permits to take (0: 1).
+// Member is a semaphore of a set: its name, its limit (0: 1), and the permits to take (0: 1).
 type Member struct {
 	Name  string
 	Limit int64
@@ -61,6 +61,7 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 	}
 	names := make([]string, len(members))
 	counts := make([]int64, len(members))
+	limits := make([]int64, len(members))
 	seen := map[string]bool{}
 	for i, m := range members {
 		if err := checkName(m.Name); err != nil {
@@ -70,17 +71,22 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 			return nil, badInput("the semaphore %q is named twice", m.Name)
 		}
 		seen[m.Name] = true
-		if m.Limit < 1 || m.Limit > maxLimit {
-			return nil, badInput("the limit of %q must be an integer from 1 to %d, not %d",
-				m.Name, maxLimit, m.Limit)
+		limit := m.Limit
+		if limit == 0 {
+			limit = 1
 		}
+		if limit < 1 || limit > maxLimit {
+			return nil, badInput("the limit of %q must be an integer from 1 to %d, or 0 for 1, "+
+				"not %d", m.Name, maxLimit, m.Limit)
+		}
+		limits[i] = limit
 		count := m.Count
 		if count == 0 {
 			count = 1
 		}
-		if count < 1 || count > m.Limit {
+		if count < 1 || count > limit {
 			return nil, badInput("the count of %q must be from 1 to its limit (%d), or 0 for 1, "+
-				"not %d", m.Name, m.Limit, m.Count)
+				"not %d", m.Name, limit, m.Count)
 		}
 		names[i], counts[i] = m.Name, count
 	}
@@ -114,7 +120,7 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 	command := func(wait time.Duration) []any {
 		args := []any{"SEM.ACQUIREALL", len(members)}
 		for i, m := range members {
-			args = append(args, m.Name, m.Limit, counts[i])
+			args = append(args, m.Name, limits[i], counts[i])
 		}
 		args = append(args, seconds(o.Lease), "ID", id)
 		if o.Fair {
