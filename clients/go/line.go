@@ -116,7 +116,12 @@ type waitTicket struct {
 type waitConn struct {
 	conn     *redis.Conn
 	clientID int64
+	since    time.Time // kept since
 }
+
+// keptFor: a connection kept longer between waits is given back to the companion, whose pool
+// checks an idle connection before it lends it again (the server may have closed it).
+const keptFor = time.Minute
 
 var waitPools sync.Map // weak.Pointer[redis.Client] -> *waitPool
 
@@ -210,6 +215,7 @@ type turn struct {
 	pool     *waitPool
 	conn     *waitConn
 	dirty    bool // a call failed or was cancelled: the connection is not kept
+	closed   bool // its connection was found closed: so may be the ones kept
 	entering bool // handed from the queue: the next is handed one once this wait is sent
 }
 
@@ -217,10 +223,13 @@ type turn struct {
 func (wp *waitPool) turn() *turn {
 	wp.mu.Lock()
 	defer wp.mu.Unlock()
-	if n := len(wp.idle); n > 0 {
+	for n := len(wp.idle); n > 0; n = len(wp.idle) {
 		wc := wp.idle[n-1]
 		wp.idle = wp.idle[:n-1]
-		return &turn{pool: wp, conn: wc}
+		if time.Since(wc.since) < keptFor {
+			return &turn{pool: wp, conn: wc}
+		}
+		_ = wc.conn.Close()
 	}
 	return &turn{pool: wp, conn: &waitConn{conn: wp.comp.client.Conn()}}
 }
@@ -250,7 +259,14 @@ func (t *turn) end() {
 	wp.mu.Lock()
 	defer wp.mu.Unlock()
 	if !t.dirty {
+		t.conn.since = time.Now()
 		wp.idle = append(wp.idle, t.conn)
+	}
+	if t.closed { // the server closed connections (a restart, CLIENT KILL, its timeout)
+		for _, wc := range wp.idle {
+			_ = wc.conn.Close()
+		}
+		wp.idle = wp.idle[:0]
 	}
 	wp.giveLocked()
 }
@@ -527,6 +543,7 @@ func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) 
 		defer func() {
 			if err != nil || cancelled {
 				t.dirty = true // its connection may be another, or gone
+				t.closed = t.closed || transient(err)
 			}
 		}()
 	}

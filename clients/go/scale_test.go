@@ -362,3 +362,42 @@ func TestWaitsQueuedBeyondThePool(t *testing.T) {
 	require.NoError(t, r.p.Release(bg))
 	assert.Equal(t, int64(0), holders(t, c, "busy"))
 }
+
+// Wait connections kept between waits that the server closed meanwhile (CLIENT KILL, a
+// restart, its idle timeout) fail one wait's first send at most: the next wait is served.
+func TestKeptWaitConnectionsClosedByTheServer(t *testing.T) {
+	_, c := testServer(t)
+	info := redis.NewClient(&redis.Options{Addr: c.Options().Addr})
+	defer info.Close()
+	const name = "kept"
+	waits := func(n int) {
+		holder, err := Acquire(bg, c, name, Options{})
+		require.NoError(t, err)
+		errs := make(chan error, n)
+		for i := 0; i < n; i++ {
+			go func() {
+				p, err := Acquire(bg, c, name, Options{Wait: 5 * time.Second})
+				if err == nil {
+					err = p.Release(bg)
+				}
+				errs <- err
+			}()
+		}
+		require.Eventually(t, func() bool {
+			return infoField(t, info, "clients", "blocked_clients") == int64(n)
+		}, 5*time.Second, 5*time.Millisecond)
+		require.NoError(t, holder.Release(bg))
+		for i := 0; i < n; i++ {
+			require.NoError(t, <-errs)
+		}
+	}
+	waits(3)
+	wp := waitPoolOf(c)
+	wp.mu.Lock()
+	kept := len(wp.idle)
+	wp.mu.Unlock()
+	require.Equal(t, 3, kept, "three connections kept")
+	require.NoError(t, info.Do(bg, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err())
+	waits(1)
+	waits(2)
+}

@@ -14,12 +14,12 @@ import (
 //
 // A held permit costs no goroutine and no connection: every permit refreshed in the
 // background by one client is due in that client's scheduler, a heap ordered by when its next
-// refresh is due. One goroutine runs while the heap has permits: it sleeps until the earliest
-// is due and has each due refresh sent by a goroutine of its own for that call, through the
-// client's pool (a connection borrowed for the call only), at most half the pool's connections
-// at once, so that the application's calls always find some. A refresh that gets no answer is
-// tried again every retryPause until the permit's deadline, each try bounded by tryFor, so that
-// one whose node is down does not hold up the others.
+// refresh is due. One goroutine runs while the heap has permits (and linger after the last):
+// it sleeps until the earliest is due and has each due refresh sent by a goroutine of its own
+// for that call, through the client's pool (a connection borrowed for the call only), at most
+// half the pool's connections at once, so that the application's calls always find some. A
+// refresh that gets no answer is tried again every retryPause until the permit's deadline,
+// each try bounded by tryFor, so that one whose node is down does not hold up the others.
 
 const (
 	// retryPause is how soon a refresh that got no answer is tried again.
