@@ -32,10 +32,11 @@ const (
 	tickLate = 2 * time.Millisecond
 )
 
-// Options of an acquire.
+// Options of an acquire. The zero Options is usable: a semaphore of one permit (a mutex), a
+// lease of DefaultLease refreshed in the background, no waiting, a new identifier.
 type Options struct {
-	// Limit is the semaphore's number of permits, 1 to 4294967295 (an operator's stored limit
-	// takes its place while one is stored).
+	// Limit is the semaphore's number of permits, 1 to 4294967295; zero: 1 (an operator's
+	// stored limit takes its place while one is stored).
 	Limit int64
 	// Lease is how long the permit lives without a refresh (millisecond precision, at most a
 	// year; zero: DefaultLease). The permit is refreshed every Lease/3 while held.
@@ -72,11 +73,16 @@ type Options struct {
 // seconds is a duration as the module reads it: seconds with 3 decimals; a positive duration
 // never rounds down to zero.
 func seconds(d time.Duration) string {
-	ms := (d + time.Millisecond/2) / time.Millisecond
+	if d == DefaultLease {
+		return "30.000"
+	}
+	ms := int64((d + time.Millisecond/2) / time.Millisecond)
 	if ms == 0 && d > 0 {
 		ms = 1
 	}
-	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
+	b := strconv.AppendInt(make([]byte, 0, 24), ms/1000, 10)
+	frac := ms % 1000
+	return string(append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10)))
 }
 
 func checkName(name string) error {
@@ -117,8 +123,12 @@ func (o Options) checked(name string) (Options, error) {
 	if err := checkName(name); err != nil {
 		return o, err
 	}
+	if o.Limit == 0 {
+		o.Limit = 1
+	}
 	if o.Limit < 1 || o.Limit > maxLimit {
-		return o, badInput("limit must be an integer from 1 to %d, not %d", maxLimit, o.Limit)
+		return o, badInput("limit must be an integer from 1 to %d, or 0 for 1, not %d",
+			maxLimit, o.Limit)
 	}
 	var err error
 	if o.Lease, err = checkLease(o.Lease); err != nil {
@@ -257,9 +267,8 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	if id == "" {
 		id = uuid.NewString()
 	}
-	what := fmt.Sprintf("acquire of %q", name)
 	if ctx.Err() != nil {
-		return nil, ctxErr(ctx, what)
+		return nil, ctxErr(ctx, "acquire of "+strconv.Quote(name))
 	}
 	needs := ""
 	if o.Bound {
@@ -274,6 +283,27 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	var sw scriptWait
 	_, err = l.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
 		var err error
+		if plan.left() > 0 {
+			// A connection for the wait, queued behind the other waits when all are taken:
+			// the call without waiting is tried first, and again if the wait ends there.
+			wait, err := e.startWait(ctx, plan, func() (bool, error) {
+				var err error
+				if e.scripts {
+					if o.Bound {
+						return false, moduleRequired("BOUND")
+					}
+					g, _, err = acquireByScript(ctx, e, o, name, id, waitPlan{}, &sw)
+				} else {
+					g.sent = time.Now()
+					g.reply, err = e.raw(ctx, e.form(o.command(name, id, 0, true)...)...)
+				}
+				return g.reply != nil, err
+			})
+			if !wait {
+				return nil, err
+			}
+			defer e.endWait()
+		}
 		if e.scripts {
 			if o.Bound { // a node without the module, after a move
 				return nil, moduleRequired("BOUND")
@@ -323,7 +353,7 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	if err == errCancelled || (err != nil && ctx.Err() != nil) ||
 		(err == nil && g.reply == nil && plan.byCtx) {
 		l.close()
-		return nil, ctxErr(ctx, what)
+		return nil, ctxErr(ctx, "acquire of "+strconv.Quote(name))
 	}
 	if err != nil {
 		l.close()
@@ -338,8 +368,7 @@ func Acquire(ctx context.Context, client redis.UniversalClient, name string, opt
 	if o.Fair {
 		p.ticket = ticketOf(g.reply)
 	}
-	p.init(l, id, o.Lease, g.sent, fmt.Sprintf("%q", name),
-		[]any{"SEM.REFRESH", name, id, seconds(o.Lease)}, []any{"SEM.RELEASE", name, id}, 1)
+	p.init(l, id, o.Lease, g.sent, false)
 	if err := p.afterGrant(ctx, o, name, g.sent); err != nil {
 		return nil, err
 	}
@@ -383,7 +412,7 @@ func (p *Permit) afterGrant(ctx context.Context, o Options, name string, sent ti
 				// The WAIT was cut (its connection lost, or ended in a failover): on this new
 				// connection it would answer at once, as it wrote nothing. A refresh here first
 				// finds whether this primary has the holder, and is the write WAIT then covers.
-				v, err := e.send(ctx, p.refreshArgs...)
+				v, err := e.send(ctx, p.refreshArgs()...)
 				if err != nil {
 					return nil, err
 				}

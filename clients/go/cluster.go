@@ -80,7 +80,7 @@ func scriptKeys(name string) []any {
 // longForm is a SEM.* command with every key named, as Redis Cluster routes it: a
 // semaphore's four derived keys after its name, a set's after every argument.
 func longForm(args []any, names []string) []any {
-	command := fmt.Sprint(args[0])
+	command := str(args[0])
 	if setCommands[command] {
 		out := append([]any{}, args...)
 		for _, n := range names {
@@ -88,16 +88,24 @@ func longForm(args []any, names []string) []any {
 		}
 		return out
 	}
-	name := fmt.Sprint(args[1])
+	name := str(args[1])
 	out := []any{args[0], name}
 	out = append(out, scriptKeys(name)[1:5]...)
 	return append(out, args[2:]...)
 }
 
+// str is a command's name or a semaphore's name, which the package passes as strings.
+func str(v any) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	return fmt.Sprint(v)
+}
+
 // scriptForm is `SEM.<OP> name rest...` as the script's EVALSHA (or EVAL, which loads it):
 // acq picks the text a new acquire sends, which the server refuses when memory is full.
 func scriptForm(args []any, load, acq bool) []any {
-	op := fmt.Sprint(args[0])[len("SEM."):]
+	op := str(args[0])[len("SEM."):]
 	text, sha := scriptOOM, scriptOOMSHA
 	if acq {
 		text, sha = scriptAcq, scriptAcqSHA
@@ -106,7 +114,7 @@ func scriptForm(args []any, load, acq bool) []any {
 	if load {
 		out = []any{"EVAL", text, 6}
 	}
-	out = append(out, scriptKeys(fmt.Sprint(args[1]))...)
+	out = append(out, scriptKeys(str(args[1]))...)
 	out = append(out, op)
 	return append(out, args[2:]...)
 }

@@ -16,10 +16,20 @@
 //	defer func() { err = errors.Join(err, permit.Release(ctx)) }()
 //	return work(permit.Context()) // cancelled once the permit is lost
 //
+// A Semaphore (NewSemaphore) is a handle on one name with the options of its acquires:
+// TryAcquire never waits, Acquire waits until a permit is free or the context ends, as
+// golang.org/x/sync/semaphore's Weighted does. The zero Options is a mutex (limit 1) with
+// DefaultLease.
+//
 // The identifier is made here (a UUID v4) unless Options.ID gives one, so a resent acquire
 // renews the same holder rather than taking a second permit. A permit is refreshed every
-// lease/3 in a goroutine; a refresh that finds it gone, or no refresh confirmed within a
-// lease, marks it lost: Lost, Check and Context tell the work to stop.
+// lease/3 by its client's scheduler (one goroutine for all of the client's permits, running
+// while any is held; each refresh borrows a connection of the client's pool for that call),
+// so a held permit keeps no connection and no goroutine of its own; a refresh that finds it
+// gone, or no refresh confirmed within a lease, marks it lost: Lost, Check and Context tell
+// the work to stop. A waiting call holds one connection while it waits, as BLPOP does, taken
+// outside the client's pool: up to the client's PoolSize at once, the others queued in arrival
+// order for as long as their own waits last.
 //
 // In Redis Cluster a name needs a hash tag ("{jobs}", "app:{jobs}") and the names of a set
 // one slot, checked before anything is sent; every call goes to the primary serving the

@@ -25,6 +25,9 @@ var (
 	// ErrUnavailable: in Redis Cluster, the primary of the semaphore's slot gave no answer
 	// through moves and failovers within RetryFor. The error also matches the last error met.
 	ErrUnavailable = errors.New("redsem: the semaphore's node is unavailable")
+	// ErrNotDurable: fewer replicas than Options.DurableReplicas had the grant in time, and the
+	// permit was given back. Every *NotDurableError matches it; errors.As gives its figures.
+	ErrNotDurable = errors.New("redsem: the grant did not reach the replicas asked for")
 )
 
 // NotDurableError: fewer replicas than Options.DurableReplicas acknowledged the grant in time
@@ -37,6 +40,9 @@ type NotDurableError struct {
 	Wanted int64 // Options.DurableReplicas
 	Gone   bool  // the grant was not on the primary found after the WAIT was cut
 }
+
+// Is makes every *NotDurableError match ErrNotDurable.
+func (e *NotDurableError) Is(target error) bool { return target == ErrNotDurable }
 
 func (e *NotDurableError) Error() string {
 	if e.Gone {

@@ -101,3 +101,26 @@ func ExampleSetLimit() {
 	cleared, _ := redsem.ClearLimit(ctx, rdb, "reports") // true: a limit was stored
 	fmt.Println(limit, stored, cleared)
 }
+
+func ExampleNewSemaphore() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	run := func() error {
+		// Made once: the name, the client and the options of every acquire (checked here).
+		jobs, err := redsem.NewSemaphore(rdb, "jobs", redsem.Options{Limit: 3})
+		if err != nil {
+			return err // ErrBadInput
+		}
+		permit, err := jobs.TryAcquire(ctx) // never waits: ErrNotAcquired while all 3 are held
+		if errors.Is(err, redsem.ErrNotAcquired) {
+			permit, err = jobs.Acquire(ctx) // waits in the server until one is free or ctx ends
+		}
+		if err != nil {
+			return err
+		}
+		defer permit.Release(ctx)
+		return work(permit.Context())
+	}
+	_ = run()
+}

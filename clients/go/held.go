@@ -2,8 +2,8 @@ package redsem
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -11,18 +11,15 @@ import (
 // held is what a Permit and a PermitSet share: identity, refresh, lost-permit reporting and
 // release over the line (its connection).
 type held struct {
-	line        *line
-	id          string
-	lease       time.Duration
-	what        string
-	refreshArgs []any
-	releaseArgs []any
-	wanted      int64 // how many semaphores a refresh or a release must find held
-
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	line   *line // its names are the semaphores'
+	id     string
+	lease  time.Duration
+	set    bool  // a PermitSet: SEM.REFRESHALL and SEM.RELEASEALL
+	wanted int64 // how many semaphores a refresh or a release must find held
 
 	mu             sync.Mutex
+	ctx            context.Context // made at the first call of Context
+	cancel         context.CancelCauseFunc
 	confirmedUntil time.Time // the server's deadline is at least this
 	lostErr        error
 	released       bool
@@ -30,18 +27,46 @@ type held struct {
 
 	releaseMu sync.Mutex
 	stopped   bool // the refresh was stopped (a release was asked)
-	stop      chan struct{}
-	done      chan struct{} // closed when the refresh goroutine ends (nil: none)
+
+	// The background refresh, guarded by the scheduler's lock.
+	sched      *scheduler // nil: no background refresh
+	due        time.Time  // when the next refresh is due
+	slot       int        // the index in the scheduler's heap, -1 when not in it
+	refreshing bool       // a refresh is under way
+	removed    bool       // no more refreshes
 }
 
-func (h *held) init(l *line, id string, lease time.Duration, sent time.Time, what string,
-	refreshArgs, releaseArgs []any, wanted int64,
-) {
-	h.line, h.id, h.lease, h.what = l, id, lease, what
-	h.refreshArgs, h.releaseArgs, h.wanted = refreshArgs, releaseArgs, wanted
+func (h *held) init(l *line, id string, lease time.Duration, sent time.Time, set bool) {
+	h.line, h.id, h.lease, h.set = l, id, lease, set
+	h.wanted = int64(len(l.names))
 	h.confirmedUntil = sent.Add(lease)
-	h.ctx, h.cancel = context.WithCancelCause(context.Background())
-	h.stop = make(chan struct{})
+	h.slot = -1
+}
+
+// what names the semaphore, or the set, in messages.
+func (h *held) what() string {
+	if h.set {
+		return "the set " + quoted(h.line.names)
+	}
+	return strconv.Quote(h.line.names[0])
+}
+
+// refreshArgs and releaseArgs are made when sent: a held permit keeps only its names.
+func (h *held) refreshArgs() []any {
+	if h.set {
+		n := len(h.line.names)
+		return append(append([]any{"SEM.REFRESHALL", n}, anys(h.line.names)...), h.id,
+			seconds(h.lease))
+	}
+	return []any{"SEM.REFRESH", h.line.names[0], h.id, seconds(h.lease)}
+}
+
+func (h *held) releaseArgs() []any {
+	if h.set {
+		n := len(h.line.names)
+		return append(append([]any{"SEM.RELEASEALL", n}, anys(h.line.names)...), h.id)
+	}
+	return []any{"SEM.RELEASE", h.line.names[0], h.id}
 }
 
 // ID is the holder's identifier: Options.ID, or the UUID v4 made for this permit.
@@ -52,6 +77,17 @@ func (h *held) ID() string { return h.id }
 // may have the permit.
 func (h *held) Context() context.Context {
 	h.noteDeadline()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil {
+		h.ctx, h.cancel = context.WithCancelCause(context.Background())
+		switch {
+		case h.lostErr != nil:
+			h.cancel(h.lostErr)
+		case h.released:
+			h.cancel(ErrReleased)
+		}
+	}
 	return h.ctx
 }
 
@@ -86,13 +122,15 @@ func (h *held) markLost(reason string) {
 	h.mu.Lock()
 	if h.lostErr == nil {
 		h.lostErr = &described{
-			msg:  fmt.Sprintf("redsem: the permit %q of %s was lost: %s", h.id, h.what, reason),
+			msg:  fmt.Sprintf("redsem: the permit %q of %s was lost: %s", h.id, h.what(), reason),
 			kind: ErrPermitLost,
 		}
 	}
-	err := h.lostErr
+	err, cancel := h.lostErr, h.cancel
 	h.mu.Unlock()
-	h.cancel(err)
+	if cancel != nil {
+		cancel(err)
+	}
 }
 
 func (h *held) answered(command any, reply any) string {
@@ -107,15 +145,23 @@ func (h *held) answered(command any, reply any) string {
 // run out.
 func (h *held) Refresh(ctx context.Context) error {
 	h.mu.Lock()
-	released, until := h.released, h.confirmedUntil
+	until := h.confirmedUntil
+	h.mu.Unlock()
+	return h.refresh(ctx, until)
+}
+
+// refresh sends a refresh; in Redis Cluster it is resent through a move or a failover until
+// `until` at the latest.
+func (h *held) refresh(ctx context.Context, until time.Time) error {
+	h.mu.Lock()
+	released := h.released
 	h.mu.Unlock()
 	if released {
 		return ErrReleased
 	}
 	sent := time.Now()
-	// In Redis Cluster, resent through a move or a failover while the last lease may run.
 	v, err := h.line.run(ctx, until, func(e *endpoint) (any, error) {
-		return e.send(ctx, h.refreshArgs...)
+		return e.send(ctx, h.refreshArgs()...)
 	})
 	if err != nil {
 		return err
@@ -128,48 +174,14 @@ func (h *held) Refresh(ctx context.Context) error {
 		h.mu.Unlock()
 		return h.Check()
 	}
-	h.markLost(h.answered(h.refreshArgs[0], v) + " (the lease ran out, or the holder was removed)")
+	h.markLost(h.answered(h.refreshArgs()[0], v) + " (the lease ran out, or the holder was " +
+		"removed)")
 	return h.Check()
 }
 
+// start has the permit refreshed every lease/3 by its client's scheduler.
 func (h *held) start() {
-	h.done = make(chan struct{})
-	go h.refreshLoop()
-}
-
-func (h *held) refreshLoop() {
-	defer close(h.done)
-	interval := h.lease / 3
-	timer := time.NewTimer(interval)
-	defer timer.Stop()
-	for {
-		select {
-		case <-h.stop:
-			return
-		case <-timer.C:
-		}
-		h.mu.Lock()
-		until := h.confirmedUntil
-		h.mu.Unlock()
-		if !time.Now().Before(until) {
-			h.noteDeadline()
-			return
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), until)
-		err := h.Refresh(ctx)
-		cancel()
-		if errors.Is(err, ErrPermitLost) {
-			return
-		}
-		next := interval
-		if err != nil { // unreachable: try again, and mark it lost at the deadline
-			h.mu.Lock()
-			left := time.Until(h.confirmedUntil)
-			h.mu.Unlock()
-			next = min(next, max(left, 0))
-		}
-		timer.Reset(next)
-	}
+	schedulerOf(h.line).add(h, time.Now().Add(h.lease/3))
 }
 
 // ReleaseTimeout bounds a release whose context is already over when it is called (the
@@ -197,9 +209,8 @@ func (h *held) Release(ctx context.Context) error {
 	h.noteDeadline()
 	if !h.stopped {
 		h.stopped = true
-		close(h.stop)
-		if h.done != nil {
-			<-h.done // lets a refresh under way finish first
+		if h.sched != nil {
+			h.sched.remove(h) // lets a refresh under way finish first
 		}
 	}
 	if ctx.Err() != nil {
@@ -208,22 +219,25 @@ func (h *held) Release(ctx context.Context) error {
 		defer cancel()
 	}
 	v, err := h.line.run(ctx, time.Time{}, func(e *endpoint) (any, error) {
-		return e.send(ctx, h.releaseArgs...)
+		return e.send(ctx, h.releaseArgs()...)
 	})
 	if err != nil {
 		return fmt.Errorf("redsem: the release of %q of %s got no answer (call Release again): %w",
-			h.id, h.what, err)
+			h.id, h.what(), err)
 	}
 	h.line.close()
 	if n, _ := v.(int64); n != h.wanted {
-		h.markLost(h.answered(h.releaseArgs[0], v) + ": the lease ran out before the release")
+		h.markLost(h.answered(h.releaseArgs()[0], v) + ": the lease ran out before the release")
 	}
 	h.mu.Lock()
 	h.released = true
 	err = h.lostErr
 	h.releaseErr = err
+	cancel := h.cancel
 	h.mu.Unlock()
-	h.cancel(ErrReleased)
+	if cancel != nil {
+		cancel(ErrReleased)
+	}
 	return err
 }
 

@@ -1,6 +1,7 @@
 package redsem
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -17,15 +18,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// --- Connections of their own -------------------------------------------------------------
+// --- Connections of their own, and the wait connections ---------------------------------
 //
 // go-redis reads every reply of Do within the client's ReadTimeout (5 s by default), and only
-// its own blocking commands (BLPOP, WAIT, ...) may take longer. A permit that waits in the
-// server, is BOUND or waits for replicas therefore takes a connection (Conn) of a companion
-// client: the same options (address, credentials, TLS, dialer), but reads bounded by each
-// call's own deadline: the wait plus blockMargin, or the client's ReadTimeout for the rest.
-// There is one companion per client (per node in Redis Cluster); its pool lends connections
-// to permits, and takes them back at their release.
+// its own blocking commands (BLPOP, WAIT, ...) may take longer. A wait in the server, a BOUND
+// permit and a wait for replicas therefore use connections of companion clients: the same
+// options (address, credentials, TLS, dialer), but reads bounded by each call's own deadline:
+// the wait plus blockMargin, or the client's ReadTimeout for the rest. There are two per
+// client (per node in Redis Cluster), made at their first use: one lends a connection to each
+// permit that keeps one (BOUND, DurableReplicas) until its release; the other, the waits',
+// lends one to each waiting call for as long as it waits, up to the client's PoolSize at once,
+// the rest queued here in arrival order for as long as their own waits last (waitPool). Neither
+// takes a connection of the client's own pool, which the application's calls, the refreshes
+// and the releases use.
 
 // blockMargin is how long a blocking call's reply may take beyond the time it blocks in the
 // server (go-redis gives its own blocking commands 10 s).
@@ -36,19 +41,28 @@ type companion struct {
 	margin time.Duration // the client's ReadTimeout (0: none)
 }
 
+type companionKey struct {
+	client weak.Pointer[redis.Client]
+	waits  bool // the waits' companion
+}
+
 // retire closes the companion of c; the next call makes a new one.
 func (comp *companion) retire(c *redis.Client) {
-	if companions.CompareAndDelete(weak.Make(c), comp) {
+	if companions.CompareAndDelete(companionKey{weak.Make(c), false}, comp) {
 		_ = comp.client.Close()
 	}
 }
 
 // companions, by a weak pointer to their client: a companion is closed once its client is
 // garbage.
-var companions sync.Map // weak.Pointer[redis.Client] -> *companion
+var companions sync.Map // companionKey -> *companion
 
 func companionOf(c *redis.Client) *companion {
-	key := weak.Make(c)
+	return companionFor(c, false)
+}
+
+func companionFor(c *redis.Client, waits bool) *companion {
+	key := companionKey{weak.Make(c), waits}
 	if v, ok := companions.Load(key); ok {
 		return v.(*companion)
 	}
@@ -66,13 +80,195 @@ func companionOf(c *redis.Client) *companion {
 	if loaded {
 		_ = made.client.Close()
 	} else {
-		runtime.AddCleanup(c, func(key weak.Pointer[redis.Client]) {
+		runtime.AddCleanup(c, func(key companionKey) {
 			if v, ok := companions.LoadAndDelete(key); ok {
 				_ = v.(*companion).client.Close()
 			}
 		}, key)
 	}
 	return v.(*companion)
+}
+
+// waitPool lends the waits of one client (one node's in Redis Cluster) the connections of its
+// waits' companion: one to each waiting call while it waits, at most size at once (the
+// client's PoolSize, the companion's pool), the others queued in arrival order. A queued
+// wait waits as long as its own wait lasts: it never fails on the companion's PoolTimeout,
+// since it asks the companion only once a connection is free there. A connection given back
+// after a clean reply is kept for the next wait with its CLIENT ID, which a cancellation
+// needs: a wait then sends nothing before its command.
+type waitPool struct {
+	comp     *companion
+	mu       sync.Mutex
+	free     int         // turns not taken
+	queue    list.List   // of *waitTicket, in arrival order
+	entering bool        // a wait handed its turn from the queue has not sent its wait yet
+	idle     []*waitConn // connections kept between waits
+}
+
+// waitTicket is a queued wait: handed is closed once a turn is handed to it.
+type waitTicket struct {
+	handed chan struct{}
+	given  bool
+}
+
+// waitConn is a connection of the waits' companion (a Conn keeps its one connection until an
+// error), with its CLIENT ID once asked.
+type waitConn struct {
+	conn     *redis.Conn
+	clientID int64
+	since    time.Time // kept since
+}
+
+// keptFor: a connection kept longer between waits is given back to the companion, whose pool
+// checks an idle connection before it lends it again (the server may have closed it).
+const keptFor = time.Minute
+
+var waitPools sync.Map // weak.Pointer[redis.Client] -> *waitPool
+
+func waitPoolOf(c *redis.Client) *waitPool {
+	key := weak.Make(c)
+	if v, ok := waitPools.Load(key); ok {
+		return v.(*waitPool)
+	}
+	made := &waitPool{free: max(c.Options().PoolSize, 1), comp: companionFor(c, true)}
+	v, loaded := waitPools.LoadOrStore(key, made)
+	if !loaded {
+		runtime.AddCleanup(c, func(key weak.Pointer[redis.Client]) { waitPools.Delete(key) }, key)
+	}
+	return v.(*waitPool)
+}
+
+// tryTake takes a turn if one is free and no wait is queued.
+func (wp *waitPool) tryTake() bool {
+	wp.mu.Lock()
+	defer wp.mu.Unlock()
+	if wp.free > 0 && wp.queue.Len() == 0 {
+		wp.free--
+		return true
+	}
+	return false
+}
+
+// take waits in line for a turn until deadline (zero: none) or the context's end: ok false
+// when the deadline passed first, err the context's end. The turn's wait must say when it
+// has sent its wait (turn.entered): the next in line is handed a turn only then, so that
+// waits queued here reach the server in the order they came, however close the turns free.
+func (wp *waitPool) take(ctx context.Context, deadline time.Time) (ok bool, err error) {
+	wp.mu.Lock()
+	t := &waitTicket{handed: make(chan struct{})}
+	el := wp.queue.PushBack(t)
+	wp.handLocked() // a turn freed since tryTake
+	wp.mu.Unlock()
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		timer := time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	select {
+	case <-t.handed:
+		return true, nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timeout:
+	}
+	wp.mu.Lock()
+	defer wp.mu.Unlock()
+	if t.given { // handed at that moment: pass it on
+		wp.entering = false
+		wp.giveLocked()
+	} else {
+		wp.queue.Remove(el)
+	}
+	return false, err
+}
+
+// giveLocked frees a turn, and hands it to the first in the queue unless the one handed a
+// turn before it has not sent its wait yet.
+func (wp *waitPool) giveLocked() {
+	wp.free++
+	wp.handLocked()
+}
+
+func (wp *waitPool) handLocked() {
+	if wp.entering || wp.free == 0 {
+		return
+	}
+	if el := wp.queue.Front(); el != nil {
+		t := wp.queue.Remove(el).(*waitTicket)
+		t.given = true
+		wp.free--
+		wp.entering = true
+		close(t.handed)
+	}
+}
+
+// queued is the number of waits queued for a turn.
+func (wp *waitPool) queued() int {
+	wp.mu.Lock()
+	defer wp.mu.Unlock()
+	return wp.queue.Len()
+}
+
+// turn is a wait's connection, from the waits' companion, for as long as it waits.
+type turn struct {
+	pool     *waitPool
+	conn     *waitConn
+	dirty    bool // a call failed or was cancelled: the connection is not kept
+	closed   bool // its connection was found closed: so may be the ones kept
+	entering bool // handed from the queue: the next is handed one once this wait is sent
+}
+
+// turn lends a taken turn its connection: a kept one, or a new one.
+func (wp *waitPool) turn() *turn {
+	wp.mu.Lock()
+	defer wp.mu.Unlock()
+	for n := len(wp.idle); n > 0; n = len(wp.idle) {
+		wc := wp.idle[n-1]
+		wp.idle = wp.idle[:n-1]
+		if time.Since(wc.since) < keptFor {
+			return &turn{pool: wp, conn: wc}
+		}
+		_ = wc.conn.Close()
+	}
+	return &turn{pool: wp, conn: &waitConn{conn: wp.comp.client.Conn()}}
+}
+
+// entered: the wait is about to be sent (through the script: it has its place in the line):
+// the next in the queue may have a turn.
+func (t *turn) entered() {
+	if !t.entering {
+		return
+	}
+	t.entering = false
+	wp := t.pool
+	wp.mu.Lock()
+	defer wp.mu.Unlock()
+	wp.entering = false
+	wp.handLocked()
+}
+
+// end keeps the connection for the next wait (or gives it back to the companion, which
+// closes one that failed or was killed) and hands the turn on.
+func (t *turn) end() {
+	t.entered()
+	wp := t.pool
+	if t.dirty {
+		_ = t.conn.conn.Close()
+	}
+	wp.mu.Lock()
+	defer wp.mu.Unlock()
+	if !t.dirty {
+		t.conn.since = time.Now()
+		wp.idle = append(wp.idle, t.conn)
+	}
+	if t.closed { // the server closed connections (a restart, CLIENT KILL, its timeout)
+		for _, wc := range wp.idle {
+			_ = wc.conn.Close()
+		}
+		wp.idle = wp.idle[:0]
+	}
+	wp.giveLocked()
 }
 
 // --- The backend of a server: the module, or the script ----------------------------------
@@ -154,6 +350,7 @@ type endpoint struct {
 	pool     *redis.Client // the server's client (in Redis Cluster, the node's)
 	conn     *redis.Conn   // a connection of the companion's, or nil: the pool
 	comp     *companion    // that companion
+	turn     *turn         // a wait's connection while it waits (startWait), or nil
 	margin   time.Duration // the companion's margin for calls that do not block
 	clientID int64         // CLIENT ID of conn, once asked
 	asking   bool          // send ASKING first (an ASK redirection)
@@ -279,13 +476,56 @@ type blockResult struct {
 	err   error
 }
 
+// startWait gives the endpoint a connection for a wait that ends at plan's end (endWait gives
+// it back): its own, or a turn of the waits' connections (waitPool). When every one is taken,
+// it first sends try (the call without waiting, through the client's pool), so that what is
+// free now is had now, then queues in arrival order for as long as the wait lasts; if the
+// wait's time ends there it sends try once more. wait false: no wait is to be sent (try
+// answered, or the time ended in the queue); errCancelled: the context ended in the queue.
+func (e *endpoint) startWait(ctx context.Context, plan waitPlan, try func() (bool, error)) (
+	wait bool, err error,
+) {
+	if e.conn != nil {
+		return true, nil
+	}
+	wp := waitPoolOf(e.pool)
+	queued := !wp.tryTake()
+	if queued {
+		if done, err := try(); done || err != nil {
+			return false, err
+		}
+		var deadline time.Time
+		if !plan.forever {
+			deadline = plan.deadline
+		}
+		ok, err := wp.take(ctx, deadline)
+		if err != nil {
+			return false, errCancelled
+		}
+		if !ok {
+			_, err := try()
+			return false, err
+		}
+	}
+	e.turn = wp.turn()
+	e.turn.entering = queued
+	return true, nil
+}
+
+// endWait gives back the wait's connection taken by startWait.
+func (e *endpoint) endWait() {
+	if e.turn != nil {
+		e.turn.end()
+		e.turn = nil
+	}
+}
+
 // block sends a command that may block `block` in the server (forever: without limit) on the
-// endpoint's own connection or, without one, on a connection borrowed from the companion's
-// pool for this call and given back after: waits reuse a few connections instead of dialling
-// one each. When ctx ends first, the call is ended in the server (CLIENT UNBLOCK, then CLIENT
-// KILL if no reply comes within a second): cancelled is true, and the reply is what the
-// server answered (a grant that came at that moment included). A connection killed or timed
-// out has a reply left unread: go-redis closes it rather than give it back.
+// endpoint's own connection or on its wait's (startWait). When ctx ends first, the call is
+// ended in the server (CLIENT UNBLOCK, then CLIENT KILL if no reply comes within a second):
+// cancelled is true, and the reply is what the server answered (a grant that came at that
+// moment included). A connection killed or timed out has a reply left unread: go-redis
+// closes it rather than give it back.
 func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) (
 	v any, err error, cancelled bool,
 ) {
@@ -293,10 +533,19 @@ func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) 
 		return nil, nil, true
 	}
 	conn, clientID, margin := e.conn, e.clientID, e.margin
+	t := e.turn
 	if conn == nil {
-		comp := companionOf(e.pool)
-		conn, clientID, margin = comp.client.Conn(), 0, comp.margin
-		defer conn.Close()
+		if t == nil {
+			return nil, errors.New("redsem: a blocking call without a connection of its own " +
+				"(startWait)"), false
+		}
+		conn, clientID, margin = t.conn.conn, t.conn.clientID, t.pool.comp.margin
+		defer func() {
+			if err != nil || cancelled {
+				t.dirty = true // its connection may be another, or gone
+				t.closed = t.closed || transient(err)
+			}
+		}()
 	}
 	bctx := context.Background()
 	if block != forever {
@@ -319,6 +568,8 @@ func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) 
 		clientID, _ = id.(int64)
 		if conn == e.conn {
 			e.clientID = clientID
+		} else {
+			t.conn.clientID = clientID
 		}
 	}
 	if e.asking { // ASKING holds for the next command only
@@ -326,6 +577,9 @@ func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) 
 			e.noteErr(err)
 			return nil, err, false
 		}
+	}
+	if t != nil {
+		t.entered()
 	}
 	if ctx.Done() == nil {
 		v, err := reply(conn.Do(bctx, args...))
@@ -367,6 +621,7 @@ func (e *endpoint) block(ctx context.Context, block time.Duration, args ...any) 
 }
 
 func (e *endpoint) close() {
+	e.endWait()
 	if e.conn != nil {
 		_ = e.conn.Close()
 		e.conn = nil

@@ -26,6 +26,19 @@ func TestScriptCopyMatchesSource(t *testing.T) {
 		"redsem.lua differs from clients/scripts/redsem.lua: run `go generate` in clients/go")
 }
 
+// A duration as the module reads it: seconds with three decimals, rounded to the
+// millisecond, a positive one never down to zero.
+func TestSeconds(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "0.000", time.Nanosecond: "0.001", 1500 * time.Millisecond: "1.500",
+		DefaultLease: "30.000", 2*time.Second + 400*time.Microsecond: "2.000",
+		2*time.Second + 500*time.Microsecond: "2.001", 61*time.Second + 7*time.Millisecond: "61.007",
+		maxLease: "31536000.000",
+	} {
+		assert.Equal(t, want, seconds(d), "%s", d)
+	}
+}
+
 func TestAcquireRelease(t *testing.T) {
 	_, c := testServer(t)
 	a, err := Acquire(bg, c, "jobs", Options{Limit: 2, Lease: 10 * time.Second})
@@ -395,6 +408,7 @@ func TestDurableReplicas(t *testing.T) {
 		DurableTimeout: 200 * time.Millisecond})
 	var nd *NotDurableError
 	require.ErrorAs(t, err, &nd)
+	require.ErrorIs(t, err, ErrNotDurable)
 	assert.Equal(t, int64(0), nd.Acked)
 	assert.Equal(t, int64(1), nd.Wanted)
 	assert.Equal(t, int64(0), holders(t, c, "durable"), "the permit was given back")
@@ -409,8 +423,9 @@ func TestBadInputBeforeAnythingIsSent(t *testing.T) {
 		opts  Options
 		field string
 	}{
-		{"jobs", Options{Limit: 0}, "limit"},
+		{"jobs", Options{Limit: -1}, "limit"},
 		{"jobs", Options{Limit: -3}, "limit"},
+		{"jobs", Options{Count: 2}, "count"}, // the zero limit is 1
 		{"jobs", Options{Limit: 1 << 40}, "limit"},
 		{"jobs", Options{Limit: 1, Lease: -time.Second}, "lease"},
 		{"jobs", Options{Limit: 1, Lease: 400 * 24 * time.Hour}, "lease"},
@@ -432,6 +447,18 @@ func TestBadInputBeforeAnythingIsSent(t *testing.T) {
 	_, err = AcquireAll(bg, c, []Member{{Name: "a", Limit: 1}, {Name: "a", Limit: 1}}, SetOptions{})
 	assert.ErrorIs(t, err, ErrBadInput)
 	_, err = AcquireAll(bg, c, []Member{{Name: "a", Limit: 1, Count: 2}}, SetOptions{})
+	assert.ErrorIs(t, err, ErrBadInput)
+	_, err = AcquireAll(bg, c, []Member{{Name: "a", Count: 2}}, SetOptions{})
+	assert.ErrorIs(t, err, ErrBadInput, "the zero limit is 1")
+	_, err = AcquireAll(bg, c, []Member{{Name: "a", Limit: -1}}, SetOptions{})
+	assert.ErrorIs(t, err, ErrBadInput)
+	for _, o := range []Options{{Limit: -1}, {Lease: -time.Second}, {Wait: -1}} {
+		_, err = NewSemaphore(c, "jobs", o)
+		require.ErrorIs(t, err, ErrBadInput, "%+v", o)
+	}
+	_, err = NewSemaphore(c, "", Options{})
+	assert.ErrorIs(t, err, ErrBadInput)
+	_, err = NewSemaphore(nil, "jobs", Options{})
 	assert.ErrorIs(t, err, ErrBadInput)
 	for field, o := range map[string]SetOptions{"lease": {Lease: -time.Second},
 		"wait": {Wait: -time.Second}, "RetryFor": {RetryFor: -time.Second}} {
@@ -483,4 +510,77 @@ func TestMigrationByModuleLoad(t *testing.T) {
 	s2, err := AcquireAll(bg, after, []Member{{Name: "migrating", Limit: 2}}, SetOptions{Fair: true})
 	require.NoError(t, err)
 	require.NoError(t, s2.Release(bg))
+}
+
+// The zero Options is a mutex (limit 1) with the default lease, refreshed in the background,
+// and so is a member of a set without a limit.
+func TestZeroOptions(t *testing.T) {
+	_, c := testServer(t)
+	p, err := Acquire(bg, c, "zero", Options{})
+	require.NoError(t, err)
+	_, err = Acquire(bg, c, "zero", Options{})
+	require.ErrorIs(t, err, ErrNotAcquired, "limit 1")
+	score, err := c.ZScore(bg, "zero", p.ID()).Result()
+	require.NoError(t, err)
+	now, err := c.Time(bg).Result()
+	require.NoError(t, err)
+	assert.InDelta(t, float64(now.Add(DefaultLease).UnixMilli()), score, 2000,
+		"its deadline is the default lease away")
+	require.NoError(t, p.Release(bg))
+	if !scriptsBackend() {
+		set, err := AcquireAll(bg, c, []Member{{Name: "zero-a"}, {Name: "zero-b"}}, SetOptions{})
+		require.NoError(t, err)
+		_, err = Acquire(bg, c, "zero-b", Options{})
+		require.ErrorIs(t, err, ErrNotAcquired, "a member's zero limit is 1")
+		require.NoError(t, set.Release(bg))
+	}
+}
+
+// A semaphore handle: TryAcquire never waits (whatever Options.Wait says), Acquire waits as
+// Options.Wait says, or, when it is zero, until the context ends.
+func TestSemaphoreHandle(t *testing.T) {
+	_, c := testServer(t)
+	sem, err := NewSemaphore(c, "handle", Options{Limit: 2, Wait: 5 * time.Second})
+	require.NoError(t, err)
+	assert.Equal(t, "handle", sem.Name())
+	a, err := sem.TryAcquire(bg)
+	require.NoError(t, err)
+	b, err := sem.Acquire(bg)
+	require.NoError(t, err)
+	started := time.Now()
+	_, err = sem.TryAcquire(bg)
+	require.ErrorIs(t, err, ErrNotAcquired)
+	assert.Less(t, time.Since(started), time.Second, "TryAcquire does not wait")
+
+	got := make(chan error, 1)
+	go func() {
+		p, err := sem.Acquire(bg)
+		if err == nil {
+			err = p.Release(bg)
+		}
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, a.Release(bg))
+	select {
+	case err := <-got:
+		require.NoError(t, err, "Acquire waited for a's release")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting Acquire was not served")
+	}
+
+	// A zero Wait: Acquire waits until the context ends.
+	mutex, err := NewSemaphore(c, "handle-mutex", Options{})
+	require.NoError(t, err)
+	held, err := mutex.Acquire(bg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
+	defer cancel()
+	started = time.Now()
+	_, err = mutex.Acquire(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.GreaterOrEqual(t, time.Since(started), 300*time.Millisecond)
+	require.NoError(t, held.Release(bg))
+	require.NoError(t, b.Release(bg))
+	assert.Equal(t, int64(0), holders(t, c, "handle")+holders(t, c, "handle-mutex"))
 }

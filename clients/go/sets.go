@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Member is a semaphore of a set: its name, its limit, and the permits to take (0: 1).
+// Member is a semaphore of a set: its name, its limit (0: 1), and the permits to take (0: 1).
 type Member struct {
 	Name  string
 	Limit int64
@@ -61,6 +61,7 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 	}
 	names := make([]string, len(members))
 	counts := make([]int64, len(members))
+	limits := make([]int64, len(members))
 	seen := map[string]bool{}
 	for i, m := range members {
 		if err := checkName(m.Name); err != nil {
@@ -70,17 +71,22 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 			return nil, badInput("the semaphore %q is named twice", m.Name)
 		}
 		seen[m.Name] = true
-		if m.Limit < 1 || m.Limit > maxLimit {
-			return nil, badInput("the limit of %q must be an integer from 1 to %d, not %d",
-				m.Name, maxLimit, m.Limit)
+		limit := m.Limit
+		if limit == 0 {
+			limit = 1
 		}
+		if limit < 1 || limit > maxLimit {
+			return nil, badInput("the limit of %q must be an integer from 1 to %d, or 0 for 1, "+
+				"not %d", m.Name, maxLimit, m.Limit)
+		}
+		limits[i] = limit
 		count := m.Count
 		if count == 0 {
 			count = 1
 		}
-		if count < 1 || count > m.Limit {
+		if count < 1 || count > limit {
 			return nil, badInput("the count of %q must be from 1 to its limit (%d), or 0 for 1, "+
-				"not %d", m.Name, m.Limit, m.Count)
+				"not %d", m.Name, limit, m.Count)
 		}
 		names[i], counts[i] = m.Name, count
 	}
@@ -114,7 +120,7 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 	command := func(wait time.Duration) []any {
 		args := []any{"SEM.ACQUIREALL", len(members)}
 		for i, m := range members {
-			args = append(args, m.Name, m.Limit, counts[i])
+			args = append(args, m.Name, limits[i], counts[i])
 		}
 		args = append(args, seconds(o.Lease), "ID", id)
 		if o.Fair {
@@ -135,6 +141,18 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 			return nil, moduleRequired("SEM.ACQUIREALL")
 		}
 		var err error
+		if plan.left() > 0 {
+			wait, err := e.startWait(ctx, plan, func() (bool, error) {
+				var err error
+				g.sent = time.Now()
+				g.reply, err = e.raw(ctx, e.form(command(0)...)...)
+				return g.reply != nil, err
+			})
+			if !wait {
+				return nil, err
+			}
+			defer e.endWait()
+		}
 		g.sent = time.Now()
 		wait := plan.left()
 		args := e.form(command(wait)...)
@@ -186,10 +204,7 @@ func AcquireAll(ctx context.Context, client redis.UniversalClient, members []Mem
 			}
 		}
 	}
-	n := len(names)
-	refresh := append(append([]any{"SEM.REFRESHALL", n}, anys(names)...), id, seconds(o.Lease))
-	release := append(append([]any{"SEM.RELEASEALL", n}, anys(names)...), id)
-	s.init(l, id, o.Lease, g.sent, what, refresh, release, int64(n))
+	s.init(l, id, o.Lease, g.sent, true)
 	if time.Since(g.sent) > o.Lease/3 {
 		if err := s.Refresh(ctx); err != nil {
 			_ = s.Release(context.Background())
@@ -232,7 +247,7 @@ func WaitEmpty(ctx context.Context, client redis.UniversalClient, name string,
 		return false, badInput("timeout must be zero (look once), a positive duration or "+
 			"WaitForever, not %s", timeout)
 	}
-	l, err := newLine(client, []string{name}, 0, true)
+	l, err := newLine(client, []string{name}, 0, false)
 	if err != nil {
 		return false, err
 	}
@@ -245,10 +260,24 @@ func WaitEmpty(ctx context.Context, client redis.UniversalClient, name string,
 		if e.scripts {
 			return nil, moduleRequired("SEM.WAITEMPTY")
 		}
+		// A look: the server reads 0 as "no limit", so it blocks a millisecond.
+		look := func() (any, error) { return e.raw(ctx, e.form("SEM.WAITEMPTY", name, "0.001")...) }
+		if timeout == 0 || plan.left() == 0 {
+			return look()
+		}
+		var v any
+		wait, err := e.startWait(ctx, plan, func() (bool, error) {
+			var err error
+			v, err = look()
+			return v == int64(1), err
+		})
+		if !wait {
+			return v, err
+		}
+		defer e.endWait()
 		left := plan.left()
 		arg := waitSeconds(left)
-		if left != WaitForever && arg == "0.000" || timeout == 0 {
-			// The server reads 0 as "no limit": look for a millisecond instead.
+		if left != WaitForever && arg == "0.000" {
 			left, arg = time.Millisecond, "0.001"
 		}
 		v, err, cancelled := e.block(ctx, blocks(left), e.form("SEM.WAITEMPTY", name, arg)...)

@@ -11,6 +11,9 @@
 // recipe on the server with the module. Each server is started here on a free loopback port.
 //
 //	go run ./bench --server redis-server --module ../../target/release/libredsem.so
+//
+// --pair-overhead prints instead the package's acquire + release against a raw go-redis client
+// sending the same commands (overhead.go).
 package main
 
 import (
@@ -67,6 +70,10 @@ func main() {
 	defer withModule.stop()
 	without := start(false)
 	defer without.stop()
+	if *pairOverhead {
+		runPairOverhead(withModule, without, time.Duration(*seconds*float64(time.Second)))
+		return
+	}
 
 	type cell struct {
 		name string
