@@ -291,3 +291,17 @@ func serverPid(t *testing.T, c *redis.Client) int {
 	t.Fatal("no process_id in INFO server")
 	return 0
 }
+
+// A durable grant's WAIT on a node that became a replica since the grant gets the server's
+// refusal; it is handled as a cut WAIT (sent again on the slot's owner after a refresh there).
+func TestWaitRefusedByADemotedNodeIsACutWait(t *testing.T) {
+	_, c := testServer(t)
+	ctx := context.Background()
+	require.NoError(t, c.Do(ctx, "REPLICAOF", "127.0.0.1", freePort(t)).Err())
+	t.Cleanup(func() { c.Do(context.Background(), "REPLICAOF", "NO", "ONE") })
+	err := c.Do(ctx, "WAIT", 1, 100).Err()
+	require.Error(t, err)
+	assert.True(t, demoted(err), "%v", err)
+	assert.True(t, transient(err), "%v", err)
+	assert.False(t, demoted(redis.Nil))
+}

@@ -635,6 +635,12 @@ func unblocked(err error) bool {
 	return redis.HasErrorPrefix(err, "UNBLOCKED")
 }
 
+// demoted reports a WAIT refused by a node that became a replica since the grant (a failover
+// between the two): handled as a cut WAIT, the holder refreshed on the slot's owner first.
+func demoted(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "WAIT cannot be used with replica instances")
+}
+
 // transient reports the errors after which a call in Redis Cluster is sent again to the
 // slot's owner, found anew: a slot on the move, a cluster without agreement, a node loading,
 // down or gone, a replica; and, everywhere, a connection that cannot be used again.
@@ -643,7 +649,7 @@ func transient(err error) bool {
 		return false
 	}
 	if redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err) ||
-		redis.IsMasterDownError(err) || redis.IsReadOnlyError(err) || unblocked(err) {
+		redis.IsMasterDownError(err) || redis.IsReadOnlyError(err) || unblocked(err) || demoted(err) {
 		return true
 	}
 	var netErr net.Error
