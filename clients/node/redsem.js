@@ -1450,7 +1450,9 @@ class Held {
     this.whenLost = new Promise((resolve) => {
       this._resolveLost = resolve;
     });
-    this._armDeadline();
+    // Armed by the acquire once the grant is confirmed (_arm): a grant that came late (a long
+    // wait, a resend through a failover) has a lease that started after `sent`, so until its
+    // confirming refresh answers, `sent` + lease says nothing about it.
   }
 
   /**
@@ -1547,6 +1549,20 @@ class Held {
   _schedule(tick) {
     this._timer = setTimeout(tick, (this.lease * 1000) / 3);
     this._timer.unref(); // a forgotten permit does not keep the process alive
+  }
+
+  /**
+   * Ends the acquire: a grant that came later than lease/3 after its first send is confirmed by
+   * a refresh first (its answer alone moves the deadline, so no deadline armed from the first
+   * send can call it lost meanwhile), then the deadline is armed. False if the confirmation
+   * found it lost.
+   */
+  async _confirm(sent) {
+    if (performance.now() - sent > (this.lease * 1000) / 3 && !(await this.refresh())) {
+      return false;
+    }
+    this._armDeadline();
+    return true;
   }
 
   // Marks the permit lost when its confirmed lease ends with no refresh confirmed since (the
@@ -1703,9 +1719,7 @@ async function acquire(redis, name, options = {}) {
     if (signal && signal.aborted) throw signal.reason; // granted as it was cancelled
     if (opts.durableReplicas) await durableWait(client, permit, name, opts);
     // A wait for the grant leaves the lease's start unknown: confirm it now.
-    if (performance.now() - sent > (opts.lease * 1000) / 3 && !(await permit.refresh())) {
-      throw permit._lostError;
-    }
+    if (!(await permit._confirm(sent))) throw permit._lostError;
     if (signal && signal.aborted) throw signal.reason;
   } catch (err) {
     await giveBack(client, conn, own, permit, ["SEM.RELEASE", name, id], signal);
@@ -1760,10 +1774,14 @@ async function durableWait(client, permit, name, opts) {
     acked = await abortable(wait, opts.signal, cut);
   } catch (err) {
     if (opts.signal && opts.signal.aborted) throw err;
-    if (!clusterTrouble(err) && !(err instanceof SemaphoreError)) throw err;
+    // The grant's node became a replica before the WAIT (a failover): as a cut WAIT, whether
+    // a replica has the grant is unknown, and the permit is given back on the new primary.
+    const demoted = isReply(err) && /WAIT cannot be used with replica/.test(err.message);
+    if (!demoted && !clusterTrouble(err) && !(err instanceof SemaphoreError)) throw err;
     cut();
+    const what = demoted ? "its node became a replica" : "the connection was lost";
     throw new NotDurable(
-      `the connection was lost while ${wanted} replicas were awaited for the grant of ${name} ` +
+      `${what} while ${wanted} replicas were awaited for the grant of ${name} ` +
         `(${err.message}): whether one has it is unknown`,
       0,
       wanted,
@@ -1883,9 +1901,7 @@ async function acquireAll(redis, semaphores, options = {}) {
     permits = new PermitSet(sems, opts, conn, own, id, tickets, sent);
     if (signal && signal.aborted) throw signal.reason; // granted as it was cancelled
     // A wait for the grant leaves the lease's start unknown: confirm it now.
-    if (performance.now() - sent > (opts.lease * 1000) / 3 && !(await permits.refresh())) {
-      throw permits._lostError;
-    }
+    if (!(await permits._confirm(sent))) throw permits._lostError;
     if (signal && signal.aborted) throw signal.reason;
   } catch (err) {
     const names = sems.map((sem) => sem.name);
