@@ -24,13 +24,17 @@ const ROUNDS = 5;
 
 function serverParts() {
   const server = require("../test/server");
-  const module = process.env.REDSEM_MODULE || path.resolve(__dirname, "../../../target/debug/libredsem.so");
+  const module =
+    process.env.REDSEM_MODULE || path.resolve(__dirname, "../../../target/debug/libredsem.so");
   return { start: server.startServerWithoutModule, MODULE: module };
 }
 
 const source = fs.readFileSync(path.join(__dirname, "..", "redsem.lua"));
 // The text the package runs for a first acquire (without the allow-oom flag), and for release.
-const acqSource = Buffer.concat([Buffer.from("#!lua"), source.subarray("#!lua flags=allow-oom".length)]);
+const acqSource = Buffer.concat([
+  Buffer.from("#!lua"),
+  source.subarray("#!lua flags=allow-oom".length),
+]);
 const sha = (text) => createHash("sha1").update(text).digest("hex");
 const SUFFIXES = ["owner", "counter", "permits", "limit", "wake"];
 const keys = (name) => [name, ...SUFFIXES.map((s) => `${name}:${s}`)];
@@ -95,7 +99,10 @@ async function main() {
     for (const backend of ["scripts", "module"]) {
       const probe = new Redis({ port: server.port });
       if (backend === "module") await probe.call("MODULE", "LOAD", path.resolve(MODULE));
-      else await probe.call("SCRIPT", "LOAD", acqSource).then(() => probe.call("SCRIPT", "LOAD", source));
+      else
+        await probe
+          .call("SCRIPT", "LOAD", acqSource)
+          .then(() => probe.call("SCRIPT", "LOAD", source));
       probe.disconnect();
       for (const library of ["ioredis", "node-redis"]) {
         let redis;
@@ -120,7 +127,9 @@ async function main() {
   } finally {
     await server.stop();
   }
-  console.log(`${PAIRS} pairs of each per round, in turn; median of ${ROUNDS} rounds; Node ${process.version}`);
+  console.log(
+    `${PAIRS} pairs of each per round, in turn; median of ${ROUNDS} rounds; Node ${process.version}`,
+  );
   console.log("library     backend  package µs/pair  raw µs/pair  package ÷ raw");
   for (const { library, backend, p, r } of rows) {
     const cells = [

@@ -33,7 +33,8 @@ after(async () => {
   await server.stop();
 });
 
-const connected = async () => Number(/connected_clients:(\d+)/.exec(await observer.info("clients"))[1]);
+const connected = async () =>
+  Number(/connected_clients:(\d+)/.exec(await observer.info("clients"))[1]);
 const blocked = async () => Number(/blocked_clients:(\d+)/.exec(await observer.info("clients"))[1]);
 
 const libraries = {
@@ -107,7 +108,9 @@ for (const [library, open] of Object.entries(libraries)) {
     const app = await open();
     try {
       const permits = await Promise.all(
-        Array.from({ length: 1000 }, (_, i) => acquire(app.redis, `${library}:short:${i}`, { limit: 1, lease: 1 })),
+        Array.from({ length: 1000 }, (_, i) =>
+          acquire(app.redis, `${library}:short:${i}`, { limit: 1, lease: 1 }),
+        ),
       );
       const granted = performance.now();
       // Meanwhile refreshes run every 333 ms; past the first lease of all, held throughout.
@@ -115,7 +118,8 @@ for (const [library, open] of Object.entries(libraries)) {
       await sleep(Math.max(0, granted + 1700 - performance.now()));
       for (const permit of permits) assert.equal(permit.lost, false);
       const pipeline = observer.pipeline();
-      for (let i = 0; i < 1000; i++) pipeline.call(...semArgs([`SEM.GET`, `${library}:short:${i}`]));
+      for (let i = 0; i < 1000; i++)
+        pipeline.call(...semArgs([`SEM.GET`, `${library}:short:${i}`]));
       const counts = (await pipeline.exec()).map(([err, count]) => err || count);
       assert.deepEqual(new Set(counts), new Set([1]));
       const released = await Promise.all(permits.map((permit) => permit.release()));
@@ -156,9 +160,13 @@ for (const [library, open] of Object.entries(libraries)) {
       let slowest = 0;
       let done = false;
       const all = Promise.all(waiters).finally(() => (done = true));
-      for (let round = 0; !done; round++) slowest = Math.max(slowest, await appCalls(app, `line${round % 3}`));
+      for (let round = 0; !done; round++)
+        slowest = Math.max(slowest, await appCalls(app, `line${round % 3}`));
       await all;
-      assert.deepEqual(served, Array.from({ length: 200 }, (_, i) => i));
+      assert.deepEqual(
+        served,
+        Array.from({ length: 200 }, (_, i) => i),
+      );
       assert.ok(slowest < 500, `the app's slowest SET + GET took ${slowest} ms`);
       // Waits over, their connections are closed but for the pool's idle ones (8).
       await sleep(100);
