@@ -1443,9 +1443,7 @@ class Held {
     this._released = null; // the release's promise, once releasing
     this._timer = null;
     this._refreshing = null; // the refresh under way
-    this._controller = new AbortController();
-    /** Aborted (with the PermitLost error as its reason) when the permit is lost. */
-    this.signal = this._controller.signal;
+    this._controller = null; // made when `signal` is first read: most permits never are
     /** Resolves with the PermitLost error when the permit is lost; never rejects. */
     this.whenLost = new Promise((resolve) => {
       this._resolveLost = resolve;
@@ -1453,6 +1451,15 @@ class Held {
     // Armed by the acquire once the grant is confirmed (_arm): a grant that came late (a long
     // wait, a resend through a failover) has a lease that started after `sent`, so until its
     // confirming refresh answers, `sent` + lease says nothing about it.
+  }
+
+  /** Aborted (with the PermitLost error as its reason) when the permit is lost. */
+  get signal() {
+    if (this._controller === null) {
+      this._controller = new AbortController();
+      if (this._lostError !== null) this._controller.abort(this._lostError);
+    }
+    return this._controller.signal;
   }
 
   /**
@@ -1590,7 +1597,7 @@ class Held {
     if (this._lostError !== null) return;
     clearTimeout(this._deadline);
     this._lostError = new PermitLost(`the permit ${this.id} of ${this._what()} was lost: ${reason}`);
-    this._controller.abort(this._lostError);
+    if (this._controller !== null) this._controller.abort(this._lostError);
     this._resolveLost(this._lostError);
   }
 }
