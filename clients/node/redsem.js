@@ -1443,14 +1443,23 @@ class Held {
     this._released = null; // the release's promise, once releasing
     this._timer = null;
     this._refreshing = null; // the refresh under way
-    this._controller = new AbortController();
-    /** Aborted (with the PermitLost error as its reason) when the permit is lost. */
-    this.signal = this._controller.signal;
+    this._controller = null; // made when `signal` is first read: most permits never are
     /** Resolves with the PermitLost error when the permit is lost; never rejects. */
     this.whenLost = new Promise((resolve) => {
       this._resolveLost = resolve;
     });
-    this._armDeadline();
+    // Armed by the acquire once the grant is confirmed (_arm): a grant that came late (a long
+    // wait, a resend through a failover) has a lease that started after `sent`, so until its
+    // confirming refresh answers, `sent` + lease says nothing about it.
+  }
+
+  /** Aborted (with the PermitLost error as its reason) when the permit is lost. */
+  get signal() {
+    if (this._controller === null) {
+      this._controller = new AbortController();
+      if (this._lostError !== null) this._controller.abort(this._lostError);
+    }
+    return this._controller.signal;
   }
 
   /**
@@ -1549,6 +1558,20 @@ class Held {
     this._timer.unref(); // a forgotten permit does not keep the process alive
   }
 
+  /**
+   * Ends the acquire: a grant that came later than lease/3 after its first send is confirmed by
+   * a refresh first (its answer alone moves the deadline, so no deadline armed from the first
+   * send can call it lost meanwhile), then the deadline is armed. False if the confirmation
+   * found it lost.
+   */
+  async _confirm(sent) {
+    if (performance.now() - sent > (this.lease * 1000) / 3 && !(await this.refresh())) {
+      return false;
+    }
+    this._armDeadline();
+    return true;
+  }
+
   // Marks the permit lost when its confirmed lease ends with no refresh confirmed since (the
   // server is unreachable, or refreshing is off), whether or not anybody reads `lost`.
   _armDeadline() {
@@ -1574,7 +1597,7 @@ class Held {
     if (this._lostError !== null) return;
     clearTimeout(this._deadline);
     this._lostError = new PermitLost(`the permit ${this.id} of ${this._what()} was lost: ${reason}`);
-    this._controller.abort(this._lostError);
+    if (this._controller !== null) this._controller.abort(this._lostError);
     this._resolveLost(this._lostError);
   }
 }
@@ -1703,9 +1726,7 @@ async function acquire(redis, name, options = {}) {
     if (signal && signal.aborted) throw signal.reason; // granted as it was cancelled
     if (opts.durableReplicas) await durableWait(client, permit, name, opts);
     // A wait for the grant leaves the lease's start unknown: confirm it now.
-    if (performance.now() - sent > (opts.lease * 1000) / 3 && !(await permit.refresh())) {
-      throw permit._lostError;
-    }
+    if (!(await permit._confirm(sent))) throw permit._lostError;
     if (signal && signal.aborted) throw signal.reason;
   } catch (err) {
     await giveBack(client, conn, own, permit, ["SEM.RELEASE", name, id], signal);
@@ -1760,10 +1781,14 @@ async function durableWait(client, permit, name, opts) {
     acked = await abortable(wait, opts.signal, cut);
   } catch (err) {
     if (opts.signal && opts.signal.aborted) throw err;
-    if (!clusterTrouble(err) && !(err instanceof SemaphoreError)) throw err;
+    // The grant's node became a replica before the WAIT (a failover): as a cut WAIT, whether
+    // a replica has the grant is unknown, and the permit is given back on the new primary.
+    const demoted = isReply(err) && /WAIT cannot be used with replica/.test(err.message);
+    if (!demoted && !clusterTrouble(err) && !(err instanceof SemaphoreError)) throw err;
     cut();
+    const what = demoted ? "its node became a replica" : "the connection was lost";
     throw new NotDurable(
-      `the connection was lost while ${wanted} replicas were awaited for the grant of ${name} ` +
+      `${what} while ${wanted} replicas were awaited for the grant of ${name} ` +
         `(${err.message}): whether one has it is unknown`,
       0,
       wanted,
@@ -1883,9 +1908,7 @@ async function acquireAll(redis, semaphores, options = {}) {
     permits = new PermitSet(sems, opts, conn, own, id, tickets, sent);
     if (signal && signal.aborted) throw signal.reason; // granted as it was cancelled
     // A wait for the grant leaves the lease's start unknown: confirm it now.
-    if (performance.now() - sent > (opts.lease * 1000) / 3 && !(await permits.refresh())) {
-      throw permits._lostError;
-    }
+    if (!(await permits._confirm(sent))) throw permits._lostError;
     if (signal && signal.aborted) throw signal.reason;
   } catch (err) {
     const names = sems.map((sem) => sem.name);

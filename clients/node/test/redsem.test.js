@@ -221,8 +221,15 @@ test("a permit removed by another client is lost", async () => {
   let seen;
   await assert.rejects(
     withPermit(redis, "jobs", { limit: 1, lease: 0.6 }, async (permit) => {
+      // A signal read while held aborts when the permit is lost; one read after, is aborted.
+      const early = permit.signal;
+      assert.equal(early.aborted, false);
+      const aborted = new Promise((resolve) => early.addEventListener("abort", resolve));
       await redis.del("jobs");
       seen = await permit.whenLost; // the refresher learns it within lease/3
+      await aborted;
+      assert.equal(early.reason, seen);
+      assert.equal(permit.signal, early);
       assert.ok(permit.signal.aborted);
       assert.equal(permit.signal.reason, seen);
       assert.throws(() => permit.check(), PermitLost);
