@@ -125,6 +125,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Waits", func(t *testing.T) { clusterWaits(t, tc) })
 	t.Run("SlotMoveUnderLoad", func(t *testing.T) { clusterMove(t, tc, cc) })
 	t.Run("ManualFailoverUnderAWaiter", func(t *testing.T) { clusterManualFailover(t, tc, cc) })
+	t.Run("RefreshUnansweredWithinTheLease", func(t *testing.T) { clusterStalledRefresh(t, tc, cc) })
 	t.Run("PrimaryKilledUnderAWaiter", func(t *testing.T) { clusterFailover(t, tc, cc) })
 	if !clusterModule() { // last: it leaves a node with the module
 		t.Run("ModuleLoadedLive", func(t *testing.T) { clusterModuleLive(t, tc, cc) })
@@ -267,6 +268,35 @@ func clusterMove(t *testing.T, tc *testCluster, cc *redis.ClusterClient) {
 	n, err := cc.ZCard(bg, name).Result()
 	require.NoError(t, err)
 	assert.Equal(t, int64(0), n, "every permit was given back")
+}
+
+// clusterStalledRefresh: a refresh that no primary answers before the permit's confirmed lease
+// ends (its slot moving key by key, slowly: every call on it gets TRYAGAIN) reports the permit
+// lost, not the cluster unavailable: the lease may have run out on the server unconfirmed.
+func clusterStalledRefresh(t *testing.T, tc *testCluster, cc *redis.ClusterClient) {
+	const name = "{stall}"
+	p, err := Acquire(bg, cc, name, Options{Limit: 1, Lease: time.Second, Fair: true,
+		ManualRefresh: true})
+	require.NoError(t, err)
+	slot := keySlot(name)
+	from := tc.owner(t, slot)
+	to := 0
+	for _, n := range tc.nodes {
+		if n.Alive && n.Primary && n.Port != from {
+			to = n.Port
+		}
+	}
+	moved := make(chan struct{})
+	go func() {
+		defer close(moved)
+		tc.run(t, "move", tc.dir, strconv.Itoa(slot), strconv.Itoa(to), "--pause-ms", "1500")
+	}()
+	time.Sleep(300 * time.Millisecond) // the first key moved: the name's keys are split
+	err = p.Refresh(bg)
+	require.ErrorIs(t, err, ErrPermitLost, "%v", err)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	<-moved
+	assert.ErrorIs(t, p.Release(bg), ErrPermitLost)
 }
 
 func clusterFailover(t *testing.T, tc *testCluster, cc *redis.ClusterClient) {

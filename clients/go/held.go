@@ -2,6 +2,7 @@ package redsem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -164,6 +165,13 @@ func (h *held) refresh(ctx context.Context, until time.Time) error {
 		return e.send(ctx, h.refreshArgs()...)
 	})
 	if err != nil {
+		// In Redis Cluster no primary of the slot answered before the confirmed lease ended
+		// (a move or a failover under way): the lease may have run out on the server with no
+		// refresh confirmed, so the permit is lost, as a refresh that finds no holder says.
+		if !until.IsZero() && !time.Now().Before(until) && errors.Is(err, ErrUnavailable) {
+			h.markLost("no refresh was answered before the lease ended (" + err.Error() + ")")
+			return h.Check()
+		}
 		return err
 	}
 	if n, _ := v.(int64); n == h.wanted {
