@@ -188,7 +188,18 @@ abstract class Held implements AutoCloseable {
       long sent = System.nanoTime();
       List<Object> command = refreshArgs();
       // In Cluster, resent through a move or a failover while the last lease may still run.
-      long reply = Commands.integer(line.run(hop -> hop.send(command), confirmedUntil));
+      long reply;
+      try {
+        reply = Commands.integer(line.run(hop -> hop.send(command), confirmedUntil));
+      } catch (Line.Unanswered e) {
+        if (System.nanoTime() - confirmedUntil < 0) {
+          throw e;
+        }
+        // No primary answered before the confirmed lease ended: it may have run out on the
+        // server unconfirmed, so the permit is lost, as a refresh finding no holder says.
+        markLost("no refresh was answered before the lease ended (" + e.getMessage() + ")");
+        return false;
+      }
       if (reply == wanted()) {
         confirmedUntil = sent + leaseNanos;
         return true;

@@ -239,11 +239,20 @@ final class Line implements AutoCloseable {
 
   private void check(long giveUp, RuntimeException e) {
     if (System.nanoTime() - giveUp >= 0) {
-      throw new RedsemException(
+      throw new Unanswered(
           "no answer from the primary of slot " + slot + " within "
               + Commands.seconds(retryForNanos / 1_000_000)
               + " s of retries through moves and failovers: " + e,
           e);
+    }
+  }
+
+  /** No primary of the slot answered before the retries' end (the budget, or the caller's). */
+  static final class Unanswered extends RedsemException {
+    private static final long serialVersionUID = 1L;
+
+    Unanswered(String message, Throwable cause) {
+      super(message, cause);
     }
   }
 

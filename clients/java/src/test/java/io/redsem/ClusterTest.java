@@ -479,6 +479,46 @@ class ClusterTest {
   }
 
   /** A wait ended by another client (UNBLOCKED, as CLUSTER FAILOVER sends) waits again. */
+  /**
+   * A refresh that no primary answers before the permit's confirmed lease ends (its slot moving
+   * key by key, slowly: every call on it gets TRYAGAIN) reports the permit lost, not the
+   * cluster unavailable: the lease may have run out on the server unconfirmed.
+   */
+  @ParameterizedTest
+  @EnumSource(ClusterKind.class)
+  @Order(59)
+  void aRefreshUnansweredWithinTheLeaseIsALoss(ClusterKind kind) throws Exception {
+    String name = name("stall");
+    int slot = Commands.slot(name);
+    try (Kind.Client c = kind.connect()) {
+      Permit permit = c.redsem.semaphore(name).limit(1).fair(true).lease(1)
+          .autoRefresh(false).acquire();
+      int owner = ownerOf(slot);
+      int target = 0;
+      for (int[] p : primaries(cluster("nodes", dir.toString()))) {
+        if (p[0] != owner) {
+          target = p[0];
+          break;
+        }
+      }
+      String to = String.valueOf(target);
+      ExecutorService mover = Executors.newSingleThreadExecutor();
+      try {
+        Future<?> moved = mover.submit(() -> {
+          cluster("move", dir.toString(), String.valueOf(slot), to, "--pause-ms", "1500");
+          return null;
+        });
+        Thread.sleep(300); // the first key moved: the name's keys are split
+        assertFalse(permit.refresh(), "lost, not unavailable");
+        assertTrue(permit.isLost());
+        moved.get(60, TimeUnit.SECONDS);
+      } finally {
+        mover.shutdownNow();
+      }
+      assertFalse(permit.release());
+    }
+  }
+
   @ParameterizedTest
   @EnumSource(ClusterKind.class)
   @Order(60)
